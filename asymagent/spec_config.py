@@ -1,0 +1,56 @@
+"""SpecConfig: every knob of the draft-verify loop, each default explained (DESIGN.md §3)."""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+
+ACCEPTANCE_RULES = ("cda", "exact", "greedy")
+MODES = ("full", "compressed", "spec", "asym")
+
+
+@dataclass
+class SpecConfig:
+    """Configuration of speculative decoding (modes `spec` and `asym`).
+
+    Defaults are the paper's (AsymSpec, greedy decoding): K=2 drafts per round, beta=1.0
+    delta-fusion weight, gamma=0.5 acceptance slack, the JSD-aware ("cda") gate.
+    """
+
+    k: int = 2  # draft tokens per round; the verifier scores K+1 positions in one forward
+    beta: float = 1.0  # weight of delta = log p_drafter(full) - log p_drafter(compressed)
+    gamma: float = 0.5  # accept d iff p_v(d) > gamma*exp(-JSD)*p_base(d)  (cda)
+    acceptance: str = "cda"  # "cda" (paper), "exact" (rejection sampling), "greedy" (argmax match)
+    strict_prefix: int = 0  # first N tokens of each response use exact/greedy instead of cda
+    escalate_jsd: float | None = None  # running-mean JSD above this -> finish with full verifier
+    escalate_window: int = 4  # rounds in the running mean used by escalate_jsd
+    adaptive_k: bool = False  # tune K from observed acceptance; turn speculation off if it loses
+    k_min: int = 1  # adaptive K lower bound
+    k_max: int = 8  # adaptive K upper bound
+    fuse_bonus: bool = True  # fuse at K+1 when every draft passes (False = official code)
+    spec_acceptance: str = "exact"  # rule used by mode `spec` (lossless against the verifier)
+
+    def __post_init__(self) -> None:
+        self.validate()
+
+    def validate(self) -> None:
+        if not isinstance(self.k, int) or self.k < 1:
+            raise ValueError(f"SpecConfig.k must be an integer >= 1, got {self.k!r}")
+        if self.acceptance not in ACCEPTANCE_RULES:
+            raise ValueError(
+                f"SpecConfig.acceptance must be one of {ACCEPTANCE_RULES}, got {self.acceptance!r}"
+            )
+        if self.spec_acceptance not in ("exact", "greedy"):
+            raise ValueError("SpecConfig.spec_acceptance must be 'exact' or 'greedy'")
+        if not (0.0 < self.gamma <= 1.0):
+            raise ValueError(f"SpecConfig.gamma must be in (0, 1], got {self.gamma!r}")
+        if self.beta < 0:
+            raise ValueError(f"SpecConfig.beta must be >= 0, got {self.beta!r}")
+        if self.strict_prefix < 0:
+            raise ValueError("SpecConfig.strict_prefix must be >= 0")
+        if self.escalate_jsd is not None and not (0.0 < self.escalate_jsd):
+            raise ValueError("SpecConfig.escalate_jsd must be > 0 (natural-log JSD) or None")
+        if not (1 <= self.k_min <= self.k_max):
+            raise ValueError("SpecConfig needs 1 <= k_min <= k_max")
+
+    def to_dict(self) -> dict:
+        return asdict(self)

@@ -1,0 +1,1 @@
+"""Long-horizon agent eval suites, runners, reports and the side-by-side bench (asymagent.evals)."""

@@ -1,0 +1,1 @@
+"""Every face of asymagent: CLI, OpenAI-compatible server, LangChain/LangGraph (asymagent.integrations)."""

@@ -1,0 +1,68 @@
+"""Shared fixtures: tiny randomly initialised Llama models and the embedded tokenizer.
+
+Tiny models are made in the test (no downloads). The real SmolLM2 tokenizer comes from the
+embedded GGUF package (loaded once per machine, then cached by asymagent.models).
+"""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+import torch
+
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+
+
+def make_tiny_llama(vocab_size: int = 256, layers: int = 2, hidden: int = 64, heads: int = 4,
+                    kv_heads: int = 2, seed: int = 0, max_positions: int = 2048):
+    """A randomly initialised LlamaForCausalLM small enough for unit tests (fp32, eval mode)."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    torch.manual_seed(seed)
+    config = LlamaConfig(
+        vocab_size=vocab_size, hidden_size=hidden, intermediate_size=hidden * 2,
+        num_hidden_layers=layers, num_attention_heads=heads, num_key_value_heads=kv_heads,
+        max_position_embeddings=max_positions, tie_word_embeddings=True,
+        bos_token_id=1, eos_token_id=2, pad_token_id=2,
+    )
+    model = LlamaForCausalLM(config)
+    # Random init gives near-uniform logits; scale the head so distributions are peaked enough
+    # to make acceptance tests meaningful (both accept and reject paths get exercised).
+    with torch.no_grad():
+        model.model.embed_tokens.weight.mul_(8.0)
+    model.eval()
+    return model
+
+
+@pytest.fixture
+def tiny_llama():
+    return make_tiny_llama
+
+
+@pytest.fixture(scope="session")
+def smollm_tokenizer():
+    """The real SmolLM2 tokenizer (vocab 49152), from the embedded GGUF package."""
+    from asymagent.models import load_default_verifier
+
+    try:
+        return load_default_verifier().tokenizer
+    except FileNotFoundError as exc:  # pragma: no cover - the Makefile always installs it
+        pytest.skip(f"embedded verifier not installed: {exc}")
+
+
+@pytest.fixture(scope="session")
+def default_verifier():
+    """The embedded SmolLM2-135M-Instruct verifier (slow tests only)."""
+    from asymagent.models import load_default_verifier
+
+    return load_default_verifier()
+
+
+def pytest_collection_modifyitems(config, items):
+    if torch.cuda.is_available():
+        return
+    skip_gpu = pytest.mark.skip(reason="needs CUDA")
+    for item in items:
+        if "gpu" in item.keywords:
+            item.add_marker(skip_gpu)
