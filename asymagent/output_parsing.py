@@ -1,0 +1,133 @@
+"""Model output -> final text + OpenAI-shape tool calls + invalid calls; never raises.
+
+Accepted call forms (docs/architecture.md "Chat format"): a JSON object `{"name": ...,
+"arguments": {...}}` (also `"parameters"`, or an OpenAI-shaped `{"function": {...}}`), several
+objects one per line, a JSON list of them, or Hermes `<tool_call>{json}</tool_call>` blocks. Text
+outside the calls is the content. Malformed JSON that looks like a call stays in the content and
+adds an `invalid_tool_calls` entry in LangChain's shape (name, args, id, error), so nothing the
+model wrote is lost and no exception reaches the caller.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import uuid
+from dataclasses import dataclass, field
+
+
+@dataclass
+class ParsedOutput:
+    """Model output split into final text and tool calls (OpenAI shape) plus invalid calls."""
+
+    content: str
+    tool_calls: list = field(default_factory=list)  # [{"id","type":"function","function":{...}}]
+    invalid_tool_calls: list = field(default_factory=list)  # [{"name","args","id","error"}]
+
+
+def new_call_id() -> str:
+    """A fresh OpenAI-style tool call id, `call_` + 24 hex digits."""
+    return "call_" + uuid.uuid4().hex[:24]
+
+
+_TOOL_CALL_BLOCK = re.compile(r"<tool_call>(.*?)(?:</tool_call>|$)", re.S)
+_LOOKS_LIKE_CALL = re.compile(r'^\s*\{\s*"(?:name|function)"\s*:', re.S)
+_DECODER = json.JSONDecoder()
+
+
+def _call_from_obj(obj) -> tuple[dict | None, str | None]:
+    """(OpenAI tool call, None) for a call-shaped dict, (None, error) for a broken one."""
+    if not isinstance(obj, dict):
+        return None, "not a JSON object"
+    if isinstance(obj.get("function"), dict) and "name" in obj["function"]:
+        obj = obj["function"]  # an OpenAI-shaped call echoed back
+    name = obj.get("name")
+    if not isinstance(name, str) or not name:
+        return None, "tool call has no string 'name'"
+    args = obj.get("arguments", obj.get("parameters", {}))
+    if isinstance(args, str):
+        try:
+            args = json.loads(args) if args.strip() else {}
+        except json.JSONDecodeError as exc:
+            return None, f"arguments are not valid JSON: {exc.msg}"
+    if not isinstance(args, dict):
+        return None, f"arguments must be a JSON object, got {type(args).__name__}"
+    return {"id": new_call_id(), "type": "function",
+            "function": {"name": name, "arguments": json.dumps(args, ensure_ascii=False)}}, None
+
+
+def _invalid(raw: str, error: str) -> dict:
+    match = re.search(r'"name"\s*:\s*"([^"]*)"', raw)
+    return {"name": match.group(1) if match else None, "args": raw.strip(), "id": new_call_id(),
+            "error": error}
+
+
+def _parse_json_calls(chunk: str, out: ParsedOutput, keep: list) -> None:
+    """Scan `chunk` for call objects starting at line starts; text around them goes to `keep`."""
+    pos = 0
+    while pos < len(chunk):
+        line_end = chunk.find("\n", pos)
+        line_end = len(chunk) if line_end < 0 else line_end + 1
+        stripped = chunk[pos:line_end].lstrip()
+        start = pos + (line_end - pos - len(stripped))
+        if stripped.startswith("{") or stripped.startswith("["):
+            try:
+                obj, end = _DECODER.raw_decode(chunk, start)
+            except json.JSONDecodeError as exc:
+                obj, end = None, None
+                if _LOOKS_LIKE_CALL.match(chunk[start:]):
+                    raw = chunk[start:]
+                    out.invalid_tool_calls.append(_invalid(raw, f"malformed JSON: {exc.msg}"))
+                    keep.append(chunk[pos:])
+                    return
+            if end is not None:
+                objs = obj if isinstance(obj, list) else [obj]
+                calls = [_call_from_obj(o) for o in objs]
+                callish = all(isinstance(o, dict) and ("name" in o or "function" in o) for o in objs)
+                if objs and callish:
+                    for (call, err), o in zip(calls, objs):
+                        if call is not None:
+                            out.tool_calls.append(call)
+                        else:
+                            raw = chunk[start:end] if len(objs) == 1 else json.dumps(o)
+                            out.invalid_tool_calls.append(_invalid(raw, err))
+                            keep.append(raw)
+                    pos = end
+                    continue
+        keep.append(chunk[pos:line_end])
+        pos = line_end
+
+
+def parse_output(text) -> ParsedOutput:
+    """Model output -> ParsedOutput(content, tool_calls, invalid_tool_calls); never raises."""
+    try:
+        text = "" if text is None else str(text)
+        out = ParsedOutput(content="")
+        keep: list = []
+        if "<tool_call>" in text:
+            last = 0
+            for match in _TOOL_CALL_BLOCK.finditer(text):
+                keep.append(text[last:match.start()])
+                last = match.end()
+                inner = match.group(1).strip()
+                try:
+                    obj = json.loads(inner)
+                except json.JSONDecodeError as exc:
+                    out.invalid_tool_calls.append(_invalid(inner, f"malformed JSON: {exc.msg}"))
+                    keep.append(match.group(0))
+                    continue
+                for o in obj if isinstance(obj, list) else [obj]:
+                    call, err = _call_from_obj(o)
+                    if call is not None:
+                        out.tool_calls.append(call)
+                    else:
+                        out.invalid_tool_calls.append(_invalid(inner, err))
+                        keep.append(match.group(0))
+            keep.append(text[last:])
+        else:
+            _parse_json_calls(text, out, keep)
+        out.content = "".join(keep).strip()
+        return out
+    except Exception as exc:  # pragma: no cover - belt and braces: parsing must never raise
+        return ParsedOutput(content=str(text), invalid_tool_calls=[
+            {"name": None, "args": str(text), "id": new_call_id(), "error": f"parser error: {exc}"}])

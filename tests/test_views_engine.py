@@ -1,0 +1,109 @@
+"""Views through the engine: a 10-step tool-heavy conversation fed step by step to
+`engine.chat(mode="asym")` reuses the KV caches, so prefill totals stay near the final context."""
+
+from __future__ import annotations
+
+import pytest
+
+from asymagent.engine import Engine
+from asymagent.spec_config import SpecConfig
+from asymagent.views import CompressionConfig
+from test_views_synthetic import TOOLS, agent_conversation
+
+STEPS = 10
+NEW_TOKENS = 6
+
+
+def run_agent(engine: Engine, cache_key: str) -> list:
+    """Feed the synthetic trace step by step: [StepStats] of the 10 generation points.
+
+    The assistant message appended after each call is what the model said (its text) plus the
+    trace's tool call, and then the trace's tool output, like an agent loop would.
+    """
+    trace = agent_conversation(STEPS, seed=2)
+    messages = trace[:2]  # system + user
+    steps = []
+    for i in range(STEPS):
+        r = engine.chat(messages, tools=TOOLS, mode="asym", max_new_tokens=NEW_TOKENS,
+                        temperature=0.0, cache_key=cache_key)
+        steps.append(r.stats)
+        call, output = trace[2 + 2 * i], trace[3 + 2 * i]
+        messages = messages + [{**call, "content": r.text or None}, output]
+    return steps
+
+
+@pytest.fixture(scope="module")
+def engine(smollm_tokenizer, tiny_llama_factory):
+    # Tiny random models over the real 49152-token vocabulary: the views are real, the models
+    # only have to be cheap. max_positions covers the ~7k-token full view of 10 steps.
+    verifier = tiny_llama_factory(vocab_size=49152, layers=2, hidden=64, seed=0, max_positions=16384)
+    drafter = tiny_llama_factory(vocab_size=49152, layers=1, hidden=64, seed=1, max_positions=16384)
+    return Engine(verifier=verifier, drafter=drafter, tokenizer=smollm_tokenizer,
+                  spec=SpecConfig(k=2), compression=CompressionConfig.default())
+
+
+@pytest.fixture(scope="module")
+def tiny_llama_factory():
+    from conftest import make_tiny_llama
+
+    return make_tiny_llama
+
+
+def test_prefill_totals_stay_within_1_3x_of_final_context(engine):
+    steps = run_agent(engine, "views-default")
+    last = steps[-1]
+    generated = sum(s.new_tokens for s in steps)
+    ver_prefill = sum(s.verifier_prefill_tokens for s in steps)
+    dr_prefill = sum(s.drafter_prefill_tokens for s in steps)
+    print(f"\n10 steps: full {last.full_context_tokens}, verifier {last.verifier_context_tokens} "
+          f"(ratio {last.compression_ratio:.3f}); verifier prefill {ver_prefill}, drafter "
+          f"prefill {dr_prefill}, generated {generated}, rewrites {sum(s.rewrites for s in steps)}")
+    assert last.compression_ratio <= 0.5  # tool-output-heavy: the default at least halves it
+    assert sum(s.rewrites for s in steps) == 0  # the default view is append-only
+    # The issue's bound: prefill summed over steps within 1.3x of the final context plus the
+    # generated tokens (measured 1.22x: 2220 vs 1754 + 60; the excess is step 1, where the
+    # engine moves the verifier from its full-view cache (step 0 had nothing to compress) to
+    # its compressed-view cache and prefills that one from scratch).
+    assert ver_prefill <= 1.3 * (last.verifier_context_tokens + generated)
+    # The drafter keeps two caches (full view + compressed base view): same bound over both.
+    assert dr_prefill <= 1.3 * (last.full_context_tokens + last.verifier_context_tokens + 2 * generated)
+
+
+def test_recent_turns_rewrites_reach_step_stats(engine):
+    engine_rt = Engine(verifier=engine.verifier, drafter=engine.drafter, tokenizer=engine.tokenizer,
+                       spec=SpecConfig(k=2), compression=CompressionConfig(compressors=[
+                           "tool_output", {"type": "recent_turns", "keep_turns": 2,
+                                           "demote_every": 3}]))
+    steps = run_agent(engine_rt, "views-rt")
+    # Step s (0-based) sees s+1 turns (the user message, then one per earlier call), so the
+    # frontier floor((T-2)/3)*3 first moves at T=5 (step 4) and again at T=8 (step 7).
+    assert [s.rewrites for s in steps] == [0, 0, 0, 0, 1, 0, 0, 1, 0, 0]
+    # Between rewrites the verifier prefills only what was appended since the previous step
+    # (its context growth, plus at most the previous step's generated tokens re-tokenised and
+    # the one re-fed token); a rewrite re-prefills from the first demoted message on, more than
+    # that. Step 0 is the first prefill and step 1 the first with a compressed view.
+    for prev, step in zip(steps[1:], steps[2:]):
+        appended = step.verifier_context_tokens - prev.verifier_context_tokens
+        slack = prev.new_tokens + 1
+        if step.rewrites:
+            assert step.verifier_prefill_tokens > appended + slack
+        else:
+            assert step.verifier_prefill_tokens <= appended + slack
+
+
+def test_surprisal_uses_the_drafters_prefill_log_probs(engine):
+    """Surprisal pruning through the engine: the log-probs come from the drafter's full-view
+    prefill, so the drafter's prefill totals obey the same 1.3x bound (no extra model pass)."""
+    engine_s = Engine(verifier=engine.verifier, drafter=engine.drafter, tokenizer=engine.tokenizer,
+                      spec=SpecConfig(k=2), compression=CompressionConfig(compressors=[
+                          {"type": "surprisal", "keep_ratio": 0.5}]))
+    steps = run_agent(engine_s, "views-surprisal")
+    last = steps[-1]
+    generated = sum(s.new_tokens for s in steps)
+    dr_prefill = sum(s.drafter_prefill_tokens for s in steps)
+    print(f"surprisal(0.5): ratio {last.compression_ratio:.3f}, drafter prefill {dr_prefill}")
+    # Tool outputs are ~88% of this context; dropping half of their tokens (numbers and JSON
+    # punctuation stay) lands near 0.12 + 0.88 * 0.5 = 0.56 (0.559 measured).
+    assert 0.4 < last.compression_ratio < 0.8
+    assert sum(s.rewrites for s in steps) == 0  # decided once per message, append-only
+    assert dr_prefill <= 1.3 * (last.full_context_tokens + last.verifier_context_tokens + 2 * generated)
