@@ -1,0 +1,389 @@
+"""`asymagent serve`: an OpenAI-compatible chat-completions server (FastAPI + uvicorn) over an Engine.
+
+Endpoints: GET /health, GET /v1/models, GET /v1/models/{id}, POST /v1/chat/completions (tools,
+tool_choice none/auto/required/named, stream with stream_options.include_usage, extension field
+`mode`), GET /metrics (Prometheus, see server_metrics.py). Errors are OpenAI error bodies
+`{"error": {"message", "type", "param", "code"}}`: 400 for invalid input (request validation,
+context over the limit naming both lengths), 401 for a wrong/missing key with --api-key, 404 for
+an unknown model or path, 429 when the queue is full, 504 when a request times out; bad input is
+never a 500. One engine worker thread serves a bounded queue (server_worker.py); a streaming
+client that disconnects cancels its generation at the next round. Each conversation gets its own
+engine cache session (`cache_key` = hash of the tools, the mode and the messages up to the first
+user message), so an agent resending a growing conversation reuses its KV prefix.
+
+Responses carry the engine's StepStats under the extension key `asymagent` and speculation
+counts as extra `usage` fields (`drafted_tokens`, `accepted_tokens`, `acceptance_rate`,
+`mean_accepted_len`, `compression_ratio`, `verifier_context_tokens`).
+"""
+
+
+import argparse
+import hashlib
+import json
+
+DEFAULT_MODEL_NAME = "asymagent"
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """CLI flags of `asymagent serve` (light: no heavy imports here)."""
+    parser.add_argument("--host", default="127.0.0.1", help="bind address (default loopback)")
+    parser.add_argument("--port", type=int, default=8000)
+    parser.add_argument("--verifier", default="default",
+                        help="verifier: 'default' (embedded SmolLM2), a directory, .gguf or "
+                             "cached HF id")
+    parser.add_argument("--drafter", default=None,
+                        help="drafter: a directory/.gguf/HF id, or 'layers:N' for an untrained "
+                             "drafter made of the verifier's first N layers (default: the "
+                             "shipped drafter of the embedded verifier)")
+    parser.add_argument("--config", default=None,
+                        help="JSON/YAML file with 'spec' and/or 'compression' sections")
+    parser.add_argument("--api-key", default=None,
+                        help="require 'Authorization: Bearer KEY' on /v1/* (env: "
+                             "ASYMAGENT_API_KEY)")
+    parser.add_argument("--max-queue", type=int, default=16,
+                        help="requests allowed to wait for the engine (429 beyond)")
+    parser.add_argument("--request-timeout", type=float, default=600.0,
+                        help="seconds from arrival to completion before a request is cut off")
+    parser.add_argument("--mode", default="asym", choices=("full", "compressed", "spec", "asym"),
+                        help="decoding mode when a request does not set `mode`")
+    parser.add_argument("--max-tokens", type=int, default=256,
+                        help="completion tokens when a request sets no max_tokens")
+    parser.add_argument("--temperature", type=float, default=0.0,
+                        help="temperature when a request sets none (0 = greedy, the paper's)")
+    parser.add_argument("--max-sessions", type=int, default=8,
+                        help="conversations whose KV caches the engine keeps (LRU)")
+    parser.add_argument("--model-name", default=DEFAULT_MODEL_NAME,
+                        help="model id served on /v1/models")
+    parser.add_argument("--log-level", default="info")
+
+
+def cache_key_for(messages: list[dict], tools: list | None, mode: str) -> str:
+    """Conversation identity: tools, mode and every message up to and including the first user
+    message. Later turns of the same agent conversation keep that prefix, so they share a session."""
+    head = []
+    for message in messages:
+        head.append(message)
+        if message.get("role") == "user":
+            break
+    blob = json.dumps({"m": head, "t": tools, "mode": mode}, sort_keys=True, ensure_ascii=False)
+    return "conv-" + hashlib.sha256(blob.encode()).hexdigest()[:24]
+
+
+def create_app(engine, *, model_name: str = DEFAULT_MODEL_NAME, api_key: str | None = None,
+               max_queue: int = 16, request_timeout: float = 600.0, default_mode: str = "asym",
+               default_max_tokens: int = 256, default_temperature: float = 0.0):
+    """The FastAPI app serving `engine` (one worker thread, started with the app)."""
+    import asyncio
+    import contextlib
+    import hmac
+    import time
+    import uuid
+
+    from fastapi import Depends, FastAPI, Request
+    from fastapi.exceptions import RequestValidationError
+    from fastapi.responses import JSONResponse, Response, StreamingResponse
+    from starlette.exceptions import HTTPException as StarletteHTTPException
+
+    from asymagent.integrations import server_schemas as S
+    from asymagent.integrations.server_schemas import extension_for, finish_reason_for, usage_for
+    from asymagent.integrations.server_metrics import CONTENT_TYPE_LATEST, ServerMetrics
+    from asymagent.integrations.server_streaming import DeltaStreamer
+    from asymagent.integrations.server_worker import (
+        EngineWorker, Failed, Finished, GenerationJob, QueueFull, Started, TextDelta)
+
+    if default_mode not in S.MODES:
+        raise ValueError(f"default_mode must be one of {S.MODES}, got {default_mode!r}")
+    if request_timeout <= 0 or default_max_tokens < 1:
+        raise ValueError("request_timeout must be > 0 and default_max_tokens >= 1")
+    metrics = ServerMetrics(model_name)
+
+    def observe(job: GenerationJob, result) -> None:
+        metrics.observe(result.stats, e2e_s=job.finished - job.received,
+                        ttft_s=(job.first_token - job.received) if job.first_token else None,
+                        queue_s=job.started - job.received,
+                        finish_reason=finish_reason_for(result))
+
+    worker = EngineWorker(engine, max_queue=max_queue, metrics=metrics, observe=observe)
+    created = int(time.time())
+
+    @contextlib.asynccontextmanager
+    async def lifespan(app):
+        worker.start()
+        try:
+            yield
+        finally:
+            worker.stop()
+
+    app = FastAPI(title="asymagent OpenAI-compatible server", lifespan=lifespan)
+    app.state.worker, app.state.metrics, app.state.engine = worker, metrics, engine
+
+    class ApiError(Exception):
+        def __init__(self, status: int, message: str, type_: str = "invalid_request_error",
+                     param: str | None = None, code: str | None = None):
+            super().__init__(message)
+            self.status, self.body = status, S.ErrorBody(error=S.ErrorDetail(
+                message=message, type=type_, param=param, code=code))
+
+    def error_response(status: int, message: str, type_: str = "invalid_request_error",
+                       param: str | None = None, code: str | None = None) -> JSONResponse:
+        metrics.error(status)
+        body = S.ErrorBody(error=S.ErrorDetail(message=message, type=type_, param=param,
+                                               code=code))
+        return JSONResponse(body.model_dump(), status_code=status)
+
+    @app.exception_handler(ApiError)
+    async def _api_error(request, exc: ApiError):
+        metrics.error(exc.status)
+        return JSONResponse(exc.body.model_dump(), status_code=exc.status)
+
+    @app.exception_handler(RequestValidationError)
+    async def _validation_error(request, exc: RequestValidationError):
+        first = exc.errors()[0] if exc.errors() else {}
+        loc = [str(p) for p in first.get("loc", ()) if p != "body"]
+        param = None if first.get("type") == "json_invalid" else (".".join(loc) or None)
+        messages = "; ".join(
+            f"{'.'.join(str(p) for p in e.get('loc', ()) if p != 'body') or 'body'}: "
+            f"{e.get('msg', 'invalid')}" for e in exc.errors()[:5])
+        return error_response(400, messages or "invalid request", param=param,
+                              code="invalid_value")
+
+    @app.exception_handler(StarletteHTTPException)
+    async def _http_error(request, exc: StarletteHTTPException):
+        kind = "not_found_error" if exc.status_code == 404 else "invalid_request_error"
+        return error_response(exc.status_code, str(exc.detail), kind)
+
+    async def check_key(request: Request) -> None:
+        if api_key is None:
+            return
+        header = request.headers.get("authorization", "")
+        given = header[7:] if header.lower().startswith("bearer ") else ""
+        if not hmac.compare_digest(given.encode(), api_key.encode()):
+            raise ApiError(401, "Incorrect API key provided.", "invalid_request_error",
+                           code="invalid_api_key")
+
+    @app.get("/health")
+    async def health():
+        return {"status": "ok", "model": model_name, "queue_depth": worker.depth}
+
+    @app.get("/metrics")
+    async def prometheus():
+        return Response(metrics.exposition(), media_type=CONTENT_TYPE_LATEST)
+
+    @app.get("/v1/models", dependencies=[Depends(check_key)])
+    async def list_models():
+        return S.ModelList(data=[S.ModelCard(id=model_name, created=created)]).model_dump()
+
+    @app.get("/v1/models/{model_id:path}", dependencies=[Depends(check_key)])
+    async def get_model(model_id: str):
+        if model_id != model_name:
+            raise ApiError(404, f"The model `{model_id}` does not exist.", "not_found_error",
+                           param="model", code="model_not_found")
+        return S.ModelCard(id=model_name, created=created).model_dump()
+
+    async def next_event(job: GenerationJob, request: Request):
+        """The job's next event; watches for a client disconnect and the hard deadline.
+
+        The disconnect check runs at least every 0.25 s even while events keep arriving: a
+        streaming client that left is otherwise only noticed when a write fails, which some
+        ASGI servers never report."""
+        grace = 30.0  # the worker checks the deadline after every round; a round is < 30 s
+        while True:
+            now = time.monotonic()
+            if now - job.checked_at >= 0.25:
+                job.checked_at = now
+                if await request.is_disconnected():
+                    job.cancel.set()
+                    return None
+            if now > job.deadline + grace:
+                job.cancel.set()
+                return Failed(504, "request timed out", "timeout_error", code="timeout")
+            try:
+                return await asyncio.wait_for(job.events.get(), timeout=0.25)
+            except asyncio.TimeoutError:
+                pass
+
+    def failure(ev: Failed) -> JSONResponse:
+        return error_response(ev.status, ev.message, ev.type, ev.param, ev.code)
+
+    @app.post("/v1/chat/completions", dependencies=[Depends(check_key)])
+    async def chat_completions(req: S.ChatCompletionRequest, request: Request):
+        if req.model != model_name:
+            raise ApiError(404, f"The model `{req.model}` does not exist.", "not_found_error",
+                           param="model", code="model_not_found")
+        mode = req.mode or default_mode
+        messages = [m.to_engine() for m in req.messages]
+        tools = [t.model_dump(exclude_none=True) for t in req.tools] if req.tools else None
+        tool_choice = req.engine_tool_choice()
+        engine_tools = tools if tool_choice != "none" else None
+        temperature = default_temperature if req.temperature is None else req.temperature
+        kwargs = dict(messages=messages, tools=engine_tools, mode=mode,
+                      max_new_tokens=req.max_new_tokens(default_max_tokens),
+                      temperature=temperature, seed=req.seed, top_p=req.top_p, stop=req.stop,
+                      tool_choice=tool_choice if engine_tools else "auto",
+                      cache_key=cache_key_for(messages, engine_tools, mode))
+        job = GenerationJob(kwargs, asyncio.get_running_loop(),
+                            deadline=time.monotonic() + request_timeout)
+        try:
+            worker.submit(job)
+        except QueueFull as exc:
+            raise ApiError(429, str(exc), "rate_limit_error", code="queue_full") from None
+        first = await next_event(job, request)
+        if first is None:  # client gone before anything happened
+            return Response(status_code=499)
+        if isinstance(first, Failed):
+            return failure(first)
+        if not isinstance(first, Started):  # the worker always announces before anything else
+            return error_response(500, f"internal error: unexpected event {first!r}",
+                                  "server_error")
+        prompt_tokens = first.prompt_tokens
+        cid = "chatcmpl-" + uuid.uuid4().hex[:24]
+        if req.stream:
+            include_usage = bool(req.stream_options and req.stream_options.include_usage)
+            return StreamingResponse(
+                stream_chunks(job, request, cid, mode, prompt_tokens, include_usage,
+                              tools_enabled=engine_tools is not None, stop=req.stop),
+                media_type="text/event-stream",
+                headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
+        while True:
+            ev = await next_event(job, request)
+            if ev is None:
+                return Response(status_code=499)
+            if isinstance(ev, Failed):
+                return failure(ev)
+            if isinstance(ev, Finished):
+                break
+        if ev.timed_out:
+            return error_response(504, f"request timed out after {request_timeout:g} s",
+                                  "timeout_error", code="timeout")
+        result = ev.result
+        calls = [S.ToolCall.model_validate(c) for c in result.tool_calls or []]
+        message = S.ResponseMessage(content=(result.text or None) if calls else (result.text or ""),
+                                    tool_calls=calls or None)
+        body = S.ChatCompletion(
+            id=cid, model=model_name, system_fingerprint=f"asymagent-{mode}",
+            choices=[S.Choice(message=message, finish_reason=finish_reason_for(result))],
+            usage=S.Usage(**usage_for(result, prompt_tokens)))
+        out = body.model_dump(exclude_none=False)
+        out["asymagent"] = extension_for(result, mode)
+        return JSONResponse(out)
+
+    async def stream_chunks(job, request, cid, mode, prompt_tokens, include_usage, *,
+                            tools_enabled, stop):
+        created_at = int(time.time())
+        streamer = DeltaStreamer(tools_enabled=tools_enabled, stop=stop)
+
+        def sse(delta: dict | None, finish: str | None = None, **extra) -> str:
+            chunk = {"id": cid, "object": "chat.completion.chunk", "created": created_at,
+                     "model": model_name, "system_fingerprint": f"asymagent-{mode}",
+                     "choices": [] if delta is None else [
+                         {"index": 0, "delta": delta, "logprobs": None,
+                          "finish_reason": finish}]}
+            if include_usage:
+                chunk["usage"] = None
+            chunk.update(extra)
+            return f"data: {json.dumps(chunk, ensure_ascii=False)}\n\n"
+
+        def sse_error(ev: Failed) -> str:
+            body = {"error": {"message": ev.message, "type": ev.type, "param": ev.param,
+                              "code": ev.code}}
+            return f"data: {json.dumps(body)}\n\n"
+
+        try:
+            # OpenAI opens with content "" for text and null when the answer may be a tool call.
+            yield sse({"role": "assistant", "content": None if tools_enabled else ""})
+            while True:
+                ev = await next_event(job, request)
+                if ev is None:
+                    return  # client left: finally cancels the generation
+                if isinstance(ev, TextDelta):
+                    for delta in streamer.push(ev.text):
+                        yield sse(delta)
+                elif isinstance(ev, Failed):
+                    metrics.error(ev.status)
+                    yield sse_error(ev)
+                    yield "data: [DONE]\n\n"
+                    return
+                elif isinstance(ev, Finished):
+                    result = ev.result
+                    for delta in streamer.finish(result):
+                        yield sse(delta)
+                    if ev.timed_out:
+                        metrics.error(504)
+                        yield sse_error(Failed(504, f"request timed out after "
+                                               f"{request_timeout:g} s", "timeout_error",
+                                               code="timeout"))
+                    else:
+                        reason = finish_reason_for(result, streamer.sent_tool_calls)
+                        yield sse({}, reason, asymagent=extension_for(result, mode))
+                        if include_usage:
+                            yield sse(None, usage=usage_for(result, prompt_tokens))
+                    yield "data: [DONE]\n\n"
+                    return
+        finally:
+            job.cancel.set()  # a no-op once finished; stops generation if the client left
+
+    return app
+
+
+def load_engine(args):
+    """Engine for `asymagent serve` from --verifier/--drafter/--config."""
+    from asymagent.engine import Engine
+    from asymagent.spec_config import SpecConfig
+    from asymagent.views import CompressionConfig
+
+    spec = compression = None
+    if args.config:
+        import pathlib
+
+        text = pathlib.Path(args.config).read_text()
+        if args.config.endswith((".yaml", ".yml")):
+            import yaml
+
+            data = yaml.safe_load(text) or {}
+        else:
+            data = json.loads(text)
+        if not isinstance(data, dict):
+            raise ValueError(f"{args.config}: expected a mapping with 'spec'/'compression'")
+        spec = SpecConfig(**data["spec"]) if "spec" in data else None
+        compression = CompressionConfig(**data["compression"]) if "compression" in data else None
+    extra = {k: v for k, v in (("spec", spec), ("compression", compression)) if v is not None}
+    extra["max_sessions"] = args.max_sessions
+    drafter = args.drafter
+    if drafter is not None and drafter.startswith("layers:"):
+        # An untrained drafter made of the verifier's first N layers (sharing its embeddings
+        # and head): speculation works without a trained drafter, at lower acceptance.
+        from asymagent.drafter import build_drafter
+        from asymagent.models import load_model
+
+        try:
+            layers = int(drafter.split(":", 1)[1])
+        except ValueError:
+            raise ValueError(f"--drafter layers:N needs an integer N, got {drafter!r}") from None
+        ver = load_model(args.verifier)
+        draft = build_drafter(ver.model, num_layers=layers, init_from_verifier=True).eval()
+        if compression is None:
+            compression = CompressionConfig()
+        return Engine(verifier=ver.model, drafter=draft, tokenizer=ver.tokenizer, spec=spec,
+                      compression=compression, max_sessions=args.max_sessions)
+    if args.verifier == "default" and drafter is None:
+        return Engine.from_default(**extra)
+    return Engine.from_pretrained(verifier=args.verifier, drafter=drafter, **extra)
+
+
+def main(args) -> int:
+    import logging
+    import os
+
+    import uvicorn
+
+    api_key = args.api_key or os.environ.get("ASYMAGENT_API_KEY")
+    if args.host not in ("127.0.0.1", "localhost", "::1") and not api_key:
+        logging.warning("serving on %s without --api-key: anyone who can reach it can use it",
+                        args.host)
+    engine = load_engine(args)
+    app = create_app(engine, model_name=args.model_name, api_key=api_key,
+                     max_queue=args.max_queue, request_timeout=args.request_timeout,
+                     default_mode=args.mode, default_max_tokens=args.max_tokens,
+                     default_temperature=args.temperature)
+    uvicorn.run(app, host=args.host, port=args.port, log_level=args.log_level)
+    return 0

@@ -1,0 +1,344 @@
+"""Pydantic models for the OpenAI-compatible HTTP boundary: chat requests, responses, chunks, errors.
+
+Requests are validated here so a bad request becomes a 400 with an OpenAI error body before it
+reaches the engine (the handler in `openai_server.py` maps `RequestValidationError` to 400 and
+names the offending field in `error.param`). Unknown fields that OpenAI clients send and that we
+do not use (`user`, `metadata`, `store`, `parallel_tool_calls`, ...) are accepted and ignored, as
+OpenAI-compatible servers do; fields we do implement are checked strictly.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+import time
+from typing import Any, Literal, Optional, Union
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+
+MODES = ("full", "compressed", "spec", "asym")  # asymagent.spec_config.MODES (kept light here)
+_TOOL_NAME = re.compile(r"^[A-Za-z0-9_-]{1,64}$")  # OpenAI's rule for function names
+_JSON_TYPES = ("object", "array", "string", "number", "integer", "boolean", "null")
+
+
+# ----------------------------------------------------------------------------- request side
+
+
+class FunctionCall(BaseModel):
+    name: str
+    arguments: str = "{}"  # a JSON string, as OpenAI sends it
+
+
+class ToolCall(BaseModel):
+    id: str
+    type: Literal["function"] = "function"
+    function: FunctionCall
+
+
+class ChatMessage(BaseModel):
+    """One message; `role` is checked (an unknown role is a 400, not a silent drop)."""
+
+    model_config = ConfigDict(extra="ignore")
+
+    role: Literal["system", "developer", "user", "assistant", "tool"]
+    content: Optional[Union[str, list[dict[str, Any]]]] = None
+    name: Optional[str] = None
+    tool_calls: Optional[list[ToolCall]] = None
+    tool_call_id: Optional[str] = None
+
+    @field_validator("content")
+    @classmethod
+    def _text_parts_only(cls, value):
+        if isinstance(value, list):
+            for part in value:
+                if part.get("type") != "text" or not isinstance(part.get("text"), str):
+                    raise ValueError("only text content parts ({'type': 'text', 'text': ...}) "
+                                     "are supported")
+        return value
+
+    @model_validator(mode="after")
+    def _role_rules(self):
+        if self.role == "tool" and not self.tool_call_id:
+            raise ValueError("a 'tool' message needs 'tool_call_id'")
+        if self.role in ("system", "developer", "user") and self.content is None:
+            raise ValueError(f"a '{self.role}' message needs 'content'")
+        if self.role == "assistant" and self.content is None and not self.tool_calls:
+            raise ValueError("an 'assistant' message needs 'content' or 'tool_calls'")
+        return self
+
+    def text(self) -> str:
+        """Content as plain text (text parts joined)."""
+        if self.content is None:
+            return ""
+        if isinstance(self.content, str):
+            return self.content
+        return "".join(part["text"] for part in self.content)
+
+    def to_engine(self) -> dict:
+        """The OpenAI-style dict the engine's chat format renders."""
+        out: dict[str, Any] = {"role": "system" if self.role == "developer" else self.role,
+                               "content": self.text()}
+        if self.tool_calls:
+            out["tool_calls"] = [tc.model_dump() for tc in self.tool_calls]
+        if self.tool_call_id is not None:
+            out["tool_call_id"] = self.tool_call_id
+        if self.name is not None:
+            out["name"] = self.name
+        return out
+
+
+def _check_schema(schema: Any, path: str) -> None:
+    """Structural JSON-schema check (enough to refuse what the tool-call grammar cannot compile)."""
+    if not isinstance(schema, dict):
+        raise ValueError(f"{path} must be a JSON schema object")
+    kind = schema.get("type")
+    kinds = kind if isinstance(kind, list) else [kind] if kind is not None else []
+    for k in kinds:
+        if k not in _JSON_TYPES:
+            raise ValueError(f"{path}.type {k!r} is not a JSON schema type")
+    props = schema.get("properties")
+    if props is not None:
+        if not isinstance(props, dict):
+            raise ValueError(f"{path}.properties must be an object")
+        for key, sub in props.items():
+            _check_schema(sub, f"{path}.properties.{key}")
+    required = schema.get("required")
+    if required is not None:
+        if not isinstance(required, list) or not all(isinstance(r, str) for r in required):
+            raise ValueError(f"{path}.required must be a list of strings")
+        missing = [r for r in required if props is None or r not in props]
+        if missing:
+            raise ValueError(f"{path}.required names undefined properties {missing}")
+    if "items" in schema and not isinstance(schema["items"], (dict, bool)):
+        raise ValueError(f"{path}.items must be a schema")
+    if isinstance(schema.get("items"), dict):
+        _check_schema(schema["items"], f"{path}.items")
+    if "enum" in schema and not isinstance(schema["enum"], list):
+        raise ValueError(f"{path}.enum must be a list")
+
+
+class FunctionDef(BaseModel):
+    name: str
+    description: Optional[str] = None
+    parameters: dict[str, Any] = Field(default_factory=lambda: {"type": "object",
+                                                                 "properties": {}})
+    strict: Optional[bool] = None
+
+    @field_validator("name")
+    @classmethod
+    def _name(cls, value: str) -> str:
+        if not _TOOL_NAME.match(value):
+            raise ValueError("function name must match ^[A-Za-z0-9_-]{1,64}$")
+        return value
+
+    @field_validator("parameters")
+    @classmethod
+    def _params(cls, value: dict) -> dict:
+        if value.get("type", "object") != "object":
+            raise ValueError("function parameters must be a JSON schema with type 'object'")
+        _check_schema(value, "parameters")
+        return value
+
+
+class ToolDef(BaseModel):
+    type: Literal["function"]
+    function: FunctionDef
+
+
+class NamedToolChoiceFunction(BaseModel):
+    name: str
+
+
+class NamedToolChoice(BaseModel):
+    type: Literal["function"]
+    function: NamedToolChoiceFunction
+
+
+class StreamOptions(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+    include_usage: bool = False
+
+
+class ChatCompletionRequest(BaseModel):
+    """POST /v1/chat/completions body (the subset we implement, checked strictly)."""
+
+    model_config = ConfigDict(extra="ignore")
+
+    model: str
+    messages: list[ChatMessage] = Field(min_length=1)
+    max_tokens: Optional[int] = Field(default=None, ge=1)
+    max_completion_tokens: Optional[int] = Field(default=None, ge=1)
+    # OpenAI's range; None -> the server's default (greedy 0.0 unless --temperature says otherwise)
+    temperature: Optional[float] = Field(default=None, ge=0.0, le=2.0)
+    top_p: float = Field(default=1.0, gt=0.0, le=1.0)
+    seed: Optional[int] = None
+    stop: Optional[Union[str, list[str]]] = None
+    n: int = Field(default=1, ge=1, le=1)  # one engine stream per request
+    stream: bool = False
+    stream_options: Optional[StreamOptions] = None
+    tools: Optional[list[ToolDef]] = None
+    tool_choice: Optional[Union[Literal["none", "auto", "required"], NamedToolChoice]] = None
+    mode: Optional[Literal["full", "compressed", "spec", "asym"]] = None  # extension
+    presence_penalty: Optional[float] = Field(default=None, ge=-2.0, le=2.0)
+    frequency_penalty: Optional[float] = Field(default=None, ge=-2.0, le=2.0)
+
+    @field_validator("stop")
+    @classmethod
+    def _stop(cls, value):
+        if isinstance(value, str):
+            value = [value]
+        if value is not None:
+            if len(value) > 4:
+                raise ValueError("at most 4 stop sequences")
+            if any(not s for s in value):
+                raise ValueError("stop sequences must be non-empty")
+        return value
+
+    @model_validator(mode="after")
+    def _tools_consistent(self):
+        names = [t.function.name for t in self.tools or []]
+        if len(set(names)) != len(names):
+            raise ValueError("tool names must be unique")
+        if isinstance(self.tool_choice, NamedToolChoice) and self.tool_choice.function.name not in names:
+            raise ValueError(f"tool_choice names function {self.tool_choice.function.name!r}, "
+                             "which is not in 'tools'")
+        if self.tool_choice == "required" and not names:
+            raise ValueError("tool_choice 'required' needs 'tools'")
+        if self.stream_options is not None and not self.stream:
+            raise ValueError("stream_options is only allowed when stream is true")
+        return self
+
+    def engine_tool_choice(self):
+        """tool_choice in the engine's terms ("auto" default when tools are given)."""
+        if self.tool_choice is None:
+            return "auto" if self.tools else "none"
+        if isinstance(self.tool_choice, NamedToolChoice):
+            return self.tool_choice.model_dump()
+        return self.tool_choice
+
+    def max_new_tokens(self, default: int) -> int:
+        return self.max_completion_tokens or self.max_tokens or default
+
+
+# ---------------------------------------------------------------------------- response side
+
+
+class Usage(BaseModel):
+    """OpenAI usage plus extra speculation fields (allowed by the contract)."""
+
+    model_config = ConfigDict(extra="allow")
+    prompt_tokens: int
+    completion_tokens: int
+    total_tokens: int
+
+
+class ResponseMessage(BaseModel):
+    role: Literal["assistant"] = "assistant"
+    content: Optional[str] = None
+    tool_calls: Optional[list[ToolCall]] = None
+    refusal: Optional[str] = None
+
+
+class Choice(BaseModel):
+    index: int = 0
+    message: ResponseMessage
+    logprobs: None = None
+    finish_reason: Literal["stop", "length", "tool_calls"]
+
+
+class ChatCompletion(BaseModel):
+    model_config = ConfigDict(extra="allow")  # `asymagent` extension key carries StepStats
+    id: str
+    object: Literal["chat.completion"] = "chat.completion"
+    created: int = Field(default_factory=lambda: int(time.time()))
+    model: str
+    system_fingerprint: Optional[str] = None
+    choices: list[Choice]
+    usage: Usage
+
+
+class ChunkChoice(BaseModel):
+    index: int = 0
+    delta: dict[str, Any]
+    logprobs: None = None
+    finish_reason: Optional[Literal["stop", "length", "tool_calls"]] = None
+
+
+class ChatCompletionChunk(BaseModel):
+    model_config = ConfigDict(extra="allow")
+    id: str
+    object: Literal["chat.completion.chunk"] = "chat.completion.chunk"
+    created: int
+    model: str
+    system_fingerprint: Optional[str] = None
+    choices: list[ChunkChoice]
+
+
+class ModelCard(BaseModel):
+    id: str
+    object: Literal["model"] = "model"
+    created: int
+    owned_by: str = "asymagent"
+
+
+class ModelList(BaseModel):
+    object: Literal["list"] = "list"
+    data: list[ModelCard]
+
+
+class ErrorDetail(BaseModel):
+    message: str
+    type: str
+    param: Optional[str] = None
+    code: Optional[str] = None
+
+
+class ErrorBody(BaseModel):
+    error: ErrorDetail
+
+
+# ------------------------------------------------------------- building response payloads
+
+
+def _jsonable(value):
+    """StepStats dicts as strict JSON (NaN/inf -> None, tensors/numpy -> Python numbers)."""
+    if isinstance(value, dict):
+        return {k: _jsonable(v) for k, v in value.items() if not str(k).startswith("_")}
+    if isinstance(value, (list, tuple)):
+        return [_jsonable(v) for v in value]
+    if isinstance(value, bool) or value is None or isinstance(value, (str, int)):
+        return value
+    try:
+        number = float(value)
+    except (TypeError, ValueError):
+        return str(value)
+    return number if math.isfinite(number) else None
+
+
+def usage_for(result, prompt_tokens: int) -> dict:
+    stats = result.stats
+    completion = len(result.token_ids)
+    return {
+        "prompt_tokens": prompt_tokens, "completion_tokens": completion,
+        "total_tokens": prompt_tokens + completion,
+        "drafted_tokens": int(stats.drafted), "accepted_tokens": int(stats.accepted),
+        "acceptance_rate": stats.accepted / stats.drafted if stats.drafted else 0.0,
+        "mean_accepted_len": float(stats.mean_accepted_len),
+        "compression_ratio": float(stats.compression_ratio),
+        "verifier_context_tokens": int(stats.verifier_context_tokens),
+    }
+
+
+def extension_for(result, mode: str) -> dict:
+    return {"mode": mode, "stats": _jsonable(result.stats.to_dict()),
+            "invalid_tool_calls": _jsonable(list(result.invalid_tool_calls or []))}
+
+
+def finish_reason_for(result, streamed_calls: bool = False) -> str:
+    """OpenAI finish_reason: tool_calls for parsed calls, length when cut by max_tokens, else stop
+    (a stream that already sent a call's name reports tool_calls, as the client saw one)."""
+    if result.tool_calls:
+        return "tool_calls"
+    if result.finish_reason == "length":
+        return "length"
+    return "tool_calls" if streamed_calls else "stop"
