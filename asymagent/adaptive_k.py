@@ -1,0 +1,87 @@
+"""Adaptive K: pick the draft length from measured acceptance and forward costs, or stop drafting.
+
+Model (one request): drafts are accepted i.i.d. with probability alpha, so a round with K
+drafts emits E(K) = sum_{i=0..K} alpha^i tokens; it costs K * t_draft (drafter + base forwards
+per draft) + t_verify(K) (verifier forward over K+1 positions, plus the gate). A plain verifier
+step emits 1 token for t_plain. We choose K in [k_min, k_max] maximising E(K) / cost(K), and
+switch speculation off for the rest of the request when even the best K is measurably slower
+than plain decoding (rate below (1 - margin) * 1/t_plain, after `min_rounds` measured rounds).
+
+Everything is measured in the request itself: alpha from the gate's verdicts (Laplace prior,
+(accepted + 1) / (reached + 2)), t_draft and t_verify(K) as running means of the rounds'
+timings, t_plain from one plain probe step after the first round (and again every
+`probe_every` rounds, since contexts grow). t_verify(K) for a K not tried yet is extrapolated
+on the line through (0, t_plain) and the measured points.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from asymagent.speculation import expected_tokens
+
+
+@dataclass
+class AdaptiveK:
+    k: int  # current choice
+    k_min: int = 1
+    k_max: int = 8
+    margin: float = 0.10  # "measurably slower": more than 10% below the plain rate
+    min_rounds: int = 4  # speculative rounds measured before speculation may be switched off
+    probe_every: int = 32  # rounds between plain probe steps refreshing t_plain
+    ema: float = 0.3  # weight of the newest timing in the running means
+    enabled: bool = True  # False once speculation was switched off for this request
+    accepted: int = 0
+    reached: int = 0
+    rounds: int = 0
+    t_draft: float | None = None  # seconds per draft token (drafter + base pass)
+    t_plain: float | None = None  # seconds per plain verifier step
+    t_verify: dict = field(default_factory=dict)  # K -> seconds per verify (forward + gate)
+    _since_probe: int = 0
+
+    def _mix(self, old: float | None, new: float) -> float:
+        return new if old is None else (1 - self.ema) * old + self.ema * new
+
+    def want_probe(self) -> bool:
+        """True when the next step should be a plain verifier step (to measure t_plain)."""
+        if not self.enabled or self.rounds == 0:
+            return False
+        return self.t_plain is None or self._since_probe >= self.probe_every
+
+    def record_plain(self, seconds: float) -> None:
+        self.t_plain = self._mix(self.t_plain, seconds)
+        self._since_probe = 0
+
+    def record_round(self, k: int, accepted: int, draft_s: float, verify_s: float) -> None:
+        self.rounds += 1
+        self._since_probe += 1
+        self.accepted += accepted
+        self.reached += accepted + (1 if accepted < k else 0)
+        self.t_draft = self._mix(self.t_draft, draft_s / max(k, 1))
+        self.t_verify[k] = self._mix(self.t_verify.get(k), verify_s)
+        self._choose()
+
+    @property
+    def alpha(self) -> float:
+        return (self.accepted + 1) / (self.reached + 2)
+
+    def verify_cost(self, k: int) -> float:
+        if k in self.t_verify:
+            return self.t_verify[k]
+        known = sorted(self.t_verify.items())
+        if self.t_plain is None:  # no slope yet: the nearest measured K
+            return min(known, key=lambda kv: abs(kv[0] - k))[1]
+        slopes = [(t - self.t_plain) / kk for kk, t in known]
+        return max(self.t_plain + max(0.0, sum(slopes) / len(slopes)) * k, 0.0)
+
+    def rate(self, k: int) -> float:
+        """Expected tokens per second of rounds with K drafts."""
+        cost = k * (self.t_draft or 0.0) + self.verify_cost(k)
+        return expected_tokens(self.alpha, k) / max(cost, 1e-9)
+
+    def _choose(self) -> None:
+        best = max(range(self.k_min, self.k_max + 1), key=self.rate)
+        self.k = best
+        if (self.t_plain is not None and self.rounds >= self.min_rounds
+                and self.rate(best) < (1.0 - self.margin) / self.t_plain):
+            self.enabled = False

@@ -1,0 +1,192 @@
+"""KV cache bookkeeping: one model's DynamicCache over a token view, prefix reuse, crop, sessions.
+
+Invariant kept by everything here: `ModelCache.tokens` is exactly the token ids whose keys and
+values are in the cache, and it is always a prefix of the view the cache serves. The tokens of
+the view past that prefix are *pending*: the next forward feeds them (plus any draft tokens) and
+reads the logits of the last position. A cache therefore never holds the view's last token
+between rounds, and prefix reuse keeps at most `len(view) - 1` tokens so the next forward always
+re-feeds at least the last prompt token (whose logits start decoding).
+
+transformers 5.24: `DynamicCache.crop(n)` wants a NEGATIVE n (tokens to remove; a positive n
+raises), and the model forward takes `cache=` (the `past_key_values=` keyword is deprecated).
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from dataclasses import dataclass, field
+
+import torch
+
+PREFILL_CHUNK = 1024  # prefill longer than this is fed in chunks, with a progress bar
+
+
+class View:
+    """A token sequence = a fixed prompt followed by the (shared, growing) generated tokens."""
+
+    __slots__ = ("prompt", "generated")
+
+    def __init__(self, prompt: list, generated: list) -> None:
+        self.prompt = prompt  # list[int]
+        self.generated = generated  # list[int], shared by all views of one request
+
+    def __len__(self) -> int:
+        return len(self.prompt) + len(self.generated)
+
+    def tail(self, start: int) -> list:
+        """view[start:] without materialising the whole view."""
+        p = len(self.prompt)
+        if start >= p:
+            return self.generated[start - p:]
+        return self.prompt[start:] + self.generated
+
+    def ids(self) -> list:
+        return self.prompt + self.generated
+
+
+def common_prefix_len(a: list, b: list) -> int:
+    n = min(len(a), len(b))
+    i = 0
+    while i < n and a[i] == b[i]:
+        i += 1
+    return i
+
+
+def decoder_of(model: torch.nn.Module) -> torch.nn.Module:
+    """The transformer body of a *ForCausalLM (hidden states, no head)."""
+    body = getattr(model, "base_model", None)
+    if body is None or body is model:
+        raise ValueError(f"{type(model).__name__} has no separate decoder body (base_model)")
+    return body
+
+
+@dataclass
+class ModelCache:
+    """One model's DynamicCache plus the token ids it holds (see the module invariant)."""
+
+    model: torch.nn.Module
+    cache: object = None  # transformers DynamicCache, created on first use
+    tokens: list = field(default_factory=list)  # ids whose K/V are cached
+
+    def __len__(self) -> int:
+        return len(self.tokens)
+
+    @property
+    def device(self) -> torch.device:
+        return next(self.model.parameters()).device
+
+    def reset(self) -> None:
+        self.cache, self.tokens = None, []
+
+    def _new_cache(self):
+        from transformers import DynamicCache
+
+        return DynamicCache(config=self.model.config)
+
+    def crop(self, keep: int) -> None:
+        """Keep the first `keep` cached tokens (DynamicCache.crop takes minus tokens to remove)."""
+        remove = len(self.tokens) - keep
+        if remove <= 0:
+            return
+        if keep == 0:
+            self.reset()
+            return
+        self.cache.crop(-remove)
+        del self.tokens[keep:]
+
+    def reuse_prefix(self, view_ids: list) -> int:
+        """Crop to the longest common prefix with `view_ids[:-1]`; returns the tokens kept."""
+        keep = common_prefix_len(self.tokens, view_ids[: max(len(view_ids) - 1, 0)])
+        self.crop(keep)
+        return keep
+
+    def pending(self, view: View) -> list:
+        """Tokens of `view` not yet in the cache (the next forward feeds them first)."""
+        return view.tail(len(self.tokens))
+
+    def _inputs(self, ids: list) -> torch.Tensor:
+        return torch.tensor([ids], dtype=torch.long, device=self.device)  # [1, T]
+
+    @torch.inference_mode()
+    def forward_logits(self, ids: list, keep: int) -> torch.Tensor:
+        """Feed `ids`; return the logits of the last `keep` positions, [keep, V] (float32)."""
+        if self.cache is None:
+            self.cache = self._new_cache()
+        out = self.model(input_ids=self._inputs(ids), cache=self.cache, use_cache=True,
+                         logits_to_keep=keep)
+        self.tokens.extend(ids)
+        return out.logits[0, -keep:].float()  # [keep, V]
+
+    @torch.inference_mode()
+    def forward_hidden(self, ids: list) -> torch.Tensor:
+        """Feed `ids` through the decoder body only; final hidden states [T, H] (no head)."""
+        if self.cache is None:
+            self.cache = self._new_cache()
+        out = decoder_of(self.model)(input_ids=self._inputs(ids), cache=self.cache, use_cache=True)
+        self.tokens.extend(ids)
+        return out.last_hidden_state[0]  # [T, H]
+
+    @torch.inference_mode()
+    def prefill(self, ids: list, desc: str = "prefill") -> None:
+        """Feed `ids` (no logits needed: only the body runs), chunked with a progress bar if long."""
+        if not ids:
+            return
+        if len(ids) <= PREFILL_CHUNK:
+            self.forward_hidden(ids)
+            return
+        from tqdm.auto import tqdm
+
+        with tqdm(total=len(ids), desc=desc, unit="tok", leave=False) as bar:
+            for start in range(0, len(ids), PREFILL_CHUNK):
+                chunk = ids[start:start + PREFILL_CHUNK]
+                self.forward_hidden(chunk)
+                bar.update(len(chunk))
+
+
+class CacheSession:
+    """The caches of one conversation (`cache_key`): one ModelCache per (model, view) role.
+
+    Roles: "verifier_full", "verifier_compressed", "drafter_full", "drafter_compressed" (base).
+    """
+
+    def __init__(self, models: dict) -> None:
+        self._models = models  # role -> model
+        self.caches: dict = {}
+        self.views = None  # the conversation's asymagent.views.ContextViews (chat)
+        self.logprobs: list = []  # drafter log p(token_t | tokens_<t) for logprob_ids (chat)
+        self.logprob_ids: list = []  # the token ids `logprobs` refers to
+
+    def get(self, role: str) -> ModelCache:
+        if role not in self.caches:
+            self.caches[role] = ModelCache(self._models[role])
+        return self.caches[role]
+
+
+class CacheStore:
+    """A bounded LRU of CacheSessions keyed by `cache_key` (oldest session dropped first)."""
+
+    def __init__(self, models: dict, max_sessions: int = 4) -> None:
+        if max_sessions < 1:
+            raise ValueError("max_sessions must be >= 1")
+        self._models = models
+        self.max_sessions = max_sessions
+        self._sessions: OrderedDict = OrderedDict()
+
+    def session(self, key: str) -> CacheSession:
+        if key in self._sessions:
+            self._sessions.move_to_end(key)
+            return self._sessions[key]
+        session = CacheSession(self._models)
+        self._sessions[key] = session
+        while len(self._sessions) > self.max_sessions:
+            self._sessions.popitem(last=False)
+        return session
+
+    def drop(self, key: str) -> None:
+        self._sessions.pop(key, None)
+
+    def clear(self) -> None:
+        self._sessions.clear()
+
+    def __len__(self) -> int:
+        return len(self._sessions)

@@ -1,0 +1,108 @@
+"""Greedy losslessness of the engine: spec (and asym with beta=0, exact, no compression) == full."""
+
+from __future__ import annotations
+
+import pytest
+
+from asymagent.engine import Engine
+from asymagent.spec_config import SpecConfig
+from test_engine_models import make_model, noisy_copy, random_prompts
+
+N_PROMPTS = 12
+NEW = 24
+
+
+@pytest.fixture(scope="module")
+def verifier():
+    return make_model(seed=0)
+
+
+@pytest.fixture(scope="module")
+def full_outputs(verifier):
+    engine = Engine(verifier=verifier)
+    return [engine.generate(p, mode="full", max_new_tokens=NEW).token_ids
+            for p in random_prompts(N_PROMPTS)]
+
+
+def _drafter(kind: str, verifier):
+    if kind == "random":  # different weights: mostly rejects
+        return make_model(seed=1, layers=1)
+    if kind == "same":  # the verifier itself: every draft accepted
+        return verifier
+    return noisy_copy(verifier, noise=0.6)  # agrees often, not always
+
+
+@pytest.mark.parametrize("k", [1, 3, 6])
+@pytest.mark.parametrize("kind", ["random", "same", "noisy"])
+def test_spec_greedy_equals_full(verifier, full_outputs, k, kind):
+    engine = Engine(verifier=verifier, drafter=_drafter(kind, verifier), spec=SpecConfig(k=k))
+    accepted, drafted = 0, 0
+    for prompt, expected in zip(random_prompts(N_PROMPTS), full_outputs):
+        r = engine.generate(prompt, mode="spec", max_new_tokens=NEW)
+        assert r.token_ids == expected
+        s = r.stats
+        accepted, drafted = accepted + s.accepted, drafted + s.drafted
+        assert s.new_tokens == len(r.token_ids)
+        # tokens per verifier forward in speculative rounds: at least the recovered/bonus token,
+        # at most K drafts + 1 bonus
+        assert 1.0 <= s.mean_accepted_len <= k + 1
+        assert all(0.0 <= x <= 1.0 for x in s.acceptance_by_position)
+        assert len(s.acceptance_by_position) <= k
+    rate = accepted / drafted
+    if kind == "same":
+        assert rate == 1.0  # the drafter is the verifier: argmax always matches
+    elif kind == "random":
+        assert rate < 0.5  # unrelated weights agree rarely (measured ~0.1)
+    else:
+        assert 0.0 < rate < 1.0  # both paths exercised
+
+
+@pytest.mark.parametrize("k", [1, 3])
+def test_asym_beta0_exact_no_compression_equals_full(verifier, full_outputs, k):
+    spec = SpecConfig(k=k, beta=0.0, acceptance="exact")
+    engine = Engine(verifier=verifier, drafter=noisy_copy(verifier, 0.6), spec=spec)
+    for prompt, expected in zip(random_prompts(N_PROMPTS), full_outputs):
+        r = engine.generate(prompt, mode="asym", max_new_tokens=NEW)
+        assert r.token_ids == expected
+        # one view: the base pass is the drafter itself, so JSD is 0 up to float rounding in
+        # logaddexp (~1e-10 measured)
+        assert r.stats.mean_jsd < 1e-6
+
+
+def test_asym_with_compression_reads_three_caches(verifier):
+    """asym with a compressed view: verifier and base see the short view, drafter the full one."""
+    spec = SpecConfig(k=3)
+    engine = Engine(verifier=verifier, drafter=noisy_copy(verifier, 0.6), spec=spec)
+    prompt = random_prompts(1, length=30)[0]
+    r = engine.generate(prompt, mode="asym", max_new_tokens=NEW, compressed_prompt_ids=prompt[10:])
+    s = r.stats
+    assert (s.verifier_context_tokens, s.full_context_tokens) == (20, 30)
+    assert s.compression_ratio == pytest.approx(20 / 30)
+    assert s.verifier_prefill_tokens == 20  # cold caches: the whole compressed view
+    assert s.drafter_prefill_tokens == 30 + 20  # drafter on the full view + base on the short one
+    assert s.mean_jsd > 0.0  # the two drafter views differ
+    session = engine.caches.session("default")
+    # after the call every cache holds its view minus pending tokens (cropped to the commit)
+    assert len(session.get("verifier_compressed")) <= 20 + len(r.token_ids)
+    assert len(session.get("drafter_compressed")) <= 20 + len(r.token_ids)
+    assert len(session.get("drafter_full")) <= 30 + len(r.token_ids)
+
+
+def test_strict_prefix_uses_greedy_matching(verifier):
+    """At temperature 0, rounds that start inside strict_prefix use the greedy rule, whose output
+    is the chain of fused argmaxes (a function of the prefix only). gamma=0.05 relaxes cda enough
+    that plain cda accepts drafts greedy would reject (checked below), so the prefix matters."""
+    drafter = noisy_copy(verifier, 1.5)
+    prompt = random_prompts(1, length=30, seed=0)[0]
+    comp = prompt[12:]
+
+    def run(**kw):
+        engine = Engine(verifier=verifier, drafter=drafter, spec=SpecConfig(k=2, gamma=0.05, **kw))
+        return engine.generate(prompt, mode="asym", compressed_prompt_ids=comp,
+                               max_new_tokens=16).token_ids
+
+    greedy, cda = run(acceptance="greedy"), run(acceptance="cda")
+    assert cda != greedy  # relaxed acceptance changes this output
+    assert run(acceptance="cda", strict_prefix=16) == greedy  # every round strict
+    partial = run(acceptance="cda", strict_prefix=4)
+    assert partial[:4] == greedy[:4]  # tokens 1-4 all come from rounds that start before 4
