@@ -231,7 +231,10 @@ class Engine:
         generated: list = []
         full_view = View(prompt, generated)
         ver_prompt = compressed if mode in ("compressed", "asym") else prompt
-        ver_role = "verifier_full" if ver_prompt == prompt else "verifier_compressed"
+        # A mode's verifier always reads the same cache: in an agent loop step 0 often has
+        # nothing to compress (compressed == full), and switching caches at step 1 would
+        # re-prefill the whole compressed view instead of only the appended messages.
+        ver_role = "verifier_compressed" if mode in ("compressed", "asym") else "verifier_full"
         ver_view = View(ver_prompt, generated)
         stats = StepStats(mode=mode, full_context_tokens=len(prompt),
                           verifier_context_tokens=len(ver_prompt),
