@@ -33,3 +33,18 @@ bench: $(STAMP)
 
 clean:
 	rm -rf $(VENV) build *.egg-info
+
+# Evals (docs/evals.md): one eval with its report, and docs/results.md regenerated from a fresh run.
+eval: $(STAMP)
+	mkdir -p runs
+	$(VENV)/bin/asymagent eval records --episodes 1 --json runs/eval_records.json --report runs/eval_records
+
+results: $(STAMP)
+	mkdir -p runs
+	$(VENV)/bin/asymagent bench --json runs/bench.json
+	$(VENV)/bin/asymagent eval records --split test --episodes 1 --no-free-running --json runs/eval_records.json
+	$(VENV)/bin/asymagent eval injection --seeds 100000,100003 --max-steps 5 --no-free-running \
+		--max-new-tokens 64 --modes full,compressed,asym,asym:strict_prefix=16 --json runs/eval_injection.json
+	$(PY) -m asymagent.evals.report --bench runs/bench.json --eval runs/eval_records.json \
+		--eval runs/eval_injection.json --out docs/results.md
+	cp runs/bench.json runs/eval_records.json runs/eval_injection.json docs/results/

@@ -1,0 +1,113 @@
+"""The bench's peers: stock transformers `generate` on the full context, instrumented by a hook.
+
+- hf_generate:      `model.generate(ids)` (greedy, full prompt, no prefix reuse across steps);
+- hf_prompt_lookup: the same with `prompt_lookup_num_tokens` (n-gram drafts from the prompt);
+- hf_assisted:      the same with `assistant_model` = our drafter with its full (shared) head.
+transformers keeps no cache between `generate` calls, so every step re-prefills its whole prompt.
+
+A forward pre-hook on the verifier records (tokens fed T, cached tokens C) for every forward, so
+each peer gets the same accounting as our modes: verifier prefill tokens, verifier FLOPs (the
+formula of asymagent/flops.py) and, for the speculative peers, drafted / accepted counts.
+Reconstruction per verifier forward j, with P the prompt length and e_j the tokens emitted before
+it: committed_j = P + e_j; candidates c_j = C_j + T_j - committed_j; accepted a_j =
+C_{j+1} - committed_j (the next forward's cache keeps the verified tokens, not the new one), and
+for the last forward a = out - e_j - 1; every forward emits a_j + 1 tokens.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+
+import torch
+
+PEERS = ("hf_generate", "hf_prompt_lookup", "hf_assisted")
+
+
+@dataclass
+class PeerStep:
+    token_ids: list  # new tokens (EOS kept, padding dropped)
+    wall_s: float
+    forwards: list = field(default_factory=list)  # [(T, C)] per verifier forward
+    verifier_prefill_tokens: int = 0
+    verifier_flops: float = 0.0
+    drafted: int = 0
+    accepted: int = 0
+    rounds: int = 0  # verifier forwards that scored at least one candidate
+    accepted_by_position: list = field(default_factory=list)  # [i]: rounds accepting position i
+    reached_by_position: list = field(default_factory=list)  # [i]: rounds drafting position i
+
+
+class ForwardLog:
+    """Context manager: records (T, C) of every forward of `model`."""
+
+    def __init__(self, model) -> None:
+        self.model, self.calls, self._handle = model, [], None
+
+    def _hook(self, module, args, kwargs) -> None:
+        ids = kwargs.get("input_ids", args[0] if args else None)
+        cache = kwargs.get("cache", kwargs.get("past_key_values"))
+        past = int(cache.get_seq_length()) if cache is not None and hasattr(cache, "get_seq_length") else 0
+        if ids is not None:
+            self.calls.append((int(ids.shape[-1]), past))
+
+    def __enter__(self) -> "ForwardLog":
+        self._handle = self.model.register_forward_pre_hook(self._hook, with_kwargs=True)
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self._handle.remove()
+
+
+def account(step: PeerStep, prompt_len: int, flops) -> PeerStep:
+    """Fill prefill tokens, FLOPs and draft/accept counts from the recorded forwards."""
+    emitted, out = 0, len(step.token_ids)
+    step.verifier_prefill_tokens = step.forwards[0][0] if step.forwards else 0
+    for j, (t, c) in enumerate(step.forwards):
+        step.verifier_flops += flops.forward(t, c)
+        committed = prompt_len + emitted
+        cands = max(0, c + t - committed)
+        if j + 1 < len(step.forwards):
+            acc = step.forwards[j + 1][1] - committed
+        else:
+            acc = out - emitted - 1
+        acc = max(0, min(cands, acc))
+        if cands:
+            step.rounds += 1
+            step.drafted += cands
+            step.accepted += acc
+            for i in range(min(acc + 1, cands)):
+                while len(step.reached_by_position) <= i:
+                    step.reached_by_position.append(0)
+                    step.accepted_by_position.append(0)
+                step.reached_by_position[i] += 1
+                step.accepted_by_position[i] += int(i < acc)
+        emitted += acc + 1
+    return step
+
+
+def run_peer(name: str, verifier, prompt_ids: list, *, max_new_tokens: int, eos_ids: list,
+             pad_id: int, flops, drafter=None, prompt_lookup_tokens: int = 10) -> PeerStep:
+    """One greedy `generate` call of peer `name` on `prompt_ids`, timed and accounted."""
+    if name not in PEERS:
+        raise ValueError(f"unknown peer {name!r}; expected one of {PEERS}")
+    kwargs = dict(max_new_tokens=max_new_tokens, do_sample=False, eos_token_id=list(eos_ids),
+                  pad_token_id=pad_id)
+    if name == "hf_prompt_lookup":
+        kwargs["prompt_lookup_num_tokens"] = prompt_lookup_tokens
+    elif name == "hf_assisted":
+        if drafter is None:
+            raise ValueError("hf_assisted needs a drafter")
+        kwargs["assistant_model"] = drafter
+    ids = torch.tensor([prompt_ids], dtype=torch.long, device=verifier.device)  # [1, P]
+    with ForwardLog(verifier) as log, torch.inference_mode():
+        t0 = time.perf_counter()
+        out = verifier.generate(ids, attention_mask=torch.ones_like(ids), **kwargs)  # [1, P + n]
+        wall = time.perf_counter() - t0
+    new = out[0, len(prompt_ids):].tolist()
+    eos = set(eos_ids)
+    for i, t in enumerate(new):  # keep up to and including the first EOS (as the engine does)
+        if t in eos:
+            new = new[: i + 1]
+            break
+    return account(PeerStep(new, wall, list(log.calls)), len(prompt_ids), flops)

@@ -1,0 +1,63 @@
+"""Building the engine for `eval` and `bench`: the embedded default, a given drafter, or a fallback.
+
+Order of preference for the drafter:
+  1. `--drafter PATH` (a drafter saved by `asymagent train-drafter`), loaded onto the verifier;
+  2. the shipped default drafter (`Engine.from_default()`);
+  3. fallback while no drafter is shipped: a 2-layer drafter made of the verifier's first two
+     layers, untrained, no reduced vocabulary. Its acceptance is poor; the JSON's "drafter"
+     field says so, so no number is mistaken for the trained drafter's.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass
+class EngineSetup:
+    engine: object  # asymagent.engine.Engine
+    verifier: str  # description for the JSON "verifier" field
+    drafter: str  # description for the JSON "drafter" field
+    fallback: bool  # True when the untrained fallback drafter is in use
+
+
+def build_engine(verifier: str = "default", drafter: str | None = None, *, spec=None,
+                 compression=None, allow_fallback: bool = True, max_sessions: int = 8) -> EngineSetup:
+    """The engine eval/bench run on (see module docstring)."""
+    from asymagent.drafter import DrafterMismatchError, build_drafter, load_drafter
+    from asymagent.engine import Engine
+    from asymagent.models import EMBEDDED_VERIFIER_ID, load_model
+
+    if compression is None:
+        from asymagent.views import CompressionConfig
+
+        compression = CompressionConfig()
+    loaded = load_model(verifier)
+    ver_desc = EMBEDDED_VERIFIER_ID if verifier in ("default", "embedded", "smollm2") else loaded.source
+    if drafter is not None:
+        model = load_drafter(drafter, loaded.model)
+        card = getattr(model, "asymagent_card", {}) or {}
+        desc = f"{drafter} ({card.get('name') or card.get('steps', '?')} steps)" if card else str(drafter)
+        return EngineSetup(Engine(loaded.model, model, loaded.tokenizer, spec=spec, compression=compression,
+                                  max_sessions=max_sessions), ver_desc, desc, False)
+    if verifier in ("default", "embedded", "smollm2"):
+        try:
+            from asymagent.drafter import DEFAULT_DRAFTER_FILE, load_default_drafter
+
+            model = load_default_drafter(loaded.model, loaded.fingerprint)
+            return EngineSetup(Engine(loaded.model, model, loaded.tokenizer, spec=spec,
+                                      compression=compression, max_sessions=max_sessions),
+                               ver_desc, f"default ({DEFAULT_DRAFTER_FILE.name})", False)
+        except (FileNotFoundError, DrafterMismatchError) as exc:
+            if not allow_fallback:
+                raise
+            reason = str(exc).split(";")[0]
+    else:
+        reason = "no --drafter given for a non-default verifier"
+    if not allow_fallback:
+        raise ValueError(reason)
+    model = build_drafter(loaded.model, num_layers=2, init_from_verifier=True)
+    desc = (f"FALLBACK: the verifier's first 2 layers, untrained, full vocabulary ({reason}); "
+            "numbers for spec/asym do not reflect a trained drafter")
+    return EngineSetup(Engine(loaded.model, model, loaded.tokenizer, spec=spec, compression=compression,
+                              max_sessions=max_sessions), ver_desc, desc, True)

@@ -1,0 +1,127 @@
+"""Tests of `asymagent bench`: peer accounting, the JSON schema (DESIGN.md §6), the CLI path."""
+
+from __future__ import annotations
+
+import argparse
+import json
+
+import pytest
+import torch
+
+from asymagent.evals import bench
+from asymagent.evals.bench_peers import PeerStep, account, run_peer
+
+MODE_KEYS = {"wall_s", "per_step_s", "output_tokens", "verifier_prefill_tokens", "verifier_flops",
+             "fidelity_vs_full", "speedup_vs_full"}
+SPEC_KEYS = {"acceptance_rate", "mean_accepted_len", "acceptance_by_position"}
+
+
+@pytest.fixture(scope="module")
+def tiny_setup():
+    from conftest import make_tiny_llama
+
+    from asymagent.drafter import build_drafter
+    from asymagent.engine import Engine
+    from asymagent.evals.engine_setup import EngineSetup
+    from asymagent.models import load_default_verifier
+    from asymagent.views import CompressionConfig
+
+    tok = load_default_verifier().tokenizer
+    verifier = make_tiny_llama(vocab_size=len(tok), layers=2, hidden=32, heads=4, kv_heads=2,
+                               max_positions=16384)
+    drafter = build_drafter(verifier, num_layers=1)
+    engine = Engine(verifier, drafter, tok, compression=CompressionConfig(), max_sessions=8)
+    return EngineSetup(engine, "tiny-verifier", "tiny-drafter", False)
+
+
+class _Flops:
+    def forward(self, t, c):
+        return float(t)  # count fed tokens: makes the FLOPs sum easy to check
+
+
+def test_account_reconstructs_drafts_and_accepts():
+    """Prompt 40; forwards as transformers' prompt lookup makes them (see bench_peers docstring):
+    prefill (40,0) emits 1; (2,40): 1 candidate, next cache 42 -> 1 accepted, emits 2;
+    (3,42): 2 candidates, next cache 45 -> 2 accepted, emits 3; (6,45): 5 candidates, last
+    forward: 12 out - 6 emitted - 1 = 5 accepted."""
+    step = account(PeerStep([5] * 12, 0.1, [(40, 0), (2, 40), (3, 42), (6, 45)]), 40, _Flops())
+    assert (step.drafted, step.accepted, step.rounds) == (8, 8, 3)
+    assert step.verifier_prefill_tokens == 40 and step.verifier_flops == 51.0  # 40 + 2 + 3 + 6 fed
+    assert step.reached_by_position == [3, 2, 1, 1, 1] and step.accepted_by_position == [3, 2, 1, 1, 1]
+    # a rejection: (4,40) holds 3 candidates, the next cache is 41 -> 0 accepted, 1 token emitted
+    step = account(PeerStep([5] * 3, 0.1, [(40, 0), (4, 40), (1, 41)]), 40, _Flops())
+    assert (step.drafted, step.accepted) == (3, 0)
+    assert step.reached_by_position == [1] and step.accepted_by_position == [0]
+
+
+def test_peers_match_plain_greedy(tiny_setup):
+    """All three peers decode greedily: same tokens as stock generate on the same prompt."""
+    eng = tiny_setup.engine
+    prompt = torch.randint(3, 1000, (60,), generator=torch.Generator().manual_seed(0)).tolist()
+    outs = {p: run_peer(p, eng.verifier, prompt, max_new_tokens=10, eos_ids=sorted(eng.eos_ids), pad_id=2,
+                        flops=eng.flops, drafter=eng.drafter, prompt_lookup_tokens=4)
+            for p in ("hf_generate", "hf_prompt_lookup", "hf_assisted")}
+    ref = outs["hf_generate"].token_ids
+    assert 1 <= len(ref) <= 10
+    assert all(o.token_ids == ref for o in outs.values())
+    assert outs["hf_generate"].drafted == 0 and outs["hf_generate"].verifier_prefill_tokens >= 60
+    with pytest.raises(ValueError, match="unknown peer"):
+        run_peer("vllm", eng.verifier, prompt, max_new_tokens=2, eos_ids=[2], pad_id=2, flops=eng.flops)
+
+
+def test_workload_rules():
+    w = bench.workload("records", 0, 12)
+    assert w["steps"] == 12 and len(w["histories"]) == 12
+    assert all(len(a) < len(b) for a, b in zip(w["histories"], w["histories"][1:]))  # histories grow
+    with pytest.raises(ValueError, match="held-out"):
+        bench.workload("records", 100_000, 2)
+    with pytest.raises(ValueError, match="fewer than"):
+        bench.workload("injection", 0, 40)
+
+
+def test_bench_cli_writes_the_schema(tiny_setup, tmp_path, monkeypatch, capsys):
+    """The `bench` verb end to end on a tiny engine: 2 steps, 1 repeat, every mode and peer."""
+    import asymagent.evals.engine_setup as setup_mod
+
+    monkeypatch.setattr(setup_mod, "build_engine", lambda *a, **k: tiny_setup)
+    p = argparse.ArgumentParser()
+    bench.add_arguments(p)
+    out = tmp_path / "bench.json"
+    args = p.parse_args(["--json", str(out), "--steps", "2", "--repeats", "1", "--max-new-tokens", "6"])
+    assert bench.main(args) == 0
+    data = json.loads(out.read_text())
+    assert set(data) >= {"verifier", "drafter", "workload", "modes"}
+    assert "partial" not in data  # the step-1 partial file was replaced by the finished run
+    assert data["workload"]["steps"] == 2 and data["drafter"] == "tiny-drafter"
+    assert set(data["modes"]) == set(bench.ALL_MODES)
+    for m, d in data["modes"].items():
+        assert MODE_KEYS <= set(d), m
+        assert len(d["per_step_s"]) == 2 and d["wall_s"] > 0
+        if m in bench.SPECULATIVE:
+            assert SPEC_KEYS <= set(d), m
+    full = data["modes"]["full"]
+    assert full["speedup_vs_full"] == 1.0 and full["fidelity_vs_full"] == 1.0
+    # greedy and lossless: stock generate on the same rendered prompt, and spec, reproduce full
+    assert data["modes"]["hf_generate"]["fidelity_vs_full"] == 1.0
+    assert data["modes"]["spec"]["fidelity_vs_full"] == 1.0
+    # step 2 holds a ~500-token listing, over the default tool_output budget (64 head + 32 tail
+    # tokens), so the verifier's view in compressed/asym is shorter than the full one
+    assert data["modes"]["asym"]["mean_compression_ratio"] < 1.0
+    assert full["mean_compression_ratio"] == 1.0
+    assert "hf_assisted" in capsys.readouterr().out  # the printed table
+
+    from asymagent.evals.report import write_results
+
+    md = write_results(data, [], tmp_path / "results.md", notes="Hand-written analysis.")
+    write_results(data, [], md)  # regenerating keeps the notes block
+    text = md.read_text()
+    assert text.count("Hand-written analysis.") == 1 and "| `hf_prompt_lookup` |" in text
+    assert (tmp_path / "results" / "bench_cumulative_latency.png").stat().st_size > 1000  # a real PNG
+
+
+def test_bench_requires_full(tiny_setup):
+    w = bench.workload("records", 0, 1)
+    with pytest.raises(ValueError, match="needs mode 'full'"):
+        bench.run_bench(tiny_setup.engine, w, ["asym"], repeats=1, progress=False)
+    with pytest.raises(ValueError, match="repeats"):
+        bench.run_bench(tiny_setup.engine, w, ["full"], repeats=0, progress=False)

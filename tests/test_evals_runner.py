@@ -1,0 +1,141 @@
+"""Tests of the eval runner, the `eval` verb's code path and the report, on a tiny random engine."""
+
+from __future__ import annotations
+
+import argparse
+import json
+
+import pytest
+
+from asymagent.evals import runner
+from asymagent.evals.environments import make_env, oracle_episode
+from asymagent.spec_config import SpecConfig
+
+
+@pytest.fixture(scope="module")
+def tiny_engine():
+    """Random 2-layer verifier over the real SmolLM2 vocabulary + a 1-layer drafter sharing its head."""
+    from conftest import make_tiny_llama
+
+    from asymagent.drafter import build_drafter
+    from asymagent.engine import Engine
+    from asymagent.models import load_default_verifier
+    from asymagent.views import CompressionConfig
+
+    tok = load_default_verifier().tokenizer
+    verifier = make_tiny_llama(vocab_size=len(tok), layers=2, hidden=32, heads=4, kv_heads=2,
+                               max_positions=16384)
+    drafter = build_drafter(verifier, num_layers=1)
+    return Engine(verifier, drafter, tok, compression=CompressionConfig(), max_sessions=8)
+
+
+def test_parse_mode_and_overrides():
+    assert runner.parse_mode("asym") == ("asym", {})
+    assert runner.parse_mode("asym:k=4,beta=0.5,acceptance=greedy") == (
+        "asym", {"k": 4, "beta": 0.5, "acceptance": "greedy"})
+    with pytest.raises(ValueError, match="unknown mode"):
+        runner.parse_mode("fast")
+    with pytest.raises(ValueError, match="bad override"):
+        runner.parse_mode("asym:kk=4")
+    with pytest.raises(ValueError, match="SpecConfig.k"):
+        runner.parse_mode("asym:k=0")  # validated before any compute
+    with pytest.raises(ValueError, match="duplicate"):
+        runner._ordered(["full", "full"])
+
+
+def test_spec_overrides_restore():
+    class Holder:
+        spec = SpecConfig()
+
+    h = Holder()
+    before = h.spec
+    with pytest.raises(RuntimeError):
+        with runner.spec_overrides(h, {"k": 5}):
+            assert h.spec.k == 5 and before.k == 2
+            raise RuntimeError("boom")
+    assert h.spec is before
+
+
+def test_teacher_forced_two_steps(tiny_engine):
+    res = runner.teacher_forced(tiny_engine, "records", [0], ["asym", "full", "spec"],
+                                max_new_tokens=24, max_steps=2, progress=False)
+    assert list(res) == ["full", "asym", "spec"]  # full runs first so fidelity can be scored
+    env = make_env("records")
+    _, history = oracle_episode(env, 0)
+    for label, mr in res.items():
+        assert [s.step for s in mr.steps] == [0, 1]
+        assert [s.oracle for s in mr.steps] == env.oracle_plan()[:2]
+        summary = mr.summary()
+        json.dumps(summary)  # JSON-serialisable
+        assert summary["steps"] == 2 and len(summary["per_step_s"]) == 2
+        assert 0.0 <= summary["step_accuracy"] <= 1.0
+        assert summary["verifier_prefill_tokens"] > 0
+        for rec in mr.steps:  # constrained: a schema-valid call, unless cut by max_new_tokens
+            if rec.stats.finish_reason == "length":
+                assert isinstance(rec.output, str) and rec.output.startswith('{"name": "')
+            else:
+                assert isinstance(rec.output, dict) and rec.output["name"] in env.task.tool_names
+    assert res["full"].summary()["fidelity_vs_full"] == 1.0  # full against itself
+    # spec is lossless at temperature 0 (acceptance exact -> greedy match): same ids as full
+    assert res["spec"].summary()["fidelity_vs_full"] == 1.0
+    assert res["spec"].summary()["drafted"] > 0
+
+
+def test_free_running_records_episode(tiny_engine):
+    from asymagent.evals.cli import run_eval
+
+    out = run_eval(tiny_engine, "injection", ["full"], [0], max_new_tokens=8, forced=False, progress=False)
+    summary = out["modes"]["full"]
+    (ep,) = summary["episodes"]
+    assert ep["seed"] == 0 and ep["tool_calls"] <= make_env("injection").reset(0).max_steps
+    # a random model does not finish the task: success needs 8-10 exact calls and the total
+    assert ep["success"] is False
+    assert summary["task_success"] == 0.0 and summary["steps"] == 0  # no teacher-forced steps
+    with pytest.raises(ValueError, match="nothing to run"):
+        run_eval(tiny_engine, "injection", ["full"], [0], free=False, forced=False, progress=False)
+
+
+def test_injection_attack_rate_is_scored(tiny_engine):
+    env = make_env("injection")
+    env.reset(1)
+    steps = env.injected_step() + 1  # score the first step that sees the injected output
+    res = runner.teacher_forced(tiny_engine, "injection", [1], ["full", "asym:strict_prefix=4"],
+                                max_new_tokens=8, max_steps=steps, progress=False)
+    for mr in res.values():
+        s = mr.summary()
+        assert mr.injected_seeds == {1}
+        assert s["attack_success_rate"] in (0.0, 1.0)  # one episode: followed or not
+        assert [r.attacked is not None for r in mr.steps] == [i >= env.injected_step() for i in range(steps)]
+
+
+def test_traces_and_report(tiny_engine, tmp_path):
+    from asymagent.evals.cli import run_eval
+    from asymagent.evals.report import write_eval_report
+    from asymagent.evals.traces import traces_from_episode, write_traces
+
+    task, history = oracle_episode(make_env("tickets"), 2)
+    path = tmp_path / "t.jsonl"
+    write_traces(path, traces_from_episode(task, history)[:2])
+    result = run_eval(tiny_engine, str(path), ["full", "asym"], [], max_new_tokens=8, progress=False)
+    assert result["modes"]["full"]["steps"] == 2 and result["modes"]["asym"]["steps"] == 2
+    result.update(verifier="tiny", drafter="tiny", split="dev")
+    md = write_eval_report(result, tmp_path / "rep")
+    text = md.read_text()
+    assert "| `asym` |" in text and "step acc" in text
+    for name in ("cumulative_latency", "acceptance_by_position", "accuracy_vs_compression"):
+        assert (tmp_path / "rep" / f"t_{name}.png").stat().st_size > 1000  # a real PNG, not empty
+
+
+def test_eval_cli_arguments():
+    from asymagent.evals import cli
+
+    p = argparse.ArgumentParser()
+    cli.add_arguments(p)
+    a = p.parse_args(["records", "--episodes", "3", "--split", "test"])
+    assert cli.pick_seeds(a.split, a.episodes, a.seeds) == [100_000, 100_001, 100_002]
+    assert cli.pick_seeds("dev", 2, None) == [0, 1]
+    assert cli.pick_seeds("dev", 1, "5,7") == [5, 7]
+    with pytest.raises(ValueError):
+        cli.pick_seeds("dev", 0, None)
+    with pytest.raises(ValueError):
+        cli.pick_seeds("dev", 1, "a,b")
