@@ -179,6 +179,7 @@ class ToolCallConstraint:
         self._matcher = xg.GrammarMatcher(compiled)
         self._bitmask = xg.allocate_token_bitmask(1, self.vocab_size)  # [1, ceil(V/32)] int32
         self._history: list[int] = []  # accepted token ids, for rollback bookkeeping
+        self._forced: list[int] | None = None  # forced tokens at the current state (cache)
         self.counters = _Counters()
 
     # --- TokenConstraint protocol -------------------------------------------------------
@@ -206,6 +207,7 @@ class ToolCallConstraint:
     def advance(self, token_id: int) -> bool:
         t0 = time.perf_counter()
         token_id = int(token_id)
+        self._forced = None
         if self._matcher.is_terminated():
             # Extra stop tokens after the end are absorbed (a speculative round may emit one
             # at its bonus position); recorded as -1 so rollback stays exact.
@@ -225,12 +227,18 @@ class ToolCallConstraint:
             raise ValueError(f"cannot roll back {num_tokens} tokens; "
                              f"{len(self._history)} were accepted")
         if num_tokens:
+            self._forced = None
             real = sum(1 for t in self._history[-num_tokens:] if t >= 0)
             if real:
                 self._matcher.rollback(real)
             del self._history[-num_tokens:]
 
     def forced_tokens(self) -> list[int]:
+        if self._forced is None:  # computed once per matcher state (advance/rollback reset it)
+            self._forced = self._compute_forced()
+        return list(self._forced)
+
+    def _compute_forced(self) -> list[int]:
         if self._matcher.is_terminated():
             return []
         if self._matcher.is_completed():
@@ -284,6 +292,7 @@ class ToolCallConstraint:
     def reset(self) -> None:
         self._matcher.reset()
         self._history.clear()
+        self._forced = None
 
 
 def parse_call(text: str, hermes: bool = False) -> dict:

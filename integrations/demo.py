@@ -1,0 +1,237 @@
+"""`asymagent demo`: a long-horizon agent task on the embedded default, with live per-step stats.
+
+An evals environment (default: `records`, 13 tool calls, context growing past 5k tokens with
+~480-token tool outputs) is driven step by step through `Engine.chat` in the chosen mode.
+Tool steps are decoded under the schema constraint (the environment's oracle says whether the
+step acts, like an agent policy would). A 135M model does not drive 13 steps right on its own,
+so the run is teacher-forced: every step the model's own action is decoded and scored against
+the oracle's, then the oracle's action is executed and appended (the demo says so). The
+history therefore is the same for every mode, and `--compare full` replays exactly those steps
+in mode `full` (verifier alone on the full context), interleaved step by step so both modes
+see the same machine load: speedup and agreement come from the same prompts. Shows a live table while running, then the per-step table and run totals.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import time
+
+NOTE = ("Teacher-forced run: at every step the model's own action is decoded (tool steps under "
+        "the schema constraint) and scored against the environment's oracle; the oracle's action "
+        "is then executed, so the 135M model cannot derail the episode and every mode sees the "
+        "same history.")
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--suite", default="records", help="evals environment (records, fs_audit, tickets)")
+    p.add_argument("--seed", type=int, default=0, help="episode seed (dev seeds: 0-999)")
+    p.add_argument("--steps", type=int, default=None,
+                   help="stop after this many model steps (default: the whole episode)")
+    p.add_argument("--mode", default="asym", choices=["full", "compressed", "spec", "asym"])
+    p.add_argument("--compare", default=None, choices=["full", "compressed", "spec", "asym"],
+                   help="also decode every step in this mode (same prompts, interleaved); "
+                        "print speedup and agreement")
+    p.add_argument("--max-new-tokens", type=int, default=64)
+    p.add_argument("--k", type=int, default=None, help="draft tokens per round (SpecConfig.k)")
+    p.add_argument("--json", default=None, help="write per-step stats and totals here")
+    p.add_argument("--no-live", action="store_true", help="plain output (logs, README captures)")
+
+
+def load_engine(console, k: int | None = None):
+    """Engine.from_default(); without a trained drafter, a 2-layer cut of the verifier."""
+    from asymagent.engine import Engine
+    from asymagent.models import ModelNotFoundError
+    from asymagent.spec_config import SpecConfig
+
+    spec = SpecConfig(k=k) if k else None
+    try:
+        return Engine.from_default(spec=spec), "trained drafter (asymagent/assets)"
+    except ModelNotFoundError as exc:
+        from asymagent.drafter import build_drafter
+        from asymagent.models import load_default_verifier
+        from asymagent.views import CompressionConfig
+
+        console.print(f"[yellow]{exc}[/yellow]\nFalling back to an untrained 2-layer drafter "
+                      "cut from the verifier's first layers (expect low acceptance).")
+        ver = load_default_verifier()
+        drafter = build_drafter(ver.model, num_layers=2, init_from_verifier=True)
+        return (Engine(verifier=ver.model, drafter=drafter, tokenizer=ver.tokenizer, spec=spec,
+                       compression=CompressionConfig()), "untrained 2-layer cut of the verifier")
+
+
+def _model_action(r) -> dict | str:
+    if r.tool_calls:
+        fn = r.tool_calls[0]["function"]
+        try:
+            args = json.loads(fn.get("arguments") or "{}")
+        except json.JSONDecodeError:
+            args = fn.get("arguments")
+        return {"name": fn["name"], "arguments": args}
+    return r.text or ""
+
+
+def _label(action) -> str:
+    if isinstance(action, dict):
+        args = ", ".join(f"{k}={v!r}" for k, v in (action.get("arguments") or {}).items())
+        text = f"{action['name']}({args})"
+    else:
+        text = "answer: " + " ".join(str(action).split())
+    return text if len(text) <= 34 else text[:33] + "…"
+
+
+def _chat(engine, task, prompt, mode, max_new_tokens, acts, tool_choice):
+    return engine.chat(prompt, tools=task.tools, mode=mode, max_new_tokens=max_new_tokens,
+                       temperature=0.0, tool_choice=tool_choice if acts else "auto",
+                       cache_key=f"demo-{mode}")
+
+
+def teacher_forced_run(engine, env, seed: int, mode: str, max_new_tokens: int,
+                       steps: int | None, on_step=None, compare: str | None = None) -> dict:
+    """Run one episode teacher-forced; returns prompts, outputs, agreement and RunStats.
+
+    With `compare`, every step is also decoded in that mode right after (interleaved, so both
+    modes see the same machine load), from the same prompt.
+    """
+    from asymagent.evals.environments import actions_equal, tool_call_message, tool_result_message
+    from asymagent.stats import RunStats
+
+    task = env.reset(seed)
+    messages = task.messages()
+    stats, other, records = RunStats(), RunStats(), []
+    for n in range(task.max_steps + 1):
+        if steps is not None and n >= steps:
+            break
+        oracle = env.oracle_action(messages)
+        acts = isinstance(oracle, dict)
+        prompt = [dict(m) for m in messages]
+        r = _chat(engine, task, prompt, mode, max_new_tokens, acts, env.tool_choice)
+        stats.add(r.stats)
+        action = _model_action(r)
+        agree = actions_equal(action, oracle) if acts else isinstance(action, str)
+        rec = {"step": n + 1, "prompt": prompt, "acts": acts, "oracle": oracle, "model": action,
+               "agree": agree, "token_ids": list(r.token_ids), "stats": r.stats}
+        if compare:
+            c = _chat(engine, task, prompt, compare, max_new_tokens, acts, env.tool_choice)
+            other.add(c.stats)
+            rec["compare"] = {"model": _model_action(c), "token_ids": list(c.token_ids),
+                              "stats": c.stats}
+        records.append(rec)
+        if on_step is not None:
+            on_step(rec, stats)
+        if not acts:
+            break
+        call_id = f"call_{n}"
+        messages.append(tool_call_message(oracle["name"], oracle["arguments"], call_id))
+        messages.append(tool_result_message(call_id, oracle["name"],
+                                            env.step(oracle["name"], oracle["arguments"])))
+    return {"task": task, "records": records, "stats": stats, "compare_stats": other}
+
+
+def main(args) -> int:
+    from rich.console import Console
+    from rich.live import Live
+    from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
+    from rich.table import Table
+
+    from asymagent.evals.environments import actions_equal, make_env
+    from asymagent.run_table import COLUMNS, run_table, step_row, totals_table
+
+    console = Console(no_color=args.no_live, width=150 if args.no_live else None)
+    if args.max_new_tokens < 1 or (args.steps is not None and args.steps < 1):
+        console.print("--max-new-tokens and --steps must be >= 1")
+        return 2
+    env = make_env(args.suite)
+    task = env.reset(args.seed)
+    planned = len(env.oracle_plan()) + 1
+    total = min(planned, args.steps) if args.steps else planned
+    console.print(f"[bold]asymagent demo[/bold]: suite={args.suite} seed={args.seed} "
+                  f"mode={args.mode} steps={total}")
+    console.print(f"Task: {task.user_prompt}")
+    console.print(NOTE)
+    t0 = time.perf_counter()
+    engine, drafter_desc = load_engine(console, args.k)
+    console.print(f"Engine: SmolLM2-135M-Instruct verifier + {drafter_desc}; "
+                  f"loaded in {time.perf_counter() - t0:.1f} s; SpecConfig k={engine.spec.k} "
+                  f"beta={engine.spec.beta} gamma={engine.spec.gamma}\n")
+
+    def live_table(stats, labels, agrees) -> Table:
+        t = Table(title=f"{args.mode}: live", header_style="bold")
+        for name, justify in COLUMNS + [("model agrees", "center")]:
+            t.add_column(name, justify=justify, no_wrap=True)
+        cum = stats.cumulative_latency()
+        for i, s in enumerate(stats.steps):
+            t.add_row(*step_row(i + 1, s, cum[i], labels[i]), "yes" if agrees[i] else "no")
+        return t
+
+    labels, agrees = [], []
+    progress = Progress(TextColumn("{task.description}"), BarColumn(),
+                        TextColumn("{task.completed}/{task.total}"), TimeElapsedColumn(),
+                        console=console, disable=args.no_live)
+    bar = progress.add_task(f"{args.mode} steps", total=total)
+
+    def on_step(rec, stats):
+        labels.append(_label(rec["oracle"]))
+        agrees.append(rec["agree"])
+        progress.advance(bar)
+        if live is not None:
+            from rich.console import Group
+
+            live.update(Group(live_table(stats, labels, agrees), progress))
+        else:
+            s = rec["stats"]
+            console.print(f"step {rec['step']:>2}  {labels[-1]:<34} ctx {s.full_context_tokens:>5} "
+                          f"-> verifier {s.verifier_context_tokens:>5}  {s.new_tokens:>3} tok  "
+                          f"{s.wall_s:5.2f} s  agrees={'yes' if rec['agree'] else 'no'}"
+                          + (f"  | {args.compare} {rec['compare']['stats'].wall_s:5.2f} s"
+                             if "compare" in rec else ""))
+
+    compare = args.compare if args.compare and args.compare != args.mode else None
+    live = None
+    if args.no_live:
+        run = teacher_forced_run(engine, env, args.seed, args.mode, args.max_new_tokens,
+                                 args.steps, on_step, compare)
+    else:
+        with Live(console=console, refresh_per_second=4, transient=True) as live:
+            run = teacher_forced_run(engine, env, args.seed, args.mode, args.max_new_tokens,
+                                     args.steps, on_step, compare)
+    stats = run["stats"]
+    console.print(run_table(stats, title=f"per-step statistics, mode {args.mode}", labels=labels))
+    console.print(totals_table(stats, title=f"run totals, mode {args.mode}"))
+    tool_steps = [r for r in run["records"] if r["acts"]]
+    agree = sum(r["agree"] for r in tool_steps)
+    console.print(f"Model's own action equals the oracle's on {agree}/{len(tool_steps)} tool steps "
+                  f"(name and arguments; tool steps decoded under the schema constraint).")
+    final = [r for r in run["records"] if not r["acts"]]
+    if final:
+        console.print(f"Model's final answer: {' '.join(str(final[0]['model']).split())[:300]}")
+        console.print(f"Oracle's final answer: {final[0]['oracle'][:300]}")
+    out = {"suite": args.suite, "seed": args.seed, "mode": args.mode,
+           "drafter": drafter_desc, "teacher_forced": True,
+           "tool_step_agreement": agree / len(tool_steps) if tool_steps else None,
+           "runs": {args.mode: stats.to_dict()}}
+    if compare:
+        other = run["compare_stats"]
+        console.print(run_table(other, title=f"per-step statistics, mode {compare} (same prompts)",
+                                labels=labels))
+        recs = run["records"]
+        same = sum(r["compare"]["token_ids"] == r["token_ids"] for r in recs)
+        same_action = sum(r["compare"]["model"] == r["model"] for r in recs)
+        other_agree = sum(actions_equal(r["compare"]["model"], r["oracle"]) for r in tool_steps)
+        t_main, t_other = stats.totals()["wall_s"], other.totals()["wall_s"]
+        speedup = t_other / t_main if t_main else 0.0
+        console.print(f"[bold]{args.mode} vs {compare}[/bold] (interleaved step by step, same "
+                      f"teacher-forced prompts): {t_main:.1f} s vs {t_other:.1f} s -> speedup "
+                      f"{speedup:.2f}x; identical outputs on {same}/{len(recs)} steps, same "
+                      f"action on {same_action}/{len(recs)}; {compare}'s action equals the "
+                      f"oracle's on {other_agree}/{len(tool_steps)} tool steps.")
+        out["runs"][compare] = other.to_dict()
+        out["compare"] = {"mode": compare, "speedup": speedup, "identical_steps": same,
+                          "same_action_steps": same_action, "steps": len(recs),
+                          "tool_step_agreement": other_agree / len(tool_steps) if tool_steps
+                          else None}
+    if args.json:
+        with open(args.json, "w", encoding="utf-8") as f:
+            json.dump(out, f, indent=1)
+        console.print(f"wrote {args.json}")
+    return 0
