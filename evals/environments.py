@@ -114,6 +114,18 @@ def tool_result_message(call_id: str, name: str, content: str) -> dict:
     return {"role": "tool", "tool_call_id": call_id, "name": name, "content": content}
 
 
+def parse_call(call: dict) -> dict:
+    """OpenAI tool call (or {"name","arguments"}) -> {"name", "arguments": dict} (unparsable -> raw str)."""
+    fn = call.get("function", call)
+    args = fn.get("arguments", {})
+    if isinstance(args, str):
+        try:
+            args = json.loads(args) if args.strip() else {}
+        except json.JSONDecodeError:
+            pass
+    return {"name": fn.get("name"), "arguments": args}
+
+
 def history_tool_calls(history: list) -> list:
     """[(name, arguments dict)] of every assistant tool call in an OpenAI-format history."""
     calls = []
@@ -121,14 +133,9 @@ def history_tool_calls(history: list) -> list:
         if msg.get("role") != "assistant":
             continue
         for call in msg.get("tool_calls") or []:
-            fn = call.get("function", call)
-            args = fn.get("arguments", {})
-            if isinstance(args, str):
-                try:
-                    args = json.loads(args) if args.strip() else {}
-                except json.JSONDecodeError:
-                    args = {"__unparsed__": args}
-            calls.append((fn.get("name"), args))
+            parsed = parse_call(call)
+            args = parsed["arguments"]
+            calls.append((parsed["name"], args if isinstance(args, dict) else {"__unparsed__": args}))
     return calls
 
 

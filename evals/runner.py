@@ -23,7 +23,8 @@ import time
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 
-from asymagent.evals.environments import actions_equal, make_env, tool_call_message, tool_result_message
+from asymagent.evals.environments import (actions_equal, make_env, parse_call, tool_call_message,
+                                         tool_result_message)
 from asymagent.spec_config import MODES, SpecConfig
 from asymagent.stats import RunStats, StepStats
 
@@ -64,16 +65,7 @@ def spec_overrides(engine, overrides: dict):
 
 def output_action(tool_calls: list, text: str) -> dict | str:
     """First tool call as {"name","arguments"} (arguments parsed), or the text when no call."""
-    if tool_calls:
-        fn = tool_calls[0].get("function", tool_calls[0])
-        args = fn.get("arguments", {})
-        if isinstance(args, str):
-            try:
-                args = json.loads(args) if args.strip() else {}
-            except json.JSONDecodeError:
-                pass
-        return {"name": fn.get("name"), "arguments": args}
-    return text or ""
+    return parse_call(tool_calls[0]) if tool_calls else (text or "")
 
 
 @dataclass

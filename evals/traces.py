@@ -23,6 +23,8 @@ from pathlib import Path
 
 from pydantic import BaseModel, ConfigDict, ValidationError, field_validator
 
+from asymagent.evals.environments import parse_call
+
 ROLES = ("system", "user", "assistant", "tool", "developer")
 
 
@@ -80,18 +82,6 @@ class TraceExample:
     def expected_calls(self) -> list:
         """[{"name", "arguments"}] parsed from the expected tool calls."""
         return [parse_call(c) for c in self.expected.get("tool_calls") or []]
-
-
-def parse_call(call: dict) -> dict:
-    """OpenAI tool call (or {"name","arguments"}) -> {"name", "arguments": dict} (unparsable -> raw str)."""
-    fn = call.get("function", call)
-    args = fn.get("arguments", {})
-    if isinstance(args, str):
-        try:
-            args = json.loads(args) if args.strip() else {}
-        except json.JSONDecodeError:
-            pass
-    return {"name": fn.get("name"), "arguments": args}
 
 
 def _norm_text(text: str | list | None) -> str:

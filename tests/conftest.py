@@ -66,3 +66,19 @@ def pytest_collection_modifyitems(config, items):
     for item in items:
         if "gpu" in item.keywords:
             item.add_marker(skip_gpu)
+
+
+def make_tiny_smollm_engine():
+    """Engine over a random 2-layer verifier with the real SmolLM2 vocabulary (49152) and a
+    1-layer drafter sharing its embeddings and head; default CompressionConfig. For tests that
+    need real chat rendering (evals, bench) at tiny-model cost."""
+    from asymagent.drafter import build_drafter
+    from asymagent.engine import Engine
+    from asymagent.models import load_default_verifier
+    from asymagent.views import CompressionConfig
+
+    tok = load_default_verifier().tokenizer
+    verifier = make_tiny_llama(vocab_size=len(tok), layers=2, hidden=32, heads=4, kv_heads=2,
+                               max_positions=16384)
+    drafter = build_drafter(verifier, num_layers=1)
+    return Engine(verifier, drafter, tok, compression=CompressionConfig(), max_sessions=8)

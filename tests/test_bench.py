@@ -18,20 +18,11 @@ SPEC_KEYS = {"acceptance_rate", "mean_accepted_len", "acceptance_by_position"}
 
 @pytest.fixture(scope="module")
 def tiny_setup():
-    from conftest import make_tiny_llama
+    from conftest import make_tiny_smollm_engine
 
-    from asymagent.drafter import build_drafter
-    from asymagent.engine import Engine
     from asymagent.evals.engine_setup import EngineSetup
-    from asymagent.models import load_default_verifier
-    from asymagent.views import CompressionConfig
 
-    tok = load_default_verifier().tokenizer
-    verifier = make_tiny_llama(vocab_size=len(tok), layers=2, hidden=32, heads=4, kv_heads=2,
-                               max_positions=16384)
-    drafter = build_drafter(verifier, num_layers=1)
-    engine = Engine(verifier, drafter, tok, compression=CompressionConfig(), max_sessions=8)
-    return EngineSetup(engine, "tiny-verifier", "tiny-drafter", False)
+    return EngineSetup(make_tiny_smollm_engine(), "tiny-verifier", "tiny-drafter", False)
 
 
 class _Flops:

@@ -15,18 +15,9 @@ from asymagent.spec_config import SpecConfig
 @pytest.fixture(scope="module")
 def tiny_engine():
     """Random 2-layer verifier over the real SmolLM2 vocabulary + a 1-layer drafter sharing its head."""
-    from conftest import make_tiny_llama
+    from conftest import make_tiny_smollm_engine
 
-    from asymagent.drafter import build_drafter
-    from asymagent.engine import Engine
-    from asymagent.models import load_default_verifier
-    from asymagent.views import CompressionConfig
-
-    tok = load_default_verifier().tokenizer
-    verifier = make_tiny_llama(vocab_size=len(tok), layers=2, hidden=32, heads=4, kv_heads=2,
-                               max_positions=16384)
-    drafter = build_drafter(verifier, num_layers=1)
-    return Engine(verifier, drafter, tok, compression=CompressionConfig(), max_sessions=8)
+    return make_tiny_smollm_engine()
 
 
 def test_parse_mode_and_overrides():
