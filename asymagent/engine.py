@@ -23,7 +23,7 @@ from asymagent.adaptive_k import AdaptiveK
 from asymagent.cache import CacheStore, View, common_prefix_len
 from asymagent.flops import FlopCounter
 from asymagent.spec_config import MODES, SpecConfig
-from asymagent.speculation import DraftHead, Speculator
+from asymagent.speculation import DraftHead, Speculator, advance_constraint
 from asymagent.stats import StepStats
 from asymagent.stopping import StopChecker, eos_ids
 
@@ -278,44 +278,46 @@ class Engine:
             room = (self.max_positions - longest) if self.max_positions else remaining
             if room < 1:  # the context limit: no position left for another token
                 break
-            k = min(adaptive.k if spec.adaptive_k else spec.k, remaining - 1, room - 1)
-            probe = spec.adaptive_k and speculating and adaptive.want_probe()
-            if not speculating or k < 1 or probe or not adaptive.enabled:
-                out = dec.plain_step()
-                if probe:
-                    adaptive.record_plain(out.verify_s)
-            else:
-                if asym and len(generated) < spec.strict_prefix:
-                    rule = "exact" if temperature > 0 else "greedy"
+            if constraint is not None and constraint.is_terminated():
+                finish = "stop"  # a constraint that is already complete admits nothing more
+                break
+            # Jump-forward: tokens the constraint alone determines are emitted without a model
+            # forward (the next forward feeds them as pending tokens), before the first round too.
+            new = [] if constraint is None else \
+                [int(t) for t in constraint.forced_tokens()[: min(remaining, room)]]
+            jumped = bool(new)
+            if not jumped:
+                k = min(adaptive.k if spec.adaptive_k else spec.k, remaining - 1, room - 1)
+                probe = spec.adaptive_k and speculating and adaptive.want_probe()
+                if not speculating or k < 1 or probe or not adaptive.enabled:
+                    out = dec.plain_step()
+                    if probe:
+                        adaptive.record_plain(out.verify_s)
                 else:
-                    rule = spec.acceptance if asym else spec.spec_acceptance
-                out = dec.spec_round(k, asym=asym, acceptance=rule, beta=spec.beta,
-                                     gamma=spec.gamma, fuse_bonus=spec.fuse_bonus)
-                if out.drafted:  # 0: the constraint left nothing to draft, a plain step ran
-                    tally.record(out)
-                    adaptive.record_round(out.drafted, out.accepted, out.draft_s, out.verify_s)
-                    if asym:
-                        jsd_window.append(out.jsd)
-            new = out.tokens
-            if constraint is not None:
-                for j, t in enumerate(new):
-                    if constraint.is_terminated():  # complete mid-round: drop the rest
-                        new = new[:j]
-                        break
-                    if not constraint.advance(t):
-                        raise RuntimeError(f"decoded token {t} violates the constraint")
-                if not constraint.is_terminated():
-                    forced = constraint.forced_tokens()[: remaining - len(new)]
-                    for t in forced:
-                        constraint.advance(t)
-                    stats.forced_tokens += len(forced)
-                    new = new + forced
+                    if asym and len(generated) < spec.strict_prefix:
+                        rule = "exact" if temperature > 0 else "greedy"
+                    else:
+                        rule = spec.acceptance if asym else spec.spec_acceptance
+                    out = dec.spec_round(k, asym=asym, acceptance=rule, beta=spec.beta,
+                                         gamma=spec.gamma, fuse_bonus=spec.fuse_bonus)
+                    if out.drafted:  # 0: the constraint left nothing to draft, a plain step ran
+                        tally.record(out)
+                        adaptive.record_round(out.drafted, out.accepted, out.draft_s, out.verify_s)
+                        if asym:
+                            jsd_window.append(out.jsd)
+                new = out.tokens
             start = len(generated)
             generated.extend(new)
+            # Cut first (EOS kept, stop string cut), then advance the constraint through the kept
+            # tokens only, up to its termination: it sees exactly the tokens that are emitted.
             keep = checker.first_stop(generated, start)
             if keep is not None:
                 del generated[keep:]
                 finish = "stop"
+            if constraint is not None:
+                kept, forced = advance_constraint(constraint, generated[start:], jumped)
+                del generated[start + kept:]
+                stats.forced_tokens += forced
             if ttft is None and generated:
                 ttft = time.perf_counter() - t_start
             if callback is not None and callback(generated[start:]) is False:

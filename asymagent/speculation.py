@@ -263,6 +263,27 @@ def _mask_rows(logits: torch.Tensor, masks: list) -> torch.Tensor:
     return torch.stack([apply_mask(row, m) for row, m in zip(logits, masks)])
 
 
+def advance_constraint(constraint, tokens: list, jumped: bool) -> tuple[int, int]:
+    """Advance `constraint` through `tokens` until it terminates: (tokens kept, forced among them).
+
+    A token counts as forced when the constraint alone determined it: jump-forwarded tokens, and
+    round tokens that were the first of `forced_tokens()` at their position (drafted and accepted
+    under the constraint's singleton mask): no model decision was needed for either.
+    """
+    forced = 0
+    for j, t in enumerate(tokens):
+        if constraint.is_terminated():  # complete mid-round: whatever follows is dropped
+            return j, forced
+        if jumped:
+            forced += 1
+        else:
+            determined = constraint.forced_tokens()
+            forced += int(bool(determined) and int(determined[0]) == t)
+        if not constraint.advance(t):
+            raise RuntimeError(f"decoded token {t} violates the constraint")
+    return len(tokens), forced
+
+
 def expected_tokens(alpha: float, k: int) -> float:
     """Expected tokens per round with K drafts and i.i.d. acceptance alpha: sum_{i<=K} alpha^i."""
     if alpha >= 1.0:

@@ -34,7 +34,7 @@ class StepStats:
     rounds: int = 0  # speculative rounds (verifier forwards while speculating)
     k: int = 0  # K used (last round's, with adaptive_k)
     mean_jsd: float = 0.0  # mean JSD(p_aug || p_base) over verify positions (asym)
-    forced_tokens: int = 0  # tokens emitted by a constraint without a model forward
+    forced_tokens: int = 0  # tokens the constraint alone determined (jump-forward; docs/engine.md)
     rewrites: int = 0  # compressed-view rewrites that forced a verifier re-prefill
     finish_reason: str = ""  # "stop" | "length" | "tool_calls" | "cancelled"
 

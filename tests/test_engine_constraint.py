@@ -79,6 +79,35 @@ class OneOfSequences(AllowedSet):
         return any(s == self.history for s in self.sequences)
 
 
+class PrefixTree(OneOfSequences):
+    """One of a few sequences; the common continuation of the live ones is forced."""
+
+    def forced_tokens(self):
+        n = len(self.history)
+        rests = [s[n:] for s in self._live()]
+        common = []
+        for column in zip(*rests):
+            if any(t != column[0] for t in column):
+                break
+            common.append(column[0])
+        return common if rests else []
+
+
+# forced: 5 6 7 (start), then the model picks 10 or 20; after 10: 11 12 forced, the model picks
+# 30 or 40, the last token is forced (6 of 8 forced); after 20 everything is forced (7 of 8)
+TREE = [[5, 6, 7, 10, 11, 12, 30, 31], [5, 6, 7, 10, 11, 12, 40, 41], [5, 6, 7, 20, 21, 22, 30, 31]]
+
+
+def count_forced(sequences, tokens) -> int:
+    """Tokens that were the constraint's first forced token at their position (a fresh walk)."""
+    c, n = PrefixTree(sequences), 0
+    for t in tokens:
+        forced = c.forced_tokens()
+        n += int(bool(forced) and forced[0] == t)
+        assert c.advance(t)
+    return n
+
+
 @pytest.fixture(scope="module")
 def engine():
     verifier = make_model(seed=0)
@@ -111,13 +140,13 @@ def test_jump_forward_tokens_are_forced(engine, mode):
     c = OneOfSequences(sequences)
     r = engine.generate(random_prompts(1)[0], mode=mode, max_new_tokens=32, constraint=c)
     assert r.token_ids in sequences
-    if mode == "full":
-        assert r.stats.forced_tokens == 4  # the model picks the first token, the rest is forced
-    else:
-        # speculating, the singleton masks make the drafter propose the forced continuation,
-        # the verifier accepts it in the same round and only what is left after that round is
-        # jump-forwarded: one verifier forward for all 5 tokens
-        assert 1 <= r.stats.forced_tokens <= 4 and r.stats.rounds == 1
+    # the model picks the first token, the other 4 are determined by the constraint. In full mode
+    # they are jump-forwarded; speculating, the singleton masks make the drafter propose them and
+    # the verifier accept them in the same round (no model decision either), and the rest is
+    # jump-forwarded: every mode counts the same 4
+    assert r.stats.forced_tokens == 4
+    if mode != "full":
+        assert r.stats.rounds == 1  # one verifier forward for all 5 tokens
     assert r.finish_reason == "stop"  # a terminated constraint ends generation
 
 
@@ -170,3 +199,95 @@ def test_constraint_completed_by_drafts_ends_the_round(mode):
     r = engine.generate(random_prompts(1)[0], mode=mode, max_new_tokens=32, constraint=c)
     assert r.token_ids in sequences and c.history == r.token_ids
     assert r.stats.rounds == 1 and r.stats.drafted == 5  # drafting stopped at completion
+
+
+def verifier_inputs(model) -> tuple[list, object]:
+    """Record the input ids of every verifier forward that produces logits (decode forwards:
+    the prefill runs the decoder body only, the drafter never calls the verifier's head)."""
+    calls: list = []
+
+    def hook(module, args, kwargs):
+        calls.append(kwargs["input_ids"][0].tolist())
+
+    return calls, model.register_forward_pre_hook(hook, with_kwargs=True)
+
+
+@pytest.mark.parametrize("mode", ["full", "spec", "asym"])
+def test_forced_prefix_is_jumped_before_the_first_forward(engine, mode):
+    """Defect: forced_tokens() was not asked before the first round, so the model decoded the
+    forced opening under the mask. Now it is emitted before any decode forward and the first
+    verifier forward feeds it as pending tokens."""
+    prompt = random_prompts(1, seed=3)[0]
+    compressed = prompt[4:] if mode == "asym" else None
+    calls, handle = verifier_inputs(engine.verifier)
+    forwards_at_chunk: list = []
+    chunks: list = []
+
+    def callback(ids):
+        chunks.append(list(ids))
+        forwards_at_chunk.append(len(calls))
+
+    try:
+        r = engine.generate(prompt, mode=mode, max_new_tokens=32, constraint=PrefixTree(TREE),
+                            compressed_prompt_ids=compressed, callback=callback)
+    finally:
+        handle.remove()
+    assert r.token_ids in TREE and r.finish_reason == "stop"
+    assert chunks[0] == [5, 6, 7] and forwards_at_chunk[0] == 0  # no forward for the opening
+    assert calls[0][:4] == [prompt[-1], 5, 6, 7]  # last prompt token + the 3 forced, then drafts
+    assert r.stats.forced_tokens == count_forced(TREE, r.token_ids)  # 6 or 7 (see TREE)
+
+
+def test_forced_tokens_counted_alike_in_every_mode():
+    """forced_tokens counts tokens emitted without a model decision: jump-forwarded ones, and
+    forced ones a round drafted and accepted under the singleton mask. Same output, same count."""
+    verifier = make_model(seed=0)
+    engine = Engine(verifier=verifier, drafter=verifier, spec=SpecConfig(k=3))
+    for prompt in random_prompts(3, seed=4):
+        outs = {}
+        for mode in ("full", "spec", "asym"):
+            chunks: list = []
+            r = engine.generate(prompt, mode=mode, max_new_tokens=32, constraint=PrefixTree(TREE),
+                                callback=chunks.append)
+            assert r.stats.forced_tokens == count_forced(TREE, r.token_ids)
+            outs[mode] = r.token_ids
+            if mode != "full":
+                # the drafter (= the verifier) picks 10 or 20 and drafts the 2 forced tokens
+                # after it; all 3 accepted + the bonus: one round chunk of 4 that holds forced
+                # tokens, which were not counted before
+                assert [len(c) for c in chunks] == [3, 4, 1] and r.stats.rounds == 1
+        assert outs["spec"] == outs["full"]  # jump-forward keeps greedy spec lossless
+        assert outs["asym"] == outs["full"]  # no compressed view: the same target here
+
+
+@pytest.mark.parametrize("mode", ["spec", "asym"])
+@pytest.mark.parametrize("cut", ["eos", "stop"])
+def test_constraint_advanced_only_with_kept_tokens(smollm_tokenizer, mode, cut):
+    """Defect: a round that emitted EOS (or completed a stop string) mid-round advanced the
+    constraint with the tokens after it too. Now the round is cut first and the constraint sees
+    exactly the emitted tokens."""
+    verifier = make_model(seed=0)
+    # drafter = verifier: every greedy draft is accepted, so one round emits K+1 = 7 tokens
+    engine = Engine(verifier=verifier, drafter=verifier, tokenizer=smollm_tokenizer,
+                    spec=SpecConfig(k=6))
+    allowed = set(range(40, 80))
+    prompt = random_prompts(1, seed=5)[0]
+    base = engine.generate(prompt, mode="full", max_new_tokens=7, constraint=AllowedSet(allowed))
+    ids = base.token_ids
+    stop = None
+    # the first position from the 3rd token on whose token can serve as EOS / completes a stop
+    for i in range(2, len(ids) - 1):
+        if cut == "eos" and ids[i] not in ids[:i]:
+            engine.eos_ids = {ids[i]}
+            break
+        done, before = smollm_tokenizer.decode(ids[: i + 1]), smollm_tokenizer.decode(ids[:i])
+        if cut == "stop" and done[-2:].strip() and done[-2:] not in before:
+            stop = done[-2:]
+            break
+    else:
+        pytest.fail("no usable cut position in the reference output")
+    c = AllowedSet(allowed)
+    r = engine.generate(prompt, mode=mode, max_new_tokens=7, constraint=c, stop=stop)
+    assert r.stats.rounds == 1  # the cut happened inside the single round (i + 1 < 7 tokens)
+    assert r.token_ids == ids[: i + 1] and r.finish_reason == "stop"
+    assert c.history == r.token_ids  # nothing after the EOS / stop was advanced
