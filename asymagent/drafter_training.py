@@ -1,0 +1,366 @@
+"""`asymagent train-drafter`: distil a 1-2 layer drafter from a verifier (KL over the full vocab).
+
+Recipe: the drafter's layers start as copies of the verifier's first layers; embeddings and the
+(tied) head are the verifier's own, frozen. Each step teacher-forces a batch of packed rows
+(`training_data.TokenStream`), computes the verifier's logits on the fly (no grad) and minimises
+KL(verifier || drafter) over the full vocabulary plus `--ce-weight` x next-token CE. The loss is
+computed in position chunks on a detached copy of the drafter's last hidden state, so the
+[B*T, V] logits never exist all at once. The run is time-budgeted (`--max-minutes`: it saves a
+final checkpoint when time is up), seeded, checkpointed every `--checkpoint-minutes` and
+resumable (`--resume`). The draft vocabulary is the `--draft-vocab` ids the verifier predicted
+most often (its argmax) over the training rows.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--verifier", default="default", help="'default' (embedded SmolLM2), a dir, a .gguf or a cached HF id")
+    p.add_argument("--layers", type=int, default=2, help="drafter decoder layers (1-2)")
+    p.add_argument("--draft-vocab", type=int, default=6000, help="size N of the reduced draft vocabulary")
+    p.add_argument("--max-minutes", type=float, default=80.0, help="wall-clock budget (final checkpoint when up)")
+    p.add_argument("--max-steps", type=int, default=0, help="stop after this many steps (0: time budget only)")
+    p.add_argument("--out", required=True, help="output dir: checkpoints, drafter.safetensors, card")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--init", choices=["verifier", "random"], default="verifier",
+                   help="start the layers as copies of the verifier's first ones, or at random")
+    p.add_argument("--lr", type=float, default=4e-4)
+    p.add_argument("--seq-len", type=int, default=768)
+    p.add_argument("--batch-size", type=int, default=2)
+    p.add_argument("--data-mix", default="agent:0.6,self:0.15,text:0.25")
+    p.add_argument("--ce-weight", type=float, default=0.1, help="weight of next-token CE added to the KL")
+    p.add_argument("--self-turns", type=int, default=240, help="verifier-generated assistant turns to make")
+    p.add_argument("--self-minutes", type=float, default=6.0, help="time cap for generating them")
+    p.add_argument("--self-max-new", type=int, default=48)
+    p.add_argument("--checkpoint-minutes", type=float, default=10.0)
+    p.add_argument("--eval-every", type=int, default=40, help="held-out agreement every N steps (0: off)")
+    p.add_argument("--threads", type=int, default=2, help="torch threads (1 is faster on a contended machine)")
+    p.add_argument("--heldout-episodes", type=int, default=3, help="held-out episodes for agreement checks")
+    p.add_argument("--resume", action="store_true", help="continue from OUT/checkpoint.pt")
+    p.add_argument("--install", action="store_true",
+                   help="also copy the result into asymagent/assets/ as the default drafter (embedded verifier only)")
+    p.add_argument("--no-progress", action="store_true")
+
+
+@dataclass
+class TrainConfig:
+    verifier: str = "default"
+    layers: int = 2
+    draft_vocab: int = 6000
+    max_minutes: float = 80.0
+    max_steps: int = 0
+    out: str = "runs/drafter"
+    seed: int = 0
+    init: str = "verifier"
+    lr: float = 4e-4
+    seq_len: int = 768
+    batch_size: int = 2
+    data_mix: str = "agent:0.6,self:0.15,text:0.25"
+    ce_weight: float = 0.1
+    self_turns: int = 240
+    self_minutes: float = 6.0
+    self_max_new: int = 48
+    checkpoint_minutes: float = 10.0
+    eval_every: int = 40
+    threads: int = 2
+    heldout_episodes: int = 3
+    resume: bool = False
+    install: bool = False
+    no_progress: bool = False
+    warmup_steps: int = 20
+    loss_chunk: int = 512  # positions per loss chunk: [512, V] fp32 logits = 100 MB at V=49k
+
+    def validate(self) -> None:
+        if self.layers < 1:
+            raise ValueError(f"--layers must be >= 1, got {self.layers}")
+        if self.draft_vocab < 1:
+            raise ValueError(f"--draft-vocab must be >= 1, got {self.draft_vocab}")
+        if self.max_minutes <= 0 and self.max_steps <= 0:
+            raise ValueError("give --max-minutes > 0 or --max-steps > 0")
+        if self.lr <= 0 or self.batch_size < 1:
+            raise ValueError("--lr must be > 0 and --batch-size >= 1")
+
+
+def lr_at(cfg: TrainConfig, step: int, progress: float) -> float:
+    """Linear warmup, then cosine from lr to lr/10 over the run's progress (time or steps)."""
+    if step < cfg.warmup_steps:
+        return cfg.lr * (step + 1) / cfg.warmup_steps
+    return cfg.lr * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * min(1.0, progress))))
+
+
+def distill_step(verifier, drafter, ids, ce_weight: float, chunk: int):
+    """One teacher-forced KL(+CE) forward/backward on ids [B, T]; returns (loss, agree, argmax ids).
+
+    Gradients land on the drafter's layers/norm; the verifier and shared head stay frozen.
+    """
+    import torch
+    import torch.nn.functional as F
+
+    B, T = ids.shape
+    with torch.no_grad():
+        t_hidden = verifier.model(input_ids=ids).last_hidden_state.reshape(B * T, -1)  # [B*T, H]
+    hidden = drafter.model(input_ids=ids).last_hidden_state  # [B, T, H]
+    h = hidden.detach().reshape(B * T, -1).requires_grad_()  # [B*T, H]
+    targets = torch.cat([ids[:, 1:], torch.full_like(ids[:, :1], -100)], 1).reshape(-1)  # [B*T]
+    n = B * T
+    total, agree, t_argmax = 0.0, 0, []
+    for s in range(0, n, chunk):
+        with torch.no_grad():
+            t_logp = F.log_softmax(verifier.lm_head(t_hidden[s:s + chunk]).float(), -1)  # [c, V]
+        s_logp = F.log_softmax(drafter.lm_head(h[s:s + chunk]).float(), -1)  # [c, V]
+        kl = (t_logp.exp() * (t_logp - s_logp)).sum(-1).sum()
+        ce = F.nll_loss(s_logp, targets[s:s + chunk], ignore_index=-100, reduction="sum")
+        loss = (kl + ce_weight * ce) / n
+        loss.backward()
+        total += loss.item()
+        ta = t_logp.argmax(-1)
+        agree += int((ta == s_logp.argmax(-1)).sum())
+        t_argmax.append(ta)
+    hidden.backward(h.grad.reshape(B, T, -1))
+    return total, agree / n, torch.cat(t_argmax)
+
+
+def mean_kl(verifier, drafter, ids) -> float:
+    """Mean per-position KL(verifier || drafter) over the full vocabulary on ids [B, T] (no grad)."""
+    import torch
+    import torch.nn.functional as F
+
+    with torch.no_grad():
+        t = F.log_softmax(verifier(input_ids=ids).logits.float(), -1)  # [B, T, V]
+        s = F.log_softmax(drafter(input_ids=ids).logits.float(), -1)  # [B, T, V]
+        return float((t.exp() * (t - s)).sum(-1).mean())
+
+
+def heldout_metrics(verifier, drafter, seqs, draft_vocab=None, sizes=(2000, 4000, 6000, 8000, 12000),
+                    ranking=None) -> dict:
+    """Teacher-forced greedy top-1 agreement on held-out sequences (full and draft vocab)."""
+    import torch
+
+    agree_full = agree_draft = total = 0
+    covered = {n: 0 for n in sizes}
+    rank_of = None
+    if ranking is not None:
+        rank_of = torch.full((verifier.config.vocab_size,), len(ranking) + 1, dtype=torch.long)
+        rank_of[ranking] = torch.arange(len(ranking))
+    with torch.no_grad():
+        for seq in seqs:
+            ids = torch.tensor([seq])
+            t = verifier(input_ids=ids).logits[0].argmax(-1)  # [T]
+            hidden = drafter.model(input_ids=ids).last_hidden_state[0]  # [T, H]
+            logits = drafter.lm_head(hidden)  # [T, V]
+            agree_full += int((logits.argmax(-1) == t).sum())
+            if draft_vocab is not None:
+                sub = logits[:, draft_vocab].argmax(-1)  # [T] indices into draft_vocab
+                agree_draft += int((draft_vocab[sub] == t).sum())
+            if rank_of is not None:
+                for n_ in sizes:
+                    covered[n_] += int((rank_of[t] < n_).sum())
+            total += len(seq)
+    out = {"heldout_tokens": total, "heldout_top1_agreement_full_vocab": agree_full / max(total, 1)}
+    if draft_vocab is not None:
+        out["heldout_top1_agreement_draft_vocab"] = agree_draft / max(total, 1)
+    if rank_of is not None:
+        out["draft_vocab_coverage_of_verifier_argmax"] = {str(k): v / max(total, 1) for k, v in covered.items()}
+    return out
+
+
+def vocab_ranking(argmax_counts, token_counts):
+    """Token ids, best first: by how often the verifier predicted them (its argmax), ties broken
+    by corpus frequency. The first N are the FR-Spec draft vocabulary."""
+    import torch
+
+    V = len(argmax_counts)
+    score = argmax_counts.double() * (V + 1) + token_counts.double() / max(1, int(token_counts.max())) * V
+    return torch.argsort(score, descending=True)
+
+
+def drafter_from_checkpoint(checkpoint, verifier, draft_vocab: int):
+    """A drafter (with `asymagent_draft_vocab`) from OUT/checkpoint.pt, e.g. of a running job."""
+    import torch
+
+    from asymagent.drafter import build_drafter
+
+    state = torch.load(checkpoint, weights_only=False)
+    layers = len({k.split(".")[2] for k in state["drafter"] if k.startswith("model.layers.")})
+    drafter = build_drafter(verifier, layers, init_from_verifier=False)
+    drafter.load_state_dict(state["drafter"], strict=False)
+    ranking = vocab_ranking(state["argmax_counts"], state["token_counts"])
+    drafter.asymagent_draft_vocab = torch.sort(ranking[:draft_vocab]).values
+    drafter.asymagent_card = {"steps": state["step"], "elapsed_s": state["elapsed_s"]}
+    return drafter.eval()
+
+
+def install_default(weights: Path) -> Path:
+    """Copy a trained drafter and its card to where `load_default_drafter` looks."""
+    import shutil
+
+    from asymagent.drafter import DEFAULT_CARD_FILE, DEFAULT_DRAFTER_FILE, card_path_for
+    from asymagent.models import file_sha256, find_embedded_gguf
+
+    card = json.loads(card_path_for(weights).read_text())
+    if card.get("verifier_sha256") != file_sha256(find_embedded_gguf()):
+        raise ValueError("--install is only for drafters trained against the embedded verifier")
+    DEFAULT_DRAFTER_FILE.parent.mkdir(parents=True, exist_ok=True)
+    shutil.copyfile(weights, DEFAULT_DRAFTER_FILE)
+    shutil.copyfile(card_path_for(weights), DEFAULT_CARD_FILE)
+    return DEFAULT_DRAFTER_FILE
+
+
+def run(cfg: TrainConfig, loaded=None) -> dict:
+    """Train (or resume) and export OUT/drafter.safetensors + card; returns the card dict.
+
+    `loaded` (a `models.LoadedModel`) overrides `cfg.verifier` (tests pass a tiny model).
+    """
+    import random
+
+    import torch
+    from tqdm import tqdm
+
+    from asymagent.drafter import build_drafter, save_drafter, trainable_parameters, trainable_state_dict
+    from asymagent.models import EMBEDDED_VERIFIER_ID, load_model
+    from asymagent.training_data import (
+        TokenStream, generate_self_turns, heldout_episodes, load_token_lists, parse_mix, save_token_lists,
+        self_gen_prompts,
+    )
+    from asymagent.training_domains import HELD_OUT_DOMAIN, TRAIN_DOMAINS
+
+    cfg.validate()
+    torch.set_num_threads(cfg.threads)
+    torch.manual_seed(cfg.seed)
+    random.seed(cfg.seed)
+    out = Path(cfg.out)
+    out.mkdir(parents=True, exist_ok=True)
+    ckpt_path = out / "checkpoint.pt"
+    log = (lambda *a: None) if cfg.no_progress else (lambda *a: print(*a, flush=True))
+    t0 = time.monotonic()
+
+    loaded = loaded if loaded is not None else load_model(cfg.verifier)
+    verifier, tokenizer = loaded.model, loaded.tokenizer
+    verifier.eval()
+    for p in verifier.parameters():
+        p.requires_grad_(False)
+    drafter = build_drafter(verifier, cfg.layers, init_from_verifier=cfg.init == "verifier")
+    params = trainable_parameters(drafter)
+    for p in params:
+        p.requires_grad_(True)
+    drafter.train()
+    opt = torch.optim.AdamW(params, lr=cfg.lr, weight_decay=0.0, betas=(0.9, 0.98))
+    V = verifier.config.vocab_size
+    argmax_counts = torch.zeros(V, dtype=torch.long)
+    token_counts = torch.zeros(V, dtype=torch.long)
+    step, prev_elapsed, history = 0, 0.0, []
+    if cfg.resume:
+        if not ckpt_path.is_file():
+            raise FileNotFoundError(f"--resume given but {ckpt_path} does not exist")
+        state = torch.load(ckpt_path, weights_only=False)
+        drafter.load_state_dict(state["drafter"], strict=False)
+        opt.load_state_dict(state["optimizer"])
+        step, prev_elapsed = state["step"], state["elapsed_s"]
+        argmax_counts, token_counts, history = state["argmax_counts"], state["token_counts"], state["history"]
+        torch.set_rng_state(state["torch_rng"])
+        log(f"resumed at step {step} ({prev_elapsed / 60:.1f} min done)")
+    budget_s = cfg.max_minutes * 60 if cfg.max_minutes > 0 else float("inf")
+    elapsed = lambda: prev_elapsed + time.monotonic() - t0  # noqa: E731
+
+    mix = parse_mix(cfg.data_mix)
+    self_file = out / "self_turns.jsonl"
+    self_turns: list[list[int]] = []
+    if mix.get("self", 0) > 0 and cfg.self_turns > 0:
+        if self_file.is_file():
+            self_turns = load_token_lists(self_file)
+        else:
+            prompts = self_gen_prompts(tokenizer, cfg.self_turns, cfg.seed, max_prompt_tokens=min(cfg.seq_len, 512))
+            deadline = time.monotonic() + min(cfg.self_minutes * 60, max(0.0, budget_s - elapsed()) / 3)
+            self_turns = generate_self_turns(verifier, tokenizer, prompts, cfg.self_max_new,
+                                             deadline=deadline, progress=not cfg.no_progress)
+            save_token_lists(self_file, self_turns)
+        log(f"verifier turns: {len(self_turns)}")
+    stream = TokenStream(tokenizer, cfg.seq_len, mix, seed=cfg.seed, self_turns=self_turns)
+    heldout = [s[:cfg.seq_len] for s in heldout_episodes(tokenizer, cfg.heldout_episodes, seed=cfg.seed + 99)]
+
+    def save_checkpoint():
+        torch.save({"drafter": trainable_state_dict(drafter), "optimizer": opt.state_dict(), "step": step,
+                    "elapsed_s": elapsed(), "argmax_counts": argmax_counts, "token_counts": token_counts,
+                    "history": history, "torch_rng": torch.get_rng_state(), "config": asdict(cfg)},
+                   str(ckpt_path) + ".tmp")
+        Path(str(ckpt_path) + ".tmp").replace(ckpt_path)
+
+    last_ckpt = time.monotonic()
+    bar = tqdm(desc="distil", unit="tok", disable=cfg.no_progress, mininterval=15)
+    run_tokens = 0
+    while True:
+        progress = max(elapsed() / budget_s, step / cfg.max_steps if cfg.max_steps else 0.0)
+        if progress >= 1.0:
+            break
+        ids = stream.batch(step, cfg.batch_size)  # [B, T]
+        for g in opt.param_groups:
+            g["lr"] = lr_at(cfg, step, progress)
+        opt.zero_grad(set_to_none=True)
+        loss, agree, t_argmax = distill_step(verifier, drafter, ids, cfg.ce_weight, cfg.loss_chunk)
+        torch.nn.utils.clip_grad_norm_(params, 1.0)
+        opt.step()
+        argmax_counts += torch.bincount(t_argmax, minlength=V)
+        token_counts += torch.bincount(ids.reshape(-1), minlength=V)
+        step += 1
+        run_tokens += ids.numel()
+        history.append({"step": step, "loss": round(loss, 5), "agree": round(agree, 4),
+                        "elapsed_s": round(elapsed(), 1)})
+        bar.update(ids.numel())
+        bar.set_postfix(step=step, loss=f"{loss:.3f}", agree=f"{agree:.3f}")
+        if cfg.eval_every and step % cfg.eval_every == 0:
+            drafter.eval()
+            m = heldout_metrics(verifier, drafter, heldout)
+            drafter.train()
+            history[-1]["heldout_agree"] = round(m["heldout_top1_agreement_full_vocab"], 4)
+            log(f"\nstep {step}: held-out ({HELD_OUT_DOMAIN}) agreement {m['heldout_top1_agreement_full_vocab']:.3f}")
+        if time.monotonic() - last_ckpt > cfg.checkpoint_minutes * 60:
+            save_checkpoint()
+            last_ckpt = time.monotonic()
+    bar.close()
+    save_checkpoint()
+
+    ranking = vocab_ranking(argmax_counts, token_counts)
+    draft_vocab = torch.sort(ranking[:min(cfg.draft_vocab, V)]).values
+    drafter.eval()
+    metrics = heldout_metrics(verifier, drafter, heldout, draft_vocab=draft_vocab, ranking=ranking)
+    wall = elapsed()
+    total_tokens = sum(1 for _ in history) * cfg.batch_size * cfg.seq_len
+    card = {
+        "format": "asymagent-drafter-1",
+        "verifier": loaded.source if cfg.verifier != "default" else EMBEDDED_VERIFIER_ID,
+        "verifier_sha256": loaded.fingerprint,
+        "layers": cfg.layers, "draft_vocab_size": int(len(draft_vocab)),
+        "data_mix": mix, "train_domains": [d.name for d in TRAIN_DOMAINS], "heldout_domain": HELD_OUT_DOMAIN,
+        "self_turns": len(self_turns), "steps": step, "train_tokens": total_tokens,
+        "wall_minutes": round(wall / 60, 2), "tokens_per_s_this_run": round(run_tokens / max(1e-9, time.monotonic() - t0), 1),
+        "config": {k: v for k, v in asdict(cfg).items() if k not in ("resume", "no_progress", "out")},
+        "final_loss_mean_last_20": round(sum(h["loss"] for h in history[-20:]) / max(1, len(history[-20:])), 4),
+        **{k: (round(v, 4) if isinstance(v, float) else v) for k, v in metrics.items()},
+    }
+    save_drafter(drafter, out / "drafter.safetensors", draft_vocab, card)
+    if cfg.install:
+        install_default(out / "drafter.safetensors")
+    (out / "history.json").write_text(json.dumps(history))
+    log(json.dumps({k: card[k] for k in ("steps", "train_tokens", "wall_minutes", "heldout_top1_agreement_full_vocab",
+                                          "heldout_top1_agreement_draft_vocab")}))
+    return card
+
+
+def main(args) -> int:
+    fields = TrainConfig.__dataclass_fields__
+    cfg = TrainConfig(**{k: v for k, v in vars(args).items() if k in fields})
+    run(cfg)
+    return 0
+
+
+if __name__ == "__main__":  # python -m asymagent.drafter_training (same flags as the CLI verb)
+    _parser = argparse.ArgumentParser(prog="asymagent train-drafter", description=__doc__.splitlines()[0])
+    add_arguments(_parser)
+    raise SystemExit(main(_parser.parse_args()))
