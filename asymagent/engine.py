@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 import torch
 
 from asymagent.adaptive_k import AdaptiveK
+from asymagent.attention import use_gqa_attention
 from asymagent.cache import CacheStore, View, common_prefix_len
 from asymagent.flops import FlopCounter
 from asymagent.spec_config import MODES, SpecConfig
@@ -93,6 +94,9 @@ class Engine:
                  max_sessions: int = 4) -> None:
         self.verifier = verifier.eval()
         self.drafter = drafter.eval() if drafter is not None else None
+        for model in (self.verifier, self.drafter):  # verify forwards read grouped KV in place
+            if model is not None:
+                use_gqa_attention(model)
         self.tokenizer = tokenizer
         self.spec = spec if spec is not None else SpecConfig()
         self.spec.validate()
