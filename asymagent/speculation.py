@@ -213,12 +213,16 @@ class Speculator:
 
         if asym:
             # 3. Base pass: the drafter on the compressed view scores the same K tokens (O(K)).
-            a = self.head.full_logits(torch.stack(hiddens)).to(device)  # [K+1, V]
+            ha = torch.stack(hiddens)  # [K+1, H]
             if self.base is not None:
                 ids = self.base.pending(self.view_b) + drafts
                 hb = self.base.forward_hidden(ids)[-(k + 1):]  # [K+1, H]
-                b = self.head.full_logits(hb).to(device)  # [K+1, V]
+                # one pass over the head for both views: on CPU the [V, H] head read dominates
+                # a few-row matmul, so 2(K+1) rows cost about what K+1 rows do
+                ab = self.head.full_logits(torch.cat([ha, hb])).to(device)  # [2(K+1), V]
+                a, b = ab[: k + 1], ab[k + 1:]
             else:
+                a = self.head.full_logits(ha).to(device)  # [K+1, V]
                 b = a  # same view: the base pass would reproduce the drafter exactly
             if c is not None:
                 a, b = _mask_rows(a, masks), _mask_rows(b, masks)
