@@ -203,7 +203,9 @@ def print_table(result: dict) -> None:
 def main(args) -> int:
     from asymagent.evals.engine_setup import build_engine
 
-    modes = [m.strip() for m in args.modes.split(",") if m.strip()]
+    from asymagent.evals.runner import split_mode_labels
+
+    modes = split_mode_labels(args.modes)
     work = workload(args.suite, args.seed, args.steps)
     t0 = time.perf_counter()
     setup = build_engine(args.verifier, args.drafter)

@@ -84,9 +84,10 @@ def main(args) -> int:
     from asymagent.evals.environments import is_test_seed
 
     modes = args.modes or (DEFAULT_MODES + ("," + INJECTION_EXTRA if args.suite == "injection" else ""))
-    labels = [m.strip() for m in modes.split(",") if m.strip()]
+    from asymagent.evals.runner import parse_mode, split_mode_labels
+
+    labels = split_mode_labels(modes)
     seeds = pick_seeds(args.split, args.episodes, args.seeds)
-    from asymagent.evals.runner import parse_mode
 
     for label in labels:
         parse_mode(label)  # fail on a bad label before loading models

@@ -29,6 +29,25 @@ from asymagent.spec_config import MODES, SpecConfig
 from asymagent.stats import RunStats, StepStats
 
 
+def split_mode_labels(text: str) -> list:
+    """'full,asym:k=4,beta=0.5,spec' -> ['full', 'asym:k=4,beta=0.5', 'spec'].
+
+    Labels are comma separated and so are a label's overrides: a piece with '=' and no ':' is
+    one more override of the label before it.
+    """
+    labels: list = []
+    for piece in (p.strip() for p in text.split(",")):
+        if not piece:
+            continue
+        if "=" in piece and ":" not in piece:
+            if not labels:
+                raise ValueError(f"override {piece!r} comes before any mode in {text!r}")
+            labels[-1] += "," + piece
+        else:
+            labels.append(piece)
+    return labels
+
+
 def parse_mode(label: str) -> tuple[str, dict]:
     """'asym:k=4,strict_prefix=8' -> ('asym', {'k': 4, 'strict_prefix': 8}); ValueError if bad."""
     mode, _, rest = label.strip().partition(":")

@@ -34,6 +34,13 @@ def test_parse_mode_and_overrides():
         runner._ordered(["full", "full"])
 
 
+def test_split_mode_labels_keeps_multi_override_labels_together():
+    assert runner.split_mode_labels("full, asym:k=4,beta=0.5,acceptance=greedy ,spec,asym") == [
+        "full", "asym:k=4,beta=0.5,acceptance=greedy", "spec", "asym"]
+    with pytest.raises(ValueError, match="before any mode"):
+        runner.split_mode_labels("k=4,full")
+
+
 def test_spec_overrides_restore():
     class Holder:
         spec = SpecConfig()
