@@ -8,6 +8,7 @@
   base pass on the compressed view (three caches), delta-fusion and the JSD-aware gate.
 Caches live in per-`cache_key` sessions (bounded LRU) and are reused up to the longest common
 prefix with the next prompt (asymagent/cache.py). The round loop is asymagent/speculation.py.
+`Engine.chat` delegates to asymagent/chat_session.py (messages -> views -> generate -> ChatResult).
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ import torch
 
 from asymagent.adaptive_k import AdaptiveK
 from asymagent.attention import use_gqa_attention
-from asymagent.cache import CacheStore, View, common_prefix_len
+from asymagent.cache import CacheStore, View
 from asymagent.flops import FlopCounter
 from asymagent.spec_config import MODES, SpecConfig
 from asymagent.speculation import DraftHead, Speculator, advance_constraint
@@ -56,6 +57,7 @@ class _Tally:
     emitted: int = 0  # tokens emitted by speculative rounds (accepted + recovered/bonus)
     last_k: int = 0
     jsd_sum: float = 0.0
+    lookup_rounds: int = 0
     reached: list = field(default_factory=list)  # [i]: rounds that reached draft position i
     accepted_at: list = field(default_factory=list)  # [i]: rounds that accepted position i
 
@@ -65,6 +67,7 @@ class _Tally:
         self.accepted += out.accepted
         self.emitted += len(out.tokens)
         self.last_k = out.drafted
+        self.lookup_rounds += int(out.lookup)
         self.jsd_sum += out.jsd
         for i in range(min(out.accepted + 1, out.drafted)):  # positions the gate looked at
             if i == len(self.reached):
@@ -75,6 +78,7 @@ class _Tally:
 
     def fill(self, stats: StepStats, asym: bool) -> None:
         stats.rounds, stats.drafted, stats.accepted = self.rounds, self.drafted, self.accepted
+        stats.lookup_rounds = self.lookup_rounds
         stats.k = self.last_k
         stats.acceptance_by_position = [a / r for a, r in zip(self.accepted_at, self.reached)]
         stats._reached_by_position = list(self.reached)  # RunStats pooling (not serialised)
@@ -125,7 +129,7 @@ class Engine:
         if self.drafter is not None:
             roles.update(drafter_full=self.drafter, drafter_compressed=self.drafter)
         self.caches = CacheStore(roles, max_sessions=max_sessions)
-        self._chat_format = None
+        self._chat_format = None  # ChatFormat, built on the first chat (chat_session)
 
     # ------------------------------------------------------------------ constructors
     @classmethod
@@ -257,7 +261,8 @@ class Engine:
         stats.verifier_prefill_tokens, prefill_flops = prefill(ver_role, ver_view)
         dec = Speculator(verifier=session.get(ver_role), view_v=ver_view, flops=self.flops,
                          temperature=float(temperature), top_p=float(top_p), generator=generator,
-                         constraint=constraint, verifier_flops=prefill_flops)
+                         constraint=constraint, verifier_flops=prefill_flops,
+                         lookup_ngram=spec.lookup_ngram)
         asym = mode == "asym"
         if mode in ("spec", "asym"):
             stats.drafter_prefill_tokens = prefill("drafter_full", full_view)[0]
@@ -303,10 +308,12 @@ class Engine:
                     else:
                         rule = spec.acceptance if asym else spec.spec_acceptance
                     out = dec.spec_round(k, asym=asym, acceptance=rule, beta=spec.beta,
-                                         gamma=spec.gamma, fuse_bonus=spec.fuse_bonus)
+                                         gamma=spec.gamma, fuse_bonus=spec.fuse_bonus,
+                                         lookup_k=min(spec.lookup_k, remaining - 1, room - 1))
                     if out.drafted:  # 0: the constraint left nothing to draft, a plain step ran
                         tally.record(out)
-                        adaptive.record_round(out.drafted, out.accepted, out.draft_s, out.verify_s)
+                        if not out.lookup:  # adaptive K tunes the drafter's K only
+                            adaptive.record_round(out.drafted, out.accepted, out.draft_s, out.verify_s)
                         if asym:
                             jsd_window.append(out.jsd)
                 new = out.tokens
@@ -353,87 +360,24 @@ class Engine:
                                 stats=stats, finish_reason=finish)
 
     # ------------------------------------------------------------------ chat
-    def _views(self, cache_key: str):
-        """The ContextViews of one conversation (append-stable views; same LRU as the caches)."""
-        from asymagent.chat_format import ChatFormat
-        from asymagent.views import ContextViews
-
-        if self._chat_format is None:
-            self._chat_format = ChatFormat(self.tokenizer)
-        session = self.caches.session(cache_key)
-        if session.views is None:
-            session.views = ContextViews(self.tokenizer, self.compression, self._chat_format)
-        return session.views
-
     def _logprob_fn(self, cache_key: str, counter: list):
-        """logprob_fn(full_ids) -> log p_drafter(token_t | tokens_<t) for every t (0.0 at t=0),
-        computed while prefilling the drafter's full-view cache (so `generate` reuses it)."""
-        session = self.caches.session(cache_key)
+        """The drafter's log-prob function of one conversation (asymagent.chat_session)."""
+        from asymagent.chat_session import drafter_logprob_fn
 
-        @torch.inference_mode()
-        def logprob_fn(full_ids: list) -> list:
-            cache = session.get("drafter_full")
-            kept = min(cache.reuse_prefix(full_ids),
-                       common_prefix_len(session.logprob_ids, full_ids))
-            start = max(kept - 1, 0)  # re-feed one token: its output predicts token `kept`
-            head = session.logprobs[: start + 1] if kept else [0.0]
-            cache.crop(start)
-            ids = full_ids[start:-1]
-            counter[0] += len(ids)
-            out = list(head)
-            for i in range(0, len(ids), 256):  # [256, V] logits at a time, not [T, V]
-                hidden = cache.forward_hidden(ids[i:i + 256])  # [T, H]
-                logp = torch.log_softmax(self.head.full_logits(hidden), dim=-1)  # [T, V]
-                targets = torch.tensor(full_ids[start + i + 1:start + i + 1 + len(hidden)],
-                                       device=logp.device)
-                out.extend(logp.gather(1, targets[:, None])[:, 0].tolist())
-            session.logprobs, session.logprob_ids = out, list(full_ids)
-            return out
-
-        return logprob_fn
+        return drafter_logprob_fn(self, cache_key, counter)
 
     def chat(self, messages: list, tools: list | None = None, mode: str = "asym",
              max_new_tokens: int = 256, temperature: float = 0.0, seed: int | None = None,
              top_p: float = 1.0, stop=None, tool_choice="auto", callback=None,
              cache_key: str = "default") -> ChatResult:
-        """OpenAI-style chat: render both views, generate, parse text and tool calls."""
-        if self.tokenizer is None:
-            raise ValueError("chat needs a tokenizer; this engine has none (use generate)")
-        if not isinstance(messages, list) or not messages:
-            raise ValueError("messages must be a non-empty list of {'role', 'content'} dicts")
-        for i, m in enumerate(messages):
-            if not isinstance(m, dict) or "role" not in m:
-                raise ValueError(f"messages[{i}] must be a dict with a 'role'")
-        if mode not in MODES:
-            raise ValueError(f"unknown mode {mode!r}; expected one of {MODES}")
-        constraint = None
-        if tool_choice not in (None, "auto", "none"):
-            if not tools:
-                raise ValueError(f"tool_choice={tool_choice!r} needs tools")
-            from asymagent.tool_constraint import ToolCallConstraint
+        """OpenAI-style chat: render both views, generate, parse text and tool calls.
 
-            constraint = ToolCallConstraint(self.tokenizer, tools, tool_choice,
-                                            vocab_size=self.vocab_size)
-        views = self._views(cache_key)
-        counter = [0]
-        # the drafter's log-probs feed surprisal compression (only called when one is configured
-        # and new messages need them); offered in every mode so one conversation's compressed
-        # view does not depend on the mode of its first call
-        logprob_fn = self._logprob_fn(cache_key, counter) if self.drafter is not None else None
-        pair = views.build(messages, tools, logprob_fn=logprob_fn)
-        compressed = pair.compressed_ids if mode in ("asym", "compressed") else None
-        result = self.generate(pair.full_ids, mode=mode, max_new_tokens=max_new_tokens,
-                               temperature=temperature, seed=seed, top_p=top_p,
-                               compressed_prompt_ids=compressed, stop=stop, constraint=constraint,
-                               callback=callback, cache_key=cache_key)
-        stats = result.stats
-        stats.rewrites += pair.rewrites
-        stats.drafter_prefill_tokens += counter[0]
-        parsed = self._chat_format.parse_output(result.text)
-        finish = result.finish_reason
-        if parsed.tool_calls and finish == "stop":
-            finish = "tool_calls"
-        stats.finish_reason = finish
-        return ChatResult(token_ids=result.token_ids, text=parsed.content, stats=stats,
-                          finish_reason=finish, tool_calls=parsed.tool_calls,
-                          invalid_tool_calls=parsed.invalid_tool_calls)
+        The chat layer lives in asymagent/chat_session.py (`run_chat`): message validation,
+        tool_choice -> ToolCallConstraint, the conversation's ContextViews (per `cache_key`), the
+        drafter's log-probs for surprisal compression, and output parsing into a ChatResult.
+        """
+        from asymagent.chat_session import run_chat  # it imports this module (ChatResult)
+
+        return run_chat(self, messages, tools=tools, mode=mode, max_new_tokens=max_new_tokens,
+                        temperature=temperature, seed=seed, top_p=top_p, stop=stop,
+                        tool_choice=tool_choice, callback=callback, cache_key=cache_key)

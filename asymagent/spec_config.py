@@ -28,6 +28,8 @@ class SpecConfig:
     k_max: int = 8  # adaptive K upper bound
     fuse_bonus: bool = True  # fuse at K+1 when every draft passes (False = official code)
     spec_acceptance: str = "exact"  # rule used by mode `spec` (lossless against the verifier)
+    lookup_ngram: int = 0  # >0: try prompt-lookup drafts first (suffix n-grams of this size..2)
+    lookup_k: int = 8  # max prompt-lookup drafts per round (verified in the same single forward)
 
     def __post_init__(self) -> None:
         self.validate()
@@ -49,6 +51,10 @@ class SpecConfig:
             raise ValueError("SpecConfig.strict_prefix must be >= 0")
         if self.escalate_jsd is not None and not (0.0 < self.escalate_jsd):
             raise ValueError("SpecConfig.escalate_jsd must be > 0 (natural-log JSD) or None")
+        if not isinstance(self.lookup_ngram, int) or self.lookup_ngram < 0:
+            raise ValueError(f"SpecConfig.lookup_ngram must be an integer >= 0, got {self.lookup_ngram!r}")
+        if not isinstance(self.lookup_k, int) or self.lookup_k < 1:
+            raise ValueError(f"SpecConfig.lookup_k must be an integer >= 1, got {self.lookup_k!r}")
         if not (1 <= self.k_min <= self.k_max):
             raise ValueError("SpecConfig needs 1 <= k_min <= k_max")
 

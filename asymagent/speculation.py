@@ -113,6 +113,7 @@ class RoundOutcome:
     jsd: float = 0.0  # mean JSD(p_aug || p_base) over the positions the gate used
     draft_s: float = 0.0  # time drafting (drafter forwards + sampling)
     verify_s: float = 0.0  # time verifying (verifier + base forwards + gate)
+    lookup: bool = False  # the drafts came from prompt lookup, not the drafter
 
 
 @dataclass
@@ -133,6 +134,7 @@ class Speculator:
     head: DraftHead | None = None
     verifier_flops: float = 0.0
     verifier_tokens_fed: int = 0
+    lookup_ngram: int = 0  # >0: try prompt-lookup drafts before the drafter (prompt_lookup.py)
 
     # ----------------------------------------------------------------- verifier forward
     def _verify(self, drafts: list, keep: int) -> torch.Tensor:
@@ -156,15 +158,44 @@ class Speculator:
         return RoundOutcome(tokens=[token], verify_s=time.perf_counter() - t0)
 
     # ----------------------------------------------------------------- speculative round
+    def _lookup_drafts(self, k: int) -> tuple[list, list]:
+        """Prompt-lookup drafts on the full view (constraint advanced through them): (drafts, masks)."""
+        from asymagent.prompt_lookup import lookup_continuation
+
+        found = lookup_continuation(self.view_d.ids(), self.lookup_ngram, k)
+        c = self.constraint
+        if c is None:
+            return found, [None] * len(found)
+        drafts, masks = [], []
+        for token in found:
+            mask = c.allowed_mask()  # [V'] bool
+            if token >= mask.numel() or not bool(mask[token]) or not c.advance(token):
+                break
+            drafts.append(token)
+            masks.append(mask)
+            if c.is_terminated():
+                break
+        return drafts, masks
+
     def spec_round(self, k: int, *, asym: bool, acceptance: str, beta: float, gamma: float,
-                   fuse_bonus: bool) -> RoundOutcome:
-        """Draft k tokens, verify k+1 positions in one forward, gate, crop every cache."""
+                   fuse_bonus: bool, lookup_k: int = 0) -> RoundOutcome:
+        """Draft k tokens, verify k+1 positions in one forward, gate, crop every cache.
+
+        With `lookup_ngram` set and `lookup_k` > 0, prompt-lookup drafts (up to lookup_k) are
+        tried first; the drafter proposes only when the full view has no matching n-gram.
+        """
         t0 = time.perf_counter()
         c = self.constraint
-        # 1. Draft d_1..d_K incrementally on the drafter's full-view cache.
         drafts: list = []
-        proposal_rows: list = []  # [N] logits each draft was sampled from
         masks: list = []  # constraint masks at positions 1..K+1
+        if self.lookup_ngram and lookup_k > 0:
+            drafts, masks = self._lookup_drafts(lookup_k)
+        if drafts:
+            self._close_masks(masks, len(drafts))
+            return self._verify_round(drafts, masks, None, None, t0, asym=asym, acceptance=acceptance,
+                                      beta=beta, gamma=gamma, fuse_bonus=fuse_bonus)
+        # 1. Draft d_1..d_K incrementally on the drafter's full-view cache.
+        proposal_rows: list = []  # [N] logits each draft was sampled from
         hiddens: list = []  # [H] drafter hidden state at positions 1..K(+1)
         feed = self.drafter.pending(self.view_d)
         for _ in range(k):
@@ -188,16 +219,39 @@ class Speculator:
                 break
             feed = [token]
         k = len(drafts)
-        if c is not None:
-            # K+1 masks; once the drafts complete the constraint, whatever the gate emits after
-            # them is dropped by the engine, so that row is left unrestricted
-            masks.append(None if c.is_terminated() else c.allowed_mask())
-            c.rollback(k)
+        self._close_masks(masks, k)
         if k == 0:  # the constraint left nothing to draft: undo and take a plain step
             self.drafter.crop(len(self.view_d) - 1)
             return self.plain_step()
         if asym:  # the K+1-th drafter row (fusion / JSD at the bonus position)
             hiddens.append(self.drafter.forward_hidden([drafts[-1]])[-1])
+        return self._verify_round(drafts, masks, proposal_rows, hiddens, t0, asym=asym,
+                                  acceptance=acceptance, beta=beta, gamma=gamma, fuse_bonus=fuse_bonus)
+
+    def _close_masks(self, masks: list, k: int) -> None:
+        """Add the K+1-th constraint mask and roll the constraint back over the k drafts."""
+        c = self.constraint
+        if c is not None:
+            # once the drafts complete the constraint, whatever the gate emits after them is
+            # dropped by the engine, so that row is left unrestricted
+            masks.append(None if c.is_terminated() else c.allowed_mask())
+            c.rollback(k)
+
+    def _verify_round(self, drafts: list, masks: list, proposal_rows: list | None,
+                      hiddens: list | None, t0: float, *, asym: bool, acceptance: str, beta: float,
+                      gamma: float, fuse_bonus: bool) -> RoundOutcome:
+        """Steps 2-4 of a round for drafts d_1..d_K (constraint rolled back, K+1 masks).
+
+        `proposal_rows`/`hiddens` come from the drafter; None means prompt-lookup drafts: the
+        proposal is one-hot on each draft and, in asym, the drafter scores all K drafts on its
+        full view in ONE forward (their rows are what it would have drafted from).
+        """
+        k = len(drafts)
+        c = self.constraint
+        lookup = proposal_rows is None
+        if asym and lookup:
+            feed = self.drafter.pending(self.view_d) + drafts
+            hiddens = list(self.drafter.forward_hidden(feed)[-(k + 1):])  # K+1 x [H]
         t1 = time.perf_counter()
 
         # 2. Verifier scores K+1 positions in one forward on its (compressed) view.
@@ -206,9 +260,13 @@ class Speculator:
         if c is not None:
             v = _mask_rows(v, masks)
         v = top_p_filter(v, self.temperature, self.top_p)  # nucleus of the target (verifier)
-        proposal = self.head.to_full(torch.stack(proposal_rows)).to(device)  # [K, V]
-        if c is not None:
-            proposal = _mask_rows(proposal, masks[:k])
+        if lookup:  # a deterministic proposal: q(d_i) = 1
+            proposal = torch.full((k, v.shape[-1]), NEG_INF, device=device)  # [K, V]
+            proposal[torch.arange(k, device=device), torch.tensor(drafts, device=device)] = 0.0
+        else:
+            proposal = self.head.to_full(torch.stack(proposal_rows)).to(device)  # [K, V]
+            if c is not None:
+                proposal = _mask_rows(proposal, masks[:k])
         draft_t = torch.tensor([drafts], dtype=torch.long, device=device)  # [1, K]
 
         if asym:
@@ -248,7 +306,7 @@ class Speculator:
         if self.base is not None:
             self.base.crop(len(self.view_b) + n)
         return RoundOutcome(tokens=drafts[:n] + [token], drafted=k, accepted=n, jsd=jsd,
-                            draft_s=t1 - t0, verify_s=time.perf_counter() - t1)
+                            draft_s=t1 - t0, verify_s=time.perf_counter() - t1, lookup=lookup)
 
     def escalate(self, verifier: ModelCache, view: View) -> None:
         """Finish the response with `verifier` on `view` (the full context): plain steps only."""

@@ -32,6 +32,7 @@ class StepStats:
     # Extensions (not in the contract, useful for reports):
     mode: str = ""
     rounds: int = 0  # speculative rounds (verifier forwards while speculating)
+    lookup_rounds: int = 0  # rounds whose drafts came from prompt lookup (SpecConfig.lookup_ngram)
     k: int = 0  # K used (last round's, with adaptive_k)
     mean_jsd: float = 0.0  # mean JSD(p_aug || p_base) over verify positions (asym)
     forced_tokens: int = 0  # tokens the constraint alone determined (jump-forward; docs/engine.md)
@@ -52,7 +53,7 @@ class StepStats:
 
 _SUMMED = (
     "wall_s", "ttft_s", "prefill_s", "decode_s", "new_tokens", "drafted", "accepted",
-    "verifier_prefill_tokens", "drafter_prefill_tokens", "verifier_flops", "rounds",
+    "verifier_prefill_tokens", "drafter_prefill_tokens", "verifier_flops", "rounds", "lookup_rounds",
     "forced_tokens", "rewrites",
 )
 

@@ -81,3 +81,18 @@ def test_chat_asym_with_surprisal_compression(chat_engine):
     # the drafter prefilled the full view once, for the log-probs (tokens 0..n-2; generate's
     # prefill then re-fed only the last one), plus the compressed view for the base pass
     assert s.drafter_prefill_tokens == (s.full_context_tokens - 1) + 1 + s.verifier_context_tokens
+
+
+def test_chat_names_the_bad_entry_before_any_work(smollm_tokenizer):
+    engine = Engine(verifier=make_model(seed=0, vocab=49152, hidden=32, layers=1),
+                    tokenizer=smollm_tokenizer)
+    ok = {"role": "user", "content": "hi"}
+    # the error names the offending index: entry 1 has no role, entry 2 is not a dict
+    with pytest.raises(ValueError, match=r"messages\[1\] must be a dict with a 'role'"):
+        engine.chat([ok, {"content": "no role"}], mode="full")
+    with pytest.raises(ValueError, match=r"messages\[2\]"):
+        engine.chat([ok, ok, "hello"], mode="full")
+    # a bad mode is caught by chat itself, before rendering views or computing log-probs
+    with pytest.raises(ValueError, match="unknown mode 'turbo'"):
+        engine.chat([ok], mode="turbo")
+    assert len(engine.caches) == 0  # every rejection came before a cache session was made

@@ -63,3 +63,31 @@ def test_named_choice_through_engine(engine, smollm_tokenizer, prompt):
     obj = parse_call(r.text)
     assert obj["name"] == "get_weather"
     assert not schema_errors(obj["arguments"], PARAMS["get_weather"])
+
+
+@pytest.mark.parametrize("mode", ["spec", "asym"])
+def test_lookup_drafts_under_constraint(engine, smollm_tokenizer, prompt, mode):
+    """Prompt-lookup drafts go through the constraint like drafter drafts: calls stay valid and
+    greedy spec stays equal to the verifier alone. The prompt carries an earlier call, so its
+    n-grams ('{"name": "get_weather", ...') recur while the new call is decoded."""
+    history = smollm_tokenizer.encode(
+        '<|im_start|>assistant\n<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris"}}'
+        "\n</tool_call><|im_end|>\n")
+    lookup_prompt = history + prompt
+    saved = engine.spec
+    engine.spec = SpecConfig(k=3, lookup_ngram=2, lookup_k=6)
+    try:
+        lookups = 0
+        for seed in range(4):  # 0-1 greedy, 2-3 sampled
+            temperature = 0.0 if seed < 2 else 1.0
+            c, r = generate(engine, smollm_tokenizer, lookup_prompt, mode, seed, temperature)
+            assert c.is_terminated() and r.finish_reason == "stop", r.text
+            obj = parse_call(r.text)
+            assert not schema_errors(obj["arguments"], PARAMS[obj["name"]]), r.text
+            lookups += r.stats.lookup_rounds
+            if mode == "spec" and temperature == 0.0:
+                _, full = generate(engine, smollm_tokenizer, lookup_prompt, "full", seed, 0.0)
+                assert r.token_ids == full.token_ids
+        assert lookups > 0
+    finally:
+        engine.spec = saved

@@ -1,0 +1,125 @@
+"""Chat layer over `Engine.generate`: messages -> both views -> generate -> text + tool calls.
+
+`run_chat` is what `Engine.chat` does (DESIGN.md §4): validate the OpenAI-style messages, turn
+`tool_choice` into a `ToolCallConstraint`, build the full and compressed views with the
+conversation's append-stable `ContextViews` (one per `cache_key`, kept in the engine's cache
+session), offer the drafter's log-probs to surprisal compression (computed while prefilling the
+drafter's full-view cache, so `generate` finds it warm), generate, and parse the output into a
+`ChatResult`. The engine keeps the caches and the decoding; this module keeps the conversation.
+"""
+
+from __future__ import annotations
+
+from typing import Callable
+
+import torch
+
+from asymagent.cache import common_prefix_len
+from asymagent.chat_format import ChatFormat
+from asymagent.engine import ChatResult
+from asymagent.spec_config import MODES
+from asymagent.views import ContextViews
+
+LOGPROB_CHUNK = 256  # positions per drafter forward: [256, V] log-probs at a time, not [T, V]
+
+
+def chat_format(engine) -> ChatFormat:
+    """The engine's ChatFormat, built once from its tokenizer (the server reuses it too)."""
+    if engine._chat_format is None:
+        engine._chat_format = ChatFormat(engine.tokenizer)
+    return engine._chat_format
+
+
+def conversation_views(engine, cache_key: str) -> ContextViews:
+    """The ContextViews of one conversation (append-stable views; same LRU as the caches)."""
+    session = engine.caches.session(cache_key)
+    if session.views is None:
+        session.views = ContextViews(engine.tokenizer, engine.compression, chat_format(engine))
+    return session.views
+
+
+def drafter_logprob_fn(engine, cache_key: str, counter: list) -> Callable[[list], list]:
+    """logprob_fn(full_ids) -> log p_drafter(token_t | tokens_<t) for every t (0.0 at t=0),
+    computed while prefilling the drafter's full-view cache (so `generate` reuses it).
+
+    Incremental across calls of one conversation: the cache and the stored log-probs are kept up
+    to their common prefix with `full_ids`. `counter[0]` is increased by the tokens fed.
+    """
+    if engine.drafter is None:
+        raise ValueError("the drafter log-prob function needs a drafter; this engine has none")
+    session = engine.caches.session(cache_key)
+
+    @torch.inference_mode()
+    def logprob_fn(full_ids: list) -> list:
+        cache = session.get("drafter_full")
+        kept = min(cache.reuse_prefix(full_ids),
+                   common_prefix_len(session.logprob_ids, full_ids))
+        start = max(kept - 1, 0)  # re-feed one token: its output predicts token `kept`
+        head = session.logprobs[: start + 1] if kept else [0.0]
+        cache.crop(start)
+        ids = full_ids[start:-1]
+        counter[0] += len(ids)
+        out = list(head)
+        for i in range(0, len(ids), LOGPROB_CHUNK):
+            hidden = cache.forward_hidden(ids[i:i + LOGPROB_CHUNK])  # [T, H]
+            logp = torch.log_softmax(engine.head.full_logits(hidden), dim=-1)  # [T, V]
+            targets = torch.tensor(full_ids[start + i + 1:start + i + 1 + len(hidden)],
+                                   device=logp.device)  # [T]
+            out.extend(logp.gather(1, targets[:, None])[:, 0].tolist())
+        session.logprobs, session.logprob_ids = out, list(full_ids)
+        return out
+
+    return logprob_fn
+
+
+def _check_request(engine, messages, tools, mode: str, tool_choice) -> None:
+    """Raise a ValueError naming the problem, before any view, cache or forward is made."""
+    if engine.tokenizer is None:
+        raise ValueError("chat needs a tokenizer; this engine has none (use generate)")
+    if not isinstance(messages, list) or not messages:
+        raise ValueError("messages must be a non-empty list of {'role', 'content'} dicts")
+    for i, m in enumerate(messages):
+        if not isinstance(m, dict) or "role" not in m:
+            raise ValueError(f"messages[{i}] must be a dict with a 'role'")
+    if mode not in MODES:
+        raise ValueError(f"unknown mode {mode!r}; expected one of {MODES}")
+    if tool_choice not in (None, "auto", "none") and not tools:
+        raise ValueError(f"tool_choice={tool_choice!r} needs tools")
+
+
+def run_chat(engine, messages: list, tools: list | None = None, mode: str = "asym",
+             max_new_tokens: int = 256, temperature: float = 0.0, seed: int | None = None,
+             top_p: float = 1.0, stop=None, tool_choice="auto", callback=None,
+             cache_key: str = "default") -> ChatResult:
+    """`Engine.chat` (same arguments): render both views, generate, parse text and tool calls."""
+    _check_request(engine, messages, tools, mode, tool_choice)
+    constraint = None
+    if tool_choice not in (None, "auto", "none"):
+        from asymagent.tool_constraint import ToolCallConstraint  # xgrammar: only when asked
+
+        constraint = ToolCallConstraint(engine.tokenizer, tools, tool_choice,
+                                        vocab_size=engine.vocab_size)
+    views = conversation_views(engine, cache_key)
+    counter = [0]
+    # the drafter's log-probs feed surprisal compression (only called when one is configured
+    # and new messages need them); offered in every mode so one conversation's compressed
+    # view does not depend on the mode of its first call
+    logprob_fn = drafter_logprob_fn(engine, cache_key, counter) \
+        if engine.drafter is not None else None
+    pair = views.build(messages, tools, logprob_fn=logprob_fn)
+    compressed = pair.compressed_ids if mode in ("asym", "compressed") else None
+    result = engine.generate(pair.full_ids, mode=mode, max_new_tokens=max_new_tokens,
+                             temperature=temperature, seed=seed, top_p=top_p,
+                             compressed_prompt_ids=compressed, stop=stop, constraint=constraint,
+                             callback=callback, cache_key=cache_key)
+    stats = result.stats
+    stats.rewrites += pair.rewrites
+    stats.drafter_prefill_tokens += counter[0]
+    parsed = chat_format(engine).parse_output(result.text)
+    finish = result.finish_reason
+    if parsed.tool_calls and finish == "stop":
+        finish = "tool_calls"
+    stats.finish_reason = finish
+    return ChatResult(token_ids=result.token_ids, text=parsed.content, stats=stats,
+                      finish_reason=finish, tool_calls=parsed.tool_calls,
+                      invalid_tool_calls=parsed.invalid_tool_calls)
