@@ -307,6 +307,8 @@ class Engine:
                         rule = "exact" if temperature > 0 else "greedy"
                     else:
                         rule = spec.acceptance if asym else spec.spec_acceptance
+                    if rule == "greedy" and temperature > 0:
+                        rule = "exact"  # "the target decides", sampled: rejection sampling
                     out = dec.spec_round(k, asym=asym, acceptance=rule, beta=spec.beta,
                                          gamma=spec.gamma, fuse_bonus=spec.fuse_bonus,
                                          lookup_k=min(spec.lookup_k, remaining - 1, room - 1))

@@ -19,7 +19,9 @@ class SpecConfig:
     k: int = 2  # draft tokens per round; the verifier scores K+1 positions in one forward
     beta: float = 1.0  # weight of delta = log p_drafter(full) - log p_drafter(compressed)
     gamma: float = 0.5  # accept d iff p_v(d) > gamma*exp(-JSD)*p_base(d)  (cda)
-    acceptance: str = "cda"  # "cda" (paper), "exact" (rejection sampling), "greedy" (argmax match)
+    # "cda" (paper, relaxed), "exact" (rejection sampling), "greedy" (argmax match; at
+    # temperature > 0 the engine runs it as "exact", so the fused target is sampled, not argmaxed)
+    acceptance: str = "cda"
     strict_prefix: int = 0  # first N tokens of each response use exact/greedy instead of cda
     escalate_jsd: float | None = None  # running-mean JSD above this -> finish with full verifier
     escalate_window: int = 4  # rounds in the running mean used by escalate_jsd
