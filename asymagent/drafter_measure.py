@@ -193,6 +193,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--draft-vocab", type=int, default=6000, help="draft vocabulary size (checkpoints only)")
     p.add_argument("--prompts", type=int, default=8)
     p.add_argument("--k", type=int, default=4)
+    p.add_argument("--lookup-ngram", type=int, default=0,
+                   help="0 (default): the drafter alone, as issue 5's target; >0 adds prompt-lookup drafts")
     p.add_argument("--max-new", type=int, default=48)
     p.add_argument("--no-asym", action="store_true")
     p.add_argument("--agreement-episodes", type=int, default=6)
@@ -224,14 +226,15 @@ def main(args) -> int:
     else:
         drafter = load_drafter(path, loaded.model)
     vocab = drafter.asymagent_draft_vocab
-    figures: dict = {"drafter": str(path), "verifier_sha256": loaded.fingerprint}
+    figures: dict = {"drafter": str(path), "verifier_sha256": loaded.fingerprint,
+                     "lookup_ngram": args.lookup_ngram}
     seqs = [s[:2048] for s in heldout_episodes(loaded.tokenizer, args.agreement_episodes, seed=777)]
     figures["teacher_forced"] = {k: (round(v, 4) if isinstance(v, float) else v) for k, v in
                                  heldout_metrics(loaded.model, drafter, seqs, draft_vocab=vocab).items()}
     print(json.dumps(figures["teacher_forced"]), flush=True)
     figures["cost_1k"] = cost_figures(loaded.model, drafter, vocab)
     print(json.dumps(figures["cost_1k"]), flush=True)
-    engine = Engine(verifier=loaded.model, drafter=drafter, tokenizer=loaded.tokenizer, spec=SpecConfig(k=args.k))
+    engine = Engine(verifier=loaded.model, drafter=drafter, tokenizer=loaded.tokenizer, spec=SpecConfig(k=args.k, lookup_ngram=args.lookup_ngram))
     figures["engine"] = engine_figures(engine, heldout_conversations(args.prompts), args.k, args.max_new,
                                        asym=not args.no_asym)
     print(json.dumps(figures["engine"]), flush=True)

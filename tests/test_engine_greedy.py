@@ -35,7 +35,9 @@ def _drafter(kind: str, verifier):
 @pytest.mark.parametrize("k", [1, 3, 6])
 @pytest.mark.parametrize("kind", ["random", "same", "noisy"])
 def test_spec_greedy_equals_full(verifier, full_outputs, k, kind):
-    engine = Engine(verifier=verifier, drafter=_drafter(kind, verifier), spec=SpecConfig(k=k))
+    # the drafter alone (lookup drafts have their own K and tests: tests/test_prompt_lookup.py)
+    spec = SpecConfig(k=k, lookup_ngram=0)
+    engine = Engine(verifier=verifier, drafter=_drafter(kind, verifier), spec=spec)
     accepted, drafted = 0, 0
     for prompt, expected in zip(random_prompts(N_PROMPTS), full_outputs):
         r = engine.generate(prompt, mode="spec", max_new_tokens=NEW)

@@ -67,10 +67,13 @@ def test_greedy_with_lookup_equals_full(verifier, mode, lookup_k):
     assert accepted > 0
 
 
-def test_lookup_off_by_default_and_rounds_counted(verifier):
-    engine = Engine(verifier=verifier, drafter=noisy_copy(verifier, 0.6), spec=SpecConfig())
-    r = engine.generate(_repetitive_prompts(1)[0], mode="spec", max_new_tokens=12)
-    assert r.stats.lookup_rounds == 0
+def test_lookup_on_by_default_off_in_the_paper_setting(verifier):
+    prompt = _repetitive_prompts(1)[0]
+    default = Engine(verifier=verifier, drafter=noisy_copy(verifier, 0.6), spec=SpecConfig())
+    paper = Engine(verifier=verifier, drafter=noisy_copy(verifier, 0.6), spec=SpecConfig.paper())
+    assert default.generate(prompt, mode="spec", max_new_tokens=12).stats.lookup_rounds > 0
+    assert paper.generate(prompt, mode="spec", max_new_tokens=12).stats.lookup_rounds == 0
+    assert SpecConfig.paper().acceptance == "cda" and SpecConfig.paper(k=4).k == 4
 
 
 N = 600  # samples per mode (~15 s on a busy 2-core machine)
