@@ -39,12 +39,16 @@ eval: $(STAMP)
 	mkdir -p runs
 	$(VENV)/bin/asymagent eval records --episodes 1 --json runs/eval_records.json --report runs/eval_records
 
+# the defaults, the drafter alone (no prompt lookup), the paper's setting, and the HF peers
+BENCH_MODES := full,compressed,spec,spec:lookup_ngram=0,asym,asym:acceptance=cda,lookup_ngram=0,hf_generate,hf_prompt_lookup,hf_assisted
+
 results: $(STAMP)
 	mkdir -p runs
-	$(VENV)/bin/asymagent bench --json runs/bench.json
+	$(VENV)/bin/asymagent bench --json runs/bench.json --modes "$(BENCH_MODES)"
 	$(VENV)/bin/asymagent eval records --split test --episodes 1 --no-free-running --json runs/eval_records.json
 	$(VENV)/bin/asymagent eval injection --seeds 100000,100003 --max-steps 5 --no-free-running \
-		--max-new-tokens 64 --modes full,compressed,asym,asym:strict_prefix=16 --json runs/eval_injection.json
+		--max-new-tokens 64 --modes "full,compressed,asym,asym:acceptance=cda,asym:acceptance=cda,strict_prefix=16" \
+		--json runs/eval_injection.json
 	$(PY) -m asymagent.evals.report --bench runs/bench.json --eval runs/eval_records.json \
 		--eval runs/eval_injection.json --out docs/results.md
 	cp runs/bench.json runs/eval_records.json runs/eval_injection.json docs/results/

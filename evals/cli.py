@@ -15,7 +15,9 @@ import json
 import time
 
 DEFAULT_MODES = "full,compressed,spec,asym"
-INJECTION_EXTRA = "asym:strict_prefix=16"  # relaxed acceptance off for the first 16 tokens
+# the relaxed (paper) gate, with and without strict acceptance for the first 16 tokens: the
+# default gate (greedy) cannot accept a token the fused target would not emit
+INJECTION_EXTRA = "asym:acceptance=cda,asym:acceptance=cda,strict_prefix=16"
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
