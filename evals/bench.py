@@ -41,6 +41,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--prompt-lookup-tokens", type=int, default=10, help="hf_prompt_lookup's n-gram draft length")
     p.add_argument("--verifier", default="default", help="verifier (default: embedded SmolLM2)")
     p.add_argument("--drafter", default=None, help="drafter .safetensors (default: the shipped one)")
+    p.add_argument("--compression", metavar="FILE", default=None,
+                   help="CompressionConfig YAML/JSON for the verifier's view (default: tool_output 64/32)")
     p.add_argument("--quiet", action="store_true", help="no progress bar or table")
 
 
@@ -208,7 +210,12 @@ def main(args) -> int:
     modes = split_mode_labels(args.modes)
     work = workload(args.suite, args.seed, args.steps)
     t0 = time.perf_counter()
-    setup = build_engine(args.verifier, args.drafter)
+    compression = None
+    if args.compression:
+        from asymagent.views import CompressionConfig
+
+        compression = CompressionConfig.from_file(args.compression)
+    setup = build_engine(args.verifier, args.drafter, compression=compression)
 
     def document(res: dict) -> dict:
         doc = {"verifier": setup.verifier, "drafter": setup.drafter, "drafter_fallback": setup.fallback,

@@ -36,6 +36,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--report", metavar="DIR", help="write report.md + PNG plots here")
     p.add_argument("--verifier", default="default")
     p.add_argument("--drafter", default=None, help="drafter .safetensors (default: the shipped one)")
+    p.add_argument("--compression", metavar="FILE", default=None,
+                   help="CompressionConfig YAML/JSON for the verifier's view (default: tool_output 64/32)")
     p.add_argument("--quiet", action="store_true")
 
 
@@ -94,7 +96,12 @@ def main(args) -> int:
     for label in labels:
         parse_mode(label)  # fail on a bad label before loading models
     t0 = time.perf_counter()
-    setup = build_engine(args.verifier, args.drafter)
+    compression = None
+    if args.compression:
+        from asymagent.views import CompressionConfig
+
+        compression = CompressionConfig.from_file(args.compression)
+    setup = build_engine(args.verifier, args.drafter, compression=compression)
     result = run_eval(setup.engine, args.suite, labels, seeds, max_steps=args.max_steps,
                       max_new_tokens=args.max_new_tokens, free=not args.no_free_running,
                       forced=not args.no_teacher_forced, progress=not args.quiet)
