@@ -31,6 +31,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--init", choices=["verifier", "random"], default="verifier",
                    help="start the layers as copies of the verifier's first ones, or at random")
+    p.add_argument("--init-from", default="",
+                   help="warm start: a drafter .safetensors (or 'default', the shipped one) whose layers "
+                        "replace --init; the card records the earlier run")
     p.add_argument("--lr", type=float, default=4e-4)
     p.add_argument("--seq-len", type=int, default=768)
     p.add_argument("--batch-size", type=int, default=2)
@@ -59,6 +62,7 @@ class TrainConfig:
     out: str = "runs/drafter"
     seed: int = 0
     init: str = "verifier"
+    init_from: str = ""
     lr: float = 4e-4
     seq_len: int = 768
     batch_size: int = 2
@@ -197,6 +201,30 @@ def drafter_from_checkpoint(checkpoint, verifier, draft_vocab: int):
     return drafter.eval()
 
 
+def warm_start_layers(drafter, verifier, source: str) -> dict:
+    """Copy a trained drafter's layers and norm into `drafter`; returns a summary of its card.
+
+    `source` is a drafter .safetensors or 'default' (the shipped asset). The layer count must
+    match; the draft vocabulary is re-ranked from this run's counts as usual.
+    """
+    import torch
+
+    from asymagent.drafter import DEFAULT_DRAFTER_FILE, load_drafter, trainable_state_dict
+
+    path = DEFAULT_DRAFTER_FILE if source == "default" else Path(source)
+    earlier = load_drafter(path, verifier)
+    theirs, ours = trainable_state_dict(earlier), trainable_state_dict(drafter)
+    if set(theirs) != set(ours):
+        raise ValueError(f"--init-from {path}: {len(theirs)} drafter tensors do not match this run's "
+                         f"{len(ours)} (check --layers)")
+    with torch.no_grad():
+        drafter.load_state_dict({k: v.to(ours[k].dtype) for k, v in theirs.items()}, strict=False)
+    card = earlier.asymagent_card or {}
+    keep = ("steps", "train_tokens", "wall_minutes", "data_mix", "self_turns", "heldout_top1_agreement_full_vocab")
+    return {"file": path.name, **{k: card[k] for k in keep if k in card},
+            **({"warm_start": card["warm_start"]} if "warm_start" in card else {})}
+
+
 def install_default(weights: Path) -> Path:
     """Copy a trained drafter and its card to where `load_default_drafter` looks."""
     import shutil
@@ -247,6 +275,10 @@ def run(cfg: TrainConfig, loaded=None) -> dict:
     for p in verifier.parameters():
         p.requires_grad_(False)
     drafter = build_drafter(verifier, cfg.layers, init_from_verifier=cfg.init == "verifier")
+    warm_start = None
+    if cfg.init_from and not cfg.resume:
+        warm_start = warm_start_layers(drafter, verifier, cfg.init_from)
+        log(f"warm start from {cfg.init_from} ({warm_start.get('steps')} earlier steps)")
     params = trainable_parameters(drafter)
     for p in params:
         p.requires_grad_(True)
@@ -341,6 +373,7 @@ def run(cfg: TrainConfig, loaded=None) -> dict:
         "self_turns": len(self_turns), "steps": step, "train_tokens": total_tokens,
         "wall_minutes": round(wall / 60, 2), "tokens_per_s_this_run": round(run_tokens / max(1e-9, time.monotonic() - t0), 1),
         "config": {k: v for k, v in asdict(cfg).items() if k not in ("resume", "no_progress", "out")},
+        **({"warm_start": warm_start} if warm_start else {}),
         "final_loss_mean_last_20": round(sum(h["loss"] for h in history[-20:]) / max(1, len(history[-20:])), 4),
         **{k: (round(v, 4) if isinstance(v, float) else v) for k, v in metrics.items()},
     }
