@@ -19,6 +19,9 @@ from dataclasses import dataclass, field
 import torch
 
 PREFILL_CHUNK = 1024  # prefill longer than this is fed in chunks, with a progress bar
+# New caches append K/V in place into a preallocated buffer (asymagent/growing_cache.py, same
+# values, no torch.cat of the whole cache per token); False = transformers' stock DynamicCache.
+GROWING_KV = True
 
 
 class View:
@@ -65,7 +68,7 @@ class ModelCache:
     """One model's DynamicCache plus the token ids it holds (see the module invariant)."""
 
     model: torch.nn.Module
-    cache: object = None  # transformers DynamicCache, created on first use
+    cache: object = None  # DynamicCache (a GrowingCache if GROWING_KV), made on first use
     tokens: list = field(default_factory=list)  # ids whose K/V are cached
 
     def __len__(self) -> int:
@@ -79,6 +82,10 @@ class ModelCache:
         self.cache, self.tokens = None, []
 
     def _new_cache(self):
+        if GROWING_KV:
+            from asymagent.growing_cache import GrowingCache
+
+            return GrowingCache(config=self.model.config)
         from transformers import DynamicCache
 
         return DynamicCache(config=self.model.config)
