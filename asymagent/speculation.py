@@ -282,9 +282,14 @@ class Speculator:
             else:
                 a = self.head.full_logits(ha).to(device)  # [K+1, V]
                 b = a  # same view: the base pass would reproduce the drafter exactly
+            same_view = b is a
             if c is not None:
-                a, b = _mask_rows(a, masks), _mask_rows(b, masks)
-            result = fused_gate(v[None], a[None], b[None], draft_t, beta=beta, gamma=gamma,
+                a = _mask_rows(a, masks)
+                b = a if same_view else _mask_rows(b, masks)
+            a1 = a[None]  # [1, K+1, V]
+            # the SAME tensor object for one view: the gate then skips delta and JSD (both 0)
+            b1 = a1 if same_view else b[None]
+            result = fused_gate(v[None], a1, b1, draft_t, beta=beta, gamma=gamma,
                                 acceptance=acceptance, temperature=self.temperature,
                                 generator=self.generator, proposal_logits=proposal[None],
                                 fuse_bonus=fuse_bonus)
@@ -292,7 +297,8 @@ class Speculator:
             # Mode spec: beta=0 makes the fused target the verifier; the drafter/base rows only
             # feed delta (0 with beta=0) and JSD (unused by exact/greedy), so the verifier rows
             # stand in for both and the drafter never pays for its full head.
-            result = fused_gate(v[None], v[None], v[None], draft_t, beta=0.0, gamma=1.0,
+            v1 = v[None]  # [1, K+1, V]; one object, so the gate takes its one-view shortcut
+            result = fused_gate(v1, v1, v1, draft_t, beta=0.0, gamma=1.0,
                                 acceptance=acceptance, temperature=self.temperature,
                                 generator=self.generator, proposal_logits=proposal[None])
         n = int(result.num_accepted[0])  # the one sync per round
