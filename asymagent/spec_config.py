@@ -40,7 +40,10 @@ class SpecConfig:
 
     @classmethod
     def paper(cls, **overrides) -> "SpecConfig":
-        """AsymSpec as published: K=2, beta=1, gamma=0.5, the cda gate, no prompt lookup."""
+        """AsymSpec's published gate and knobs: K=2, beta=1, gamma=0.5, cda, no prompt lookup.
+
+        We fuse the K+1 position too; `SpecConfig.paper(fuse_bonus=False)` is the official code's
+        rule exactly (the verifier's own argmax there)."""
         return cls(**{"k": 2, "beta": 1.0, "gamma": 0.5, "acceptance": "cda", "lookup_ngram": 0,
                       **overrides})
 

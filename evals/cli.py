@@ -1,7 +1,7 @@
 """`asymagent eval SUITE`: run a long-horizon suite (or a traces JSONL) per mode; JSON + report.
 
     asymagent eval records --modes full,compressed,spec,asym --episodes 2 --json out.json --report runs/rep
-    asymagent eval injection --episodes 4          # adds asym:strict_prefix=16 to the default modes
+    asymagent eval injection --episodes 4          # adds asym:acceptance=cda and asym:acceptance=cda,strict_prefix=16
     asymagent eval my_traces.jsonl --modes full,asym
 
 Seeds: `--split dev` (default) takes the first N dev seeds, `--split test` the first N held-out

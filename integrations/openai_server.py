@@ -367,6 +367,11 @@ def load_engine(args):
                       compression=compression, max_sessions=args.max_sessions)
     if args.verifier == "default" and drafter is None:
         return Engine.from_default(**extra)
+    if drafter is None and args.mode in ("spec", "asym"):
+        # refuse now rather than answer every default request with a 400
+        raise ValueError(f"--verifier {args.verifier} has no drafter, but --mode is {args.mode!r}: pass "
+                         "--drafter (a trained drafter, or layers:N for an untrained cut of the "
+                         "verifier) or --mode full/compressed")
     return Engine.from_pretrained(verifier=args.verifier, drafter=drafter, **extra)
 
 

@@ -1,7 +1,7 @@
 """Triton kernels and their torch references (asymagent.kernels; imports nothing of ours).
 
 `fused_gate` is the acceptance gate of DESIGN.md §3 (delta-fusion + JSD-aware acceptance):
-CUDA tensors run the Triton kernel, CPU tensors the torch reference; ASYMAGENT_GATE=triton|torch
+CUDA tensors run the Triton kernel, CPU tensors the torch reference; ASYMAGENT_GATE=triton|torch|compile
 forces one. `fused_gate_reference` is the readable definition both are tested against.
 """
 

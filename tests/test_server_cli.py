@@ -78,3 +78,7 @@ def test_load_engine_reads_config_and_layers_drafter(tmp_path, smollm_tokenizer)
     assert engine.caches.max_sessions == 2
     with pytest.raises(ValueError):
         load_engine(parser.parse_args(["--verifier", str(vdir), "--drafter", "layers:x"]))
+    # a custom verifier without a drafter cannot serve the default mode asym: refused at start
+    with pytest.raises(ValueError, match="--drafter"):
+        load_engine(parser.parse_args(["--verifier", str(vdir)]))
+    assert load_engine(parser.parse_args(["--verifier", str(vdir), "--mode", "full"])).drafter is None
