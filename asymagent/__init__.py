@@ -7,7 +7,29 @@ when it is used.
 
 from __future__ import annotations
 
+import sys
+from pathlib import Path
+
 __version__ = "0.1.0"
+
+
+def _stop_checkout_shadowing_kernels() -> None:
+    """Move this checkout's root to the end of sys.path when it sits there ahead of site-packages.
+
+    `python -m asymagent.x` run from the repository root puts the root first on sys.path, where
+    our `kernels/` source folder (installed as `asymagent.kernels`) shadows the `kernels` package
+    that transformers imports, and transformers fails with "cannot import name 'CUDAProperties'
+    from 'kernels'". Moving the entry keeps the root importable, just after the real packages.
+    """
+    root = Path(__file__).resolve().parent.parent
+    if not (root / "kernels" / "fused_gate.py").is_file() or "kernels" in sys.modules:
+        return
+    shadowing = [p for p in sys.path if Path(p or ".").resolve() == root]
+    if shadowing:
+        sys.path[:] = [p for p in sys.path if p not in shadowing] + shadowing
+
+
+_stop_checkout_shadowing_kernels()
 
 _LAZY = {
     "Engine": ("asymagent.engine", "Engine"),
