@@ -4,7 +4,8 @@ Workload: the first `--steps` assistant turns of one oracle episode (suite `reco
 by default), teacher-forced: each step's prompt is the oracle's history, so every mode and peer
 decodes the same prompts. Our modes run through `engine.chat` with one cache session per mode
 (agent loops append, so prefix reuse applies, as in a real run); the peers run stock
-`generate` on the full rendered prompt (bench_peers.py). Repeats are interleaved (step-major,
+`generate` on the full rendered prompt (bench_peers.py; hf_generate carries its KV cache from step
+to step, the speculative peers cannot). Repeats are interleaved (step-major,
 mode order rotated per repeat) and the JSON reports medians. Default `--tool-choice auto`
 (unconstrained) so that modes and peers compute the same thing and fidelity is comparable.
 
@@ -72,7 +73,7 @@ def run_bench(engine, work: dict, modes: list, *, repeats: int = 2, max_new_toke
     valid JSON on disk should a long run be cut short."""
     from tqdm.auto import tqdm
 
-    from asymagent.evals.bench_peers import PEERS, run_peer
+    from asymagent.evals.bench_peers import PEERS, PeerPrefix, run_peer
     from asymagent.evals.runner import parse_mode, spec_overrides
     from asymagent.stats import RunStats
     from asymagent.views import ContextViews
@@ -97,12 +98,13 @@ def run_bench(engine, work: dict, modes: list, *, repeats: int = 2, max_new_toke
     bar = tqdm(total=repeats * n * len(modes), desc="bench", disable=not progress)
     for r in range(repeats):
         order = modes[r % len(modes):] + modes[: r % len(modes)]  # rotate who goes first
+        prefixes = {"hf_generate": PeerPrefix()}  # cold per repeat, like the modes' cache_key
         for i in range(n):
             for m in order:
                 if m in PEERS:
                     rec = run_peer(m, engine.verifier, prompts[i], max_new_tokens=max_new_tokens,
                                    eos_ids=eos, pad_id=pad, flops=engine.flops, drafter=engine.drafter,
-                                   prompt_lookup_tokens=prompt_lookup_tokens)
+                                   prompt_lookup_tokens=prompt_lookup_tokens, prefix=prefixes.get(m))
                     times[m][r][i] = rec.wall_s
                 else:
                     mode, overrides = parse_mode(m)
@@ -234,8 +236,10 @@ def main(args) -> int:
                 "spec": setup.engine.spec.to_dict(),
                 "compression": _compression_dict(setup.engine.compression),
                 "total_wall_s": None,
-                "hf_peers_note": "stock generate, full prompt re-prefilled every step; "
-                                 "hf_assisted uses transformers' default assistant schedule"}
+                "hf_peers_note": "stock generate; hf_generate carries its DynamicCache across steps "
+                                 "(prefills only the new tokens), hf_prompt_lookup and hf_assisted "
+                                 "re-prefill the full prompt every step (transformers cannot give them "
+                                 "a filled cache); hf_assisted uses transformers' default assistant schedule"}
     result = run_bench(setup.engine, work, modes, repeats=args.repeats, max_new_tokens=args.max_new_tokens,
                        tool_choice=args.tool_choice, prompt_lookup_tokens=args.prompt_lookup_tokens,
                        progress=not args.quiet, on_step=save)

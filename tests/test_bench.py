@@ -116,3 +116,28 @@ def test_bench_requires_full(tiny_setup):
         bench.run_bench(tiny_setup.engine, w, ["asym"], repeats=1, progress=False)
     with pytest.raises(ValueError, match="repeats"):
         bench.run_bench(tiny_setup.engine, w, ["full"], repeats=0, progress=False)
+
+
+def test_hf_generate_prefix_reuse_prefills_only_new_tokens(tiny_setup):
+    """A carried DynamicCache: the second, extending prompt prefills only its new tokens and
+    decodes exactly what a cold `generate` on it decodes; a diverging prompt is cropped back to
+    the common prefix first."""
+    from asymagent.evals.bench_peers import PeerPrefix
+
+    eng = tiny_setup.engine
+    g = torch.Generator().manual_seed(1)
+    p1 = torch.randint(3, 1000, (60,), generator=g).tolist()
+    p2 = p1 + torch.randint(3, 1000, (25,), generator=g).tolist()
+    p3 = p1[:40] + torch.randint(3, 1000, (30,), generator=g).tolist()  # diverges at 40
+    kw = dict(max_new_tokens=8, eos_ids=sorted(eng.eos_ids), pad_id=2, flops=eng.flops)
+    prefix = PeerPrefix()
+    first = run_peer("hf_generate", eng.verifier, p1, prefix=prefix, **kw)
+    assert first.verifier_prefill_tokens == 60 and first.forwards[0] == (60, 0)
+    for prompt, cached in ((p2, 60), (p3, 40)):
+        warm = run_peer("hf_generate", eng.verifier, prompt, prefix=prefix, **kw)
+        cold = run_peer("hf_generate", eng.verifier, prompt, **kw)
+        assert warm.token_ids == cold.token_ids
+        assert warm.forwards[0] == (len(prompt) - cached, cached)
+        assert warm.verifier_prefill_tokens == len(prompt) - cached < cold.verifier_prefill_tokens
+    with pytest.raises(ValueError, match="cannot reuse a prefix"):
+        run_peer("hf_prompt_lookup", eng.verifier, p1, prefix=PeerPrefix(), **kw)
