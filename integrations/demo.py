@@ -153,7 +153,8 @@ def main(args) -> int:
     engine, drafter_desc = load_engine(console, args.k)
     console.print(f"Engine: SmolLM2-135M-Instruct verifier + {drafter_desc}; "
                   f"loaded in {time.perf_counter() - t0:.1f} s; SpecConfig k={engine.spec.k} "
-                  f"beta={engine.spec.beta} gamma={engine.spec.gamma}\n")
+                  f"beta={engine.spec.beta} acceptance={engine.spec.acceptance} "
+                  f"lookup_ngram={engine.spec.lookup_ngram}\n")
 
     def live_table(stats, labels, agrees) -> Table:
         t = Table(title=f"{args.mode}: live", header_style="bold")
