@@ -234,7 +234,8 @@ def main(args) -> int:
     print(json.dumps(figures["teacher_forced"]), flush=True)
     figures["cost_1k"] = cost_figures(loaded.model, drafter, vocab)
     print(json.dumps(figures["cost_1k"]), flush=True)
-    engine = Engine(verifier=loaded.model, drafter=drafter, tokenizer=loaded.tokenizer, spec=SpecConfig(k=args.k, lookup_ngram=args.lookup_ngram))
+    spec = SpecConfig(k=args.k, lookup_ngram=args.lookup_ngram, adaptive_k=False)  # fixed K (issue 5)
+    engine = Engine(verifier=loaded.model, drafter=drafter, tokenizer=loaded.tokenizer, spec=spec)
     figures["engine"] = engine_figures(engine, heldout_conversations(args.prompts), args.k, args.max_new,
                                        asym=not args.no_asym)
     print(json.dumps(figures["engine"]), flush=True)

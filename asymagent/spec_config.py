@@ -17,8 +17,12 @@ class SpecConfig:
     decides every token, so drafts and K change speed only, never the output; the paper's
     relaxed "cda" gate lost fidelity to full on every dev workload without a speed gain on this
     verifier/drafter pair) and prompt-lookup drafts from the full view (lookup_ngram=3), which
-    verify 3-6 tokens per forward on agent turns. `SpecConfig.paper()` is the paper's setting
-    (cda, gamma=0.5, no lookup).
+    verify 3-6 tokens per forward on agent turns. Adaptive K is on (also chosen on measurements,
+    docs/results.md "Tuning"): it switches speculation off within a request when it
+    measurably loses, which it does on short chat with nothing to copy. In spec that changes
+    speed only; in asym the plain steps skip delta-fusion (the verifier alone on the compressed
+    view), which left every output unchanged where it was measured. `SpecConfig.paper()` is the paper's setting (cda, gamma=0.5, no
+    lookup, fixed K).
     """
 
     k: int = 2  # draft tokens per round; the verifier scores K+1 positions in one forward
@@ -30,7 +34,7 @@ class SpecConfig:
     strict_prefix: int = 0  # first N tokens of each response use exact/greedy instead of cda
     escalate_jsd: float | None = None  # running-mean JSD above this -> finish with full verifier
     escalate_window: int = 4  # rounds in the running mean used by escalate_jsd
-    adaptive_k: bool = False  # tune K from observed acceptance; turn speculation off if it loses
+    adaptive_k: bool = True  # tune K from observed acceptance; turn speculation off if it loses
     k_min: int = 1  # adaptive K lower bound
     k_max: int = 8  # adaptive K upper bound
     fuse_bonus: bool = True  # fuse at K+1 when every draft passes (False = official code)
@@ -45,7 +49,7 @@ class SpecConfig:
         We fuse the K+1 position too; `SpecConfig.paper(fuse_bonus=False)` is the official code's
         rule exactly (the verifier's own argmax there)."""
         return cls(**{"k": 2, "beta": 1.0, "gamma": 0.5, "acceptance": "cda", "lookup_ngram": 0,
-                      **overrides})
+                      "adaptive_k": False, **overrides})
 
     def __post_init__(self) -> None:
         self.validate()

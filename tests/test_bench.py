@@ -141,3 +141,16 @@ def test_hf_generate_prefix_reuse_prefills_only_new_tokens(tiny_setup):
         assert warm.verifier_prefill_tokens == len(prompt) - cached < cold.verifier_prefill_tokens
     with pytest.raises(ValueError, match="cannot reuse a prefix"):
         run_peer("hf_prompt_lookup", eng.verifier, p1, prefix=PeerPrefix(), **kw)
+
+
+def test_short_chat_runs_every_variant_greedy_and_lossless_in_spec(tiny_setup):
+    from asymagent.evals.short_chat import VARIANTS, run
+
+    before = tiny_setup.engine.spec
+    res = run(tiny_setup.engine, ["Hello there, what is the weather?", "List three colours."],
+              repeats=1, max_new_tokens=6)
+    assert set(res) == {name for name, _, _ in VARIANTS}
+    assert all(r["tokens"] > 0 and r["total_s"] > 0 for r in res.values())
+    # spec is lossless against full at temperature 0, with and without adaptive K
+    assert res["spec"]["same_as_full"] == 2 and res["spec+adaptive_k"]["same_as_full"] == 2
+    assert tiny_setup.engine.spec is before  # the engine's own config is restored afterwards

@@ -26,7 +26,7 @@ def test_default_drafter_acceptance_on_held_out_transcript(default_verifier):
 
     drafter = load_default_drafter(default_verifier.model, verifier_fingerprint=default_verifier.fingerprint)
     engine = Engine(verifier=default_verifier.model, drafter=drafter, tokenizer=default_verifier.tokenizer,
-                    spec=SpecConfig(k=4, lookup_ngram=0))  # the drafter alone, no prompt lookup
+                    spec=SpecConfig(k=4, lookup_ngram=0, adaptive_k=False))  # the drafter alone at fixed K
     conv = heldout_conversations(1)[0]
     ids = render_messages(default_verifier.tokenizer, conv, add_generation_prompt=True)
     spec = engine.generate(ids, mode="spec", max_new_tokens=32, temperature=0.0, seed=0, cache_key="s")
