@@ -1,8 +1,9 @@
 """asymagent: context-asymmetric speculative decoding for long-horizon LLM agents.
 
-Public API (DESIGN.md §4): Engine, SpecConfig, CompressionConfig, Agent, tool.
-Imports are lazy so `import asymagent` stays cheap and a missing optional piece only fails
-when it is used.
+Public API (docs/architecture.md, "Contracts"): Engine, SpecConfig, CompressionConfig, Agent, tool
+(plus StepStats, RunStats). Imports are lazy so `import asymagent` stays cheap and a missing
+optional piece only fails when it is used. The sub-packages name the parts: decoding/, kv/,
+context/, chat/, agents/, modeling/, training/ (docs/architecture.md has one line per module).
 """
 
 from __future__ import annotations
@@ -34,9 +35,9 @@ _stop_checkout_shadowing_kernels()
 _LAZY = {
     "Engine": ("asymagent.engine", "Engine"),
     "SpecConfig": ("asymagent.spec_config", "SpecConfig"),
-    "CompressionConfig": ("asymagent.views", "CompressionConfig"),
-    "Agent": ("asymagent.agent", "Agent"),
-    "tool": ("asymagent.agent", "tool"),
+    "CompressionConfig": ("asymagent.context.compressors", "CompressionConfig"),
+    "Agent": ("asymagent.agents.agent", "Agent"),
+    "tool": ("asymagent.agents.tools", "tool"),
     "StepStats": ("asymagent.stats", "StepStats"),
     "RunStats": ("asymagent.stats", "RunStats"),
 }

@@ -4,86 +4,36 @@
 - compressed: the verifier alone on the compressed prompt (one cache).
 - spec: classic speculative decoding, drafter and verifier both on the full prompt (two caches);
   the gate's target is the verifier, so with acceptance exact/greedy it is lossless.
-- asym: context-asymmetric speculation (DESIGN.md §3): drafter on the full view, verifier and
-  base pass on the compressed view (three caches), delta-fusion and the JSD-aware gate.
+- asym: context-asymmetric speculation (docs/architecture.md, "The algorithm"): drafter on the
+  full view, verifier and base pass on the compressed view (three caches), delta-fusion and the
+  JSD-aware gate.
 Caches live in per-`cache_key` sessions (bounded LRU) and are reused up to the longest common
-prefix with the next prompt (asymagent/cache.py). The round loop is asymagent/speculation.py.
-`Engine.chat` delegates to asymagent/chat_session.py (messages -> views -> generate -> ChatResult).
+prefix with the next prompt (asymagent/kv/cache.py). `generate` prefills the caches its mode
+reads and runs the decode loop (asymagent/decoding/loop.py) over one speculative round at a time
+(asymagent/decoding/round.py). `chat` is asymagent/chat/session.py (messages -> views ->
+generate -> ChatResult).
 """
 
 from __future__ import annotations
 
 import secrets
 import time
-from collections import deque
-from dataclasses import dataclass, field
 
 import torch
 
-from asymagent.adaptive_k import AdaptiveK
-from asymagent.attention import use_gqa_attention
-from asymagent.cache import CacheStore, View
-from asymagent.flops import FlopCounter
-from asymagent.spec_config import MODES, SpecConfig
-from asymagent.speculation import DraftHead, Speculator, advance_constraint
+from asymagent.chat.chat_format import ChatFormat
+from asymagent.chat.session import run_chat
+from asymagent.decoding.flops import FlopCounter
+from asymagent.decoding.lookup_drafter import LookupDrafter
+from asymagent.decoding.loop import decode_loop
+from asymagent.decoding.model_drafter import DraftHead, ModelDrafter
+from asymagent.decoding.round import Decoder
+from asymagent.decoding.stopping import StopChecker, eos_ids
+from asymagent.kv.attention import use_gqa_attention
+from asymagent.kv.cache import CacheStore, View, ViewCache
+from asymagent.results import ChatResult, GenerationResult  # noqa: F401  (old import path)
+from asymagent.spec_config import SpecConfig, mode_of
 from asymagent.stats import StepStats
-from asymagent.stopping import StopChecker, eos_ids
-
-@dataclass
-class GenerationResult:
-    """What `Engine.generate` returns."""
-
-    token_ids: list  # list[int], new tokens only (a final EOS included, cut at a stop string)
-    text: str
-    stats: StepStats
-    finish_reason: str  # stop | length | tool_calls | cancelled
-
-
-@dataclass
-class ChatResult(GenerationResult):
-    """What `Engine.chat` returns: `text` is the content without the tool-call JSON."""
-
-    tool_calls: list = field(default_factory=list)  # OpenAI shape
-    invalid_tool_calls: list = field(default_factory=list)  # LangChain shape
-
-
-@dataclass
-class _Tally:
-    """Speculation accounting of one call (vLLM's definitions, see asymagent/stats.py)."""
-
-    rounds: int = 0
-    drafted: int = 0
-    accepted: int = 0
-    emitted: int = 0  # tokens emitted by speculative rounds (accepted + recovered/bonus)
-    last_k: int = 0
-    jsd_sum: float = 0.0
-    lookup_rounds: int = 0
-    reached: list = field(default_factory=list)  # [i]: rounds that reached draft position i
-    accepted_at: list = field(default_factory=list)  # [i]: rounds that accepted position i
-
-    def record(self, out) -> None:
-        self.rounds += 1
-        self.drafted += out.drafted
-        self.accepted += out.accepted
-        self.emitted += len(out.tokens)
-        self.last_k = out.drafted
-        self.lookup_rounds += int(out.lookup)
-        self.jsd_sum += out.jsd
-        for i in range(min(out.accepted + 1, out.drafted)):  # positions the gate looked at
-            if i == len(self.reached):
-                self.reached.append(0)
-                self.accepted_at.append(0)
-            self.reached[i] += 1
-            self.accepted_at[i] += int(i < out.accepted)
-
-    def fill(self, stats: StepStats, asym: bool) -> None:
-        stats.rounds, stats.drafted, stats.accepted = self.rounds, self.drafted, self.accepted
-        stats.lookup_rounds = self.lookup_rounds
-        stats.k = self.last_k
-        stats.acceptance_by_position = [a / r for a, r in zip(self.accepted_at, self.reached)]
-        stats._reached_by_position = list(self.reached)  # RunStats pooling (not serialised)
-        stats.mean_accepted_len = self.emitted / self.rounds if self.rounds else 0.0
-        stats.mean_jsd = self.jsd_sum / self.rounds if asym and self.rounds else 0.0
 
 
 def _vocab_size(model) -> int:
@@ -129,24 +79,31 @@ class Engine:
         if self.drafter is not None:
             roles.update(drafter_full=self.drafter, drafter_compressed=self.drafter)
         self.caches = CacheStore(roles, max_sessions=max_sessions)
-        self._chat_format = None  # ChatFormat, built on the first chat (chat_session)
+        self._chat_format: ChatFormat | None = None  # built on first use (`chat_format`)
+
+    @property
+    def chat_format(self) -> ChatFormat:
+        """How messages and tools render to tokens and how output parses (built once, lazily)."""
+        if self._chat_format is None:
+            self._chat_format = ChatFormat(self.tokenizer)
+        return self._chat_format
 
     # ------------------------------------------------------------------ constructors
     @classmethod
     def from_pretrained(cls, verifier, drafter=None, spec: SpecConfig | None = None,
                         compression=None, *, dtype: torch.dtype = torch.float32,
                         device: str | torch.device | None = None, **kw) -> "Engine":
-        """Load verifier (and drafter) with asymagent.models.load_model (id, dir or GGUF).
+        """Load verifier (and drafter) with asymagent.modeling.loading.load_model (id, dir or GGUF).
 
         A drafter given as a `.safetensors` file is an asymagent drafter (decoder layers + draft
-        vocabulary, asymagent.drafter.save_drafter) and is attached to the verifier's embeddings.
+        vocabulary, asymagent.modeling.drafter.save_drafter) and is attached to the verifier's embeddings.
         """
-        from asymagent.models import load_model
+        from asymagent.modeling.loading import load_model
 
         ver = load_model(verifier, dtype=dtype)
         dra = None
         if drafter is not None and str(drafter).endswith(".safetensors"):
-            from asymagent.drafter import load_drafter
+            from asymagent.modeling.drafter import load_drafter
 
             dra = load_drafter(drafter, ver.model)
         elif drafter is not None:
@@ -162,13 +119,13 @@ class Engine:
     def from_default(cls, spec: SpecConfig | None = None, compression=None, **kw) -> "Engine":
         """The embedded pair: SmolLM2-135M-Instruct verifier + the project's trained drafter.
 
-        `compression=None` means the default CompressionConfig (as everywhere in asymagent.views).
+        `compression=None` means the default CompressionConfig (as everywhere in asymagent.context.views).
         """
-        from asymagent.models import ModelNotFoundError, load_default_verifier
+        from asymagent.modeling.loading import ModelNotFoundError, load_default_verifier
 
         loaded = load_default_verifier()
         try:
-            from asymagent.drafter import load_default_drafter
+            from asymagent.modeling.drafter import load_default_drafter
 
             drafter = load_default_drafter(loaded.model, verifier_fingerprint=loaded.fingerprint)
         except (ImportError, FileNotFoundError) as exc:
@@ -182,9 +139,7 @@ class Engine:
     # ------------------------------------------------------------------ validation
     def _validate(self, prompt_ids, mode, max_new_tokens, temperature, top_p,
                   compressed_prompt_ids, stop) -> tuple[list, list, list]:
-        if mode not in MODES:
-            raise ValueError(f"unknown mode {mode!r}; expected one of {MODES}")
-        if mode in ("spec", "asym") and self.drafter is None:
+        if mode_of(mode).speculative and self.drafter is None:
             raise ValueError(f"mode {mode!r} needs a drafter; this engine has none "
                              "(use mode 'full' or 'compressed', or pass drafter=)")
         if isinstance(prompt_ids, torch.Tensor):
@@ -232,17 +187,17 @@ class Engine:
                                                    float(temperature), float(top_p),
                                                    compressed_prompt_ids, stop)
         t_start = time.perf_counter()
-        spec = self.spec
+        m = mode_of(mode)
         generator = torch.Generator(device=self.device)
         generator.manual_seed(int(seed) if seed is not None else secrets.randbits(63))
         session = self.caches.session(cache_key)
-        generated: list = []
+        generated: list = []  # the new tokens, shared by every view of the request
         full_view = View(prompt, generated)
-        ver_prompt = compressed if mode in ("compressed", "asym") else prompt
+        ver_prompt = compressed if m.compressed else prompt
         # A mode's verifier always reads the same cache: in an agent loop step 0 often has
         # nothing to compress (compressed == full), and switching caches at step 1 would
         # re-prefill the whole compressed view instead of only the appended messages.
-        ver_role = "verifier_compressed" if mode in ("compressed", "asym") else "verifier_full"
+        ver_role = "verifier_compressed" if m.compressed else "verifier_full"
         ver_view = View(ver_prompt, generated)
         stats = StepStats(mode=mode, full_context_tokens=len(prompt),
                           verifier_context_tokens=len(ver_prompt),
@@ -250,136 +205,68 @@ class Engine:
 
         # Prefill: keep the longest common prefix, feed the rest except the last token (the
         # first round's forward feeds it and reads its logits).
-        def prefill(role: str, view: View) -> tuple[int, float]:
-            """(tokens to prefill incl. the re-fed last one, FLOPs of this prefill forward)."""
+        def prefill(role: str, view: View) -> tuple[ViewCache, int, float]:
+            """(the role's cache on `view`, tokens to prefill incl. the re-fed last one, FLOPs)."""
             cache = session.get(role)
             ids = view.ids()
             kept = cache.reuse_prefix(ids)
             cache.prefill(ids[kept:-1], desc=f"prefill {role}")
-            return len(ids) - kept, self.flops.forward(len(ids) - 1 - kept, kept)
+            return ViewCache(cache, view), len(ids) - kept, self.flops.forward(len(ids) - 1 - kept, kept)
 
-        stats.verifier_prefill_tokens, prefill_flops = prefill(ver_role, ver_view)
-        dec = Speculator(verifier=session.get(ver_role), view_v=ver_view, flops=self.flops,
-                         temperature=float(temperature), top_p=float(top_p), generator=generator,
-                         constraint=constraint, verifier_flops=prefill_flops,
-                         lookup_ngram=spec.lookup_ngram)
-        asym = mode == "asym"
-        if mode in ("spec", "asym"):
-            stats.drafter_prefill_tokens = prefill("drafter_full", full_view)[0]
-            dec.drafter, dec.view_d, dec.head = session.get("drafter_full"), full_view, self.head
-            if asym and compressed != prompt:
-                base_view = View(compressed, generated)
-                stats.drafter_prefill_tokens += prefill("drafter_compressed", base_view)[0]
-                dec.base, dec.view_b = session.get("drafter_compressed"), base_view
+        verifier, stats.verifier_prefill_tokens, prefill_flops = prefill(ver_role, ver_view)
+        drafter = base = None
+        drafters: list = []
+        sampler = dict(temperature=float(temperature), generator=generator, constraint=constraint)
+        if m.speculative:
+            drafter, stats.drafter_prefill_tokens, _ = prefill("drafter_full", full_view)
+            if m.fused and compressed != prompt:
+                base, tokens, _ = prefill("drafter_compressed", View(compressed, generated))
+                stats.drafter_prefill_tokens += tokens
+            if self.spec.lookup_ngram:
+                drafters.append(LookupDrafter(full_view, self.spec.lookup_ngram, constraint))
+            drafters.append(ModelDrafter(drafter, self.head, bonus_row=m.fused, **sampler))
+        decoder = Decoder(verifier, self.flops, top_p=float(top_p), drafters=drafters,
+                          drafter=drafter, base=base, head=self.head, fused=m.fused,
+                          verifier_flops=prefill_flops, **sampler)
         t_prefill = time.perf_counter()
         stats.prefill_s = t_prefill - t_start
 
-        checker = StopChecker(self.eos_ids, stops, self.tokenizer)
-        adaptive = AdaptiveK(k=spec.k, k_min=spec.k_min, k_max=spec.k_max)
-        speculating = mode in ("spec", "asym")
-        jsd_window: deque = deque(maxlen=spec.escalate_window)
-        tally = _Tally()
-        finish = "length"
-        ttft = None
-        while len(generated) < max_new_tokens:
-            remaining = max_new_tokens - len(generated)
-            longest = max(len(full_view), len(ver_view))
-            room = (self.max_positions - longest) if self.max_positions else remaining
-            if room < 1:  # the context limit: no position left for another token
-                break
-            if constraint is not None and constraint.is_terminated():
-                finish = "stop"  # a constraint that is already complete admits nothing more
-                break
-            # Jump-forward: tokens the constraint alone determines are emitted without a model
-            # forward (the next forward feeds them as pending tokens), before the first round too.
-            new = [] if constraint is None else \
-                [int(t) for t in constraint.forced_tokens()[: min(remaining, room)]]
-            jumped = bool(new)
-            if not jumped:
-                k = min(adaptive.k if spec.adaptive_k else spec.k, remaining - 1, room - 1)
-                probe = spec.adaptive_k and speculating and adaptive.want_probe()
-                if not speculating or k < 1 or probe or not adaptive.enabled:
-                    out = dec.plain_step()
-                    if probe:
-                        adaptive.record_plain(out.verify_s)
-                else:
-                    if asym and len(generated) < spec.strict_prefix:
-                        rule = "exact" if temperature > 0 else "greedy"
-                    else:
-                        rule = spec.acceptance if asym else spec.spec_acceptance
-                    if rule == "greedy" and temperature > 0:
-                        rule = "exact"  # "the target decides", sampled: rejection sampling
-                    out = dec.spec_round(k, asym=asym, acceptance=rule, beta=spec.beta,
-                                         gamma=spec.gamma, fuse_bonus=spec.fuse_bonus,
-                                         lookup_k=min(spec.lookup_k, remaining - 1, room - 1))
-                    if out.drafted:  # 0: the constraint left nothing to draft, a plain step ran
-                        tally.record(out)
-                        if not out.lookup:  # adaptive K tunes the drafter's K only
-                            adaptive.record_round(out.drafted, out.accepted, out.draft_s, out.verify_s)
-                        if asym:
-                            jsd_window.append(out.jsd)
-                new = out.tokens
-            start = len(generated)
-            generated.extend(new)
-            # Cut first (EOS kept, stop string cut), then advance the constraint through the kept
-            # tokens only, up to its termination: it sees exactly the tokens that are emitted.
-            keep = checker.first_stop(generated, start)
-            if keep is not None:
-                del generated[keep:]
-                finish = "stop"
-            if constraint is not None:
-                kept, forced = advance_constraint(constraint, generated[start:], jumped)
-                del generated[start + kept:]
-                stats.forced_tokens += forced
-            if ttft is None and generated:
-                ttft = time.perf_counter() - t_start
-            if callback is not None and callback(generated[start:]) is False:
-                finish = "cancelled"
-                break
-            if finish == "stop" or (constraint is not None and constraint.is_terminated()):
-                finish = "stop"
-                break
-            if (asym and spec.escalate_jsd is not None and not stats.escalated
-                    and len(jsd_window) == spec.escalate_window
-                    and sum(jsd_window) / len(jsd_window) > spec.escalate_jsd):
-                stats.escalated, speculating = True, False
-                tokens, flops = prefill("verifier_full", full_view)
-                stats.verifier_prefill_tokens += tokens
-                dec.verifier_flops += flops
-                dec.escalate(session.get("verifier_full"), full_view)
+        def escalate() -> None:  # finish on the full context (SpecConfig.escalate_jsd)
+            full, tokens, flops = prefill("verifier_full", full_view)
+            stats.verifier_prefill_tokens += tokens
+            decoder.verifier_flops += flops
+            decoder.escalate(full)
 
+        checker = StopChecker(self.eos_ids, stops, self.tokenizer)
+        loop = decode_loop(decoder, generated, mode=m, spec=self.spec, max_new_tokens=max_new_tokens,
+                           temperature=float(temperature), views=(full_view, ver_view),
+                           max_positions=self.max_positions, checker=checker, stats=stats,
+                           t_start=t_start, constraint=constraint, callback=callback,
+                           escalate=escalate)
         now = time.perf_counter()
         stats.wall_s = now - t_start
-        stats.ttft_s = ttft if ttft is not None else stats.wall_s
+        stats.ttft_s = loop.ttft_s if loop.ttft_s is not None else stats.wall_s
         stats.decode_s = now - t_prefill
         stats.new_tokens = len(generated)
-        tally.fill(stats, asym)
-        if spec.adaptive_k and not adaptive.enabled:
+        loop.tally.fill(stats, m.fused)
+        if loop.speculation_off:
             stats.k = 0  # speculation switched off for this request
-        stats.verifier_flops = dec.verifier_flops
-        stats.finish_reason = finish
+        stats.verifier_flops = decoder.verifier_flops
+        stats.finish_reason = loop.finish
         return GenerationResult(token_ids=list(generated), text=checker.text(generated),
-                                stats=stats, finish_reason=finish)
+                                stats=stats, finish_reason=loop.finish)
 
     # ------------------------------------------------------------------ chat
-    def _logprob_fn(self, cache_key: str, counter: list):
-        """The drafter's log-prob function of one conversation (asymagent.chat_session)."""
-        from asymagent.chat_session import drafter_logprob_fn
-
-        return drafter_logprob_fn(self, cache_key, counter)
-
     def chat(self, messages: list, tools: list | None = None, mode: str = "asym",
              max_new_tokens: int = 256, temperature: float = 0.0, seed: int | None = None,
              top_p: float = 1.0, stop=None, tool_choice="auto", callback=None,
              cache_key: str = "default") -> ChatResult:
         """OpenAI-style chat: render both views, generate, parse text and tool calls.
 
-        The chat layer lives in asymagent/chat_session.py (`run_chat`): message validation,
+        The chat layer lives in asymagent/chat/session.py (`run_chat`): message validation,
         tool_choice -> ToolCallConstraint, the conversation's ContextViews (per `cache_key`), the
         drafter's log-probs for surprisal compression, and output parsing into a ChatResult.
         """
-        from asymagent.chat_session import run_chat  # it imports this module (ChatResult)
-
         return run_chat(self, messages, tools=tools, mode=mode, max_new_tokens=max_new_tokens,
                         temperature=temperature, seed=seed, top_p=top_p, stop=stop,
                         tool_choice=tool_choice, callback=callback, cache_key=cache_key)

@@ -1,11 +1,39 @@
-"""SpecConfig: every knob of the draft-verify loop, each default explained (DESIGN.md §3)."""
+"""SpecConfig (every knob of the draft-verify loop, each default explained) and the table of modes.
+
+The algorithm these knobs steer is in docs/architecture.md ("The algorithm").
+"""
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass
 
-ACCEPTANCE_RULES = ("cda", "exact", "greedy")
-MODES = ("full", "compressed", "spec", "asym")
+from asymagent.kernels import ACCEPTANCE_RULES
+
+
+@dataclass(frozen=True)
+class Mode:
+    """What a decoding mode reads and runs (the one table every layer asks)."""
+
+    name: str
+    compressed: bool  # the verifier reads the compressed view (else the full one)
+    speculative: bool  # a drafter proposes tokens that the verifier checks in one forward
+    fused: bool  # the drafter's two views steer the verifier (delta-fusion, JSD gate): asym
+
+
+MODE_TABLE = {m.name: m for m in (
+    Mode("full", compressed=False, speculative=False, fused=False),  # verifier alone, full view
+    Mode("compressed", compressed=True, speculative=False, fused=False),  # verifier alone
+    Mode("spec", compressed=False, speculative=True, fused=False),  # lossless speculation
+    Mode("asym", compressed=True, speculative=True, fused=True),  # the algorithm
+)}
+MODES = tuple(MODE_TABLE)
+
+
+def mode_of(name: str) -> Mode:
+    """The Mode called `name`; a ValueError naming the modes otherwise."""
+    if name not in MODE_TABLE:
+        raise ValueError(f"unknown mode {name!r}; expected one of {MODES}")
+    return MODE_TABLE[name]
 
 
 @dataclass
@@ -77,6 +105,19 @@ class SpecConfig:
             raise ValueError(f"SpecConfig.lookup_k must be an integer >= 1, got {self.lookup_k!r}")
         if not (1 <= self.k_min <= self.k_max):
             raise ValueError("SpecConfig needs 1 <= k_min <= k_max")
+
+    def rule_for(self, mode: Mode, position: int, temperature: float) -> str:
+        """The acceptance rule of a round whose first draft lands at output `position`.
+
+        Mode spec uses `spec_acceptance` (lossless); asym uses `acceptance`, except within the
+        first `strict_prefix` tokens, where it is exact/greedy. "greedy" at temperature > 0 means
+        "the target decides, sampled": rejection sampling, i.e. "exact".
+        """
+        if mode.fused and position < self.strict_prefix:
+            rule = "exact" if temperature > 0 else "greedy"
+        else:
+            rule = self.acceptance if mode.fused else self.spec_acceptance
+        return "exact" if rule == "greedy" and temperature > 0 else rule
 
     def to_dict(self) -> dict:
         return asdict(self)

@@ -1,6 +1,6 @@
 """StepStats (one engine call) and RunStats (a whole agent run): the accounting contract.
 
-Field names are a contract (DESIGN.md §4); every field is JSON-serialisable.
+Field names are a contract (docs/architecture.md §4); every field is JSON-serialisable.
 """
 
 from __future__ import annotations
@@ -32,6 +32,7 @@ class StepStats:
     # Extensions (not in the contract, useful for reports):
     mode: str = ""
     rounds: int = 0  # speculative rounds (verifier forwards while speculating)
+    reached_by_position: list = field(default_factory=list)  # [i]: rounds whose gate reached draft i
     lookup_rounds: int = 0  # rounds whose drafts came from prompt lookup (SpecConfig.lookup_ngram)
     k: int = 0  # K used (last round's, with adaptive_k)
     mean_jsd: float = 0.0  # mean JSD(p_aug || p_base) over verify positions (asym)
@@ -86,7 +87,7 @@ class RunStats:
         num: list = []
         den: list = []
         for s in self.steps:
-            reached = getattr(s, "_reached_by_position", None)
+            reached = s.reached_by_position  # [] in stats written before it existed
             for i, rate in enumerate(s.acceptance_by_position):
                 r = reached[i] if reached else max(s.rounds, 1)
                 while len(num) <= i:

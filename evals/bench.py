@@ -9,7 +9,7 @@ to step, the speculative peers cannot). Repeats are interleaved (step-major,
 mode order rotated per repeat) and the JSON reports medians. Default `--tool-choice auto`
 (unconstrained) so that modes and peers compute the same thing and fidelity is comparable.
 
-JSON (DESIGN.md §6): {"verifier", "drafter", "workload": {...}, "settings": {...},
+JSON (docs/architecture.md §6): {"verifier", "drafter", "workload": {...}, "settings": {...},
 "modes": {name: {wall_s, per_step_s, output_tokens, verifier_prefill_tokens, verifier_flops,
 fidelity_vs_full, speedup_vs_full, flops_vs_full, [acceptance_rate, mean_accepted_len,
 acceptance_by_position]}}}.
@@ -76,7 +76,7 @@ def run_bench(engine, work: dict, modes: list, *, repeats: int = 2, max_new_toke
     from asymagent.evals.bench_peers import PEERS, PeerPrefix, run_peer
     from asymagent.evals.runner import parse_mode, spec_overrides
     from asymagent.stats import RunStats
-    from asymagent.views import ContextViews
+    from asymagent.context.views import ContextViews
 
     if repeats < 1:
         raise ValueError(f"--repeats must be >= 1, got {repeats}")
@@ -214,7 +214,7 @@ def main(args) -> int:
     t0 = time.perf_counter()
     compression = None
     if args.compression:
-        from asymagent.views import CompressionConfig
+        from asymagent.context.views import CompressionConfig
 
         compression = CompressionConfig.from_file(args.compression)
     setup = build_engine(args.verifier, args.drafter, compression=compression)

@@ -12,7 +12,7 @@ the prefix in the cache), so prefix reuse is not available to them.
 
 A forward pre-hook on the verifier records (tokens fed T, cached tokens C) for every forward, so
 each peer gets the same accounting as our modes: verifier prefill tokens, verifier FLOPs (the
-formula of asymagent/flops.py) and, for the speculative peers, drafted / accepted counts.
+formula of asymagent/decoding/flops.py) and, for the speculative peers, drafted / accepted counts.
 Reconstruction per verifier forward j, with P the prompt length and e_j the tokens emitted before
 it: committed_j = P + e_j; candidates c_j = C_j + T_j - committed_j; accepted a_j =
 C_{j+1} - committed_j (the next forward's cache keeps the verified tokens, not the new one), and

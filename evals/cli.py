@@ -98,7 +98,7 @@ def main(args) -> int:
     t0 = time.perf_counter()
     compression = None
     if args.compression:
-        from asymagent.views import CompressionConfig
+        from asymagent.context.views import CompressionConfig
 
         compression = CompressionConfig.from_file(args.compression)
     setup = build_engine(args.verifier, args.drafter, compression=compression)

@@ -24,12 +24,12 @@ class EngineSetup:
 def build_engine(verifier: str = "default", drafter: str | None = None, *, spec=None,
                  compression=None, allow_fallback: bool = True, max_sessions: int = 8) -> EngineSetup:
     """The engine eval/bench run on (see module docstring)."""
-    from asymagent.drafter import DrafterMismatchError, build_drafter, load_drafter
+    from asymagent.modeling.drafter import DrafterMismatchError, build_drafter, load_drafter
     from asymagent.engine import Engine
-    from asymagent.models import EMBEDDED_VERIFIER_ID, load_model
+    from asymagent.modeling.loading import EMBEDDED_VERIFIER_ID, load_model
 
     if compression is None:
-        from asymagent.views import CompressionConfig
+        from asymagent.context.views import CompressionConfig
 
         compression = CompressionConfig()
     loaded = load_model(verifier)
@@ -42,7 +42,7 @@ def build_engine(verifier: str = "default", drafter: str | None = None, *, spec=
                                   max_sessions=max_sessions), ver_desc, desc, False)
     if verifier in ("default", "embedded", "smollm2"):
         try:
-            from asymagent.drafter import DEFAULT_DRAFTER_FILE, load_default_drafter
+            from asymagent.modeling.drafter import DEFAULT_DRAFTER_FILE, load_default_drafter
 
             model = load_default_drafter(loaded.model, loaded.fingerprint)
             return EngineSetup(Engine(loaded.model, model, loaded.tokenizer, spec=spec,

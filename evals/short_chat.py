@@ -1,6 +1,6 @@
 """Short single-turn chat through full / spec / asym with and without adaptive K, interleaved.
 
-The workload of `asymagent.integrations.loadtest` (its short prompts, no tools), decoded in one
+`PROMPTS` (short agent-style turns, no tools; the server's load tool sends the same ones), decoded in one
 process so the modes can be compared side by side (A B C A B C ..., totals and medians):
     python -m asymagent.evals.short_chat [--repeats 2] [--max-new-tokens 32] [--json PATH]
 It measures what speculation costs when there is no long context to compress or copy from,
@@ -14,6 +14,17 @@ import dataclasses
 import json
 import statistics
 import time
+
+PROMPTS = (  # short agent-style turns; loadtest request i sends PROMPTS[i % len(PROMPTS)]
+    "List three things to check before deploying a web service.",
+    "What is the capital of France? Answer in one sentence.",
+    "Summarise: the build failed because a dependency was pinned to a yanked version.",
+    "Write a haiku about caching.",
+    "Explain what a KV cache is in two sentences.",
+    "Give a JSON object with keys city and country for Paris.",
+    "Which is larger, 17 * 23 or 400? Show the product.",
+    "Name two sorting algorithms and their average complexity.",
+)
 
 VARIANTS = (("full", "full", False), ("asym", "asym", False), ("asym+adaptive_k", "asym", True),
             ("spec", "spec", False), ("spec+adaptive_k", "spec", True))
@@ -53,7 +64,6 @@ def main(argv=None) -> None:
     p.add_argument("--json", default=None)
     args = p.parse_args(argv)
     from asymagent import Engine
-    from asymagent.integrations.loadtest import PROMPTS
 
     result = run(Engine.from_default(), PROMPTS, repeats=args.repeats, max_new_tokens=args.max_new_tokens)
     text = json.dumps(result, indent=2)

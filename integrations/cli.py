@@ -1,4 +1,4 @@
-"""The `asymagent` console script: demo, bench, eval, serve, train-drafter (DESIGN.md §4).
+"""The `asymagent` console script: demo, bench, eval, serve, train-drafter (docs/architecture.md §4).
 
 Each verb lives in its own module exposing `add_arguments(parser)` and `main(args) -> int`;
 this file only wires them, importing a verb's module when that verb runs.
@@ -15,7 +15,7 @@ VERBS = {
     "bench": ("asymagent.evals.bench", "Side-by-side benchmark of all modes and HF peers (JSON)."),
     "eval": ("asymagent.evals.cli", "Run a long-horizon agent eval suite (JSON + report)."),
     "serve": ("asymagent.integrations.openai_server", "OpenAI-compatible HTTP server."),
-    "train-drafter": ("asymagent.drafter_training", "Distil a drafter from a verifier."),
+    "train-drafter": ("asymagent.training.distill", "Distil a drafter from a verifier."),
 }
 
 
@@ -25,7 +25,7 @@ def build_parser() -> argparse.ArgumentParser:
     sub.required = True
     for verb, (module, help_text) in VERBS.items():
         p = sub.add_parser(verb, help=help_text, description=help_text)
-        p.set_defaults(_module=module)
+        p.set_defaults(verb_module=module)
         mod = importlib.import_module(module)
         mod.add_arguments(p)
     return parser
@@ -35,7 +35,7 @@ def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     parser = build_parser()
     args = parser.parse_args(argv)
-    module = importlib.import_module(args._module)
+    module = importlib.import_module(args.verb_module)
     return int(module.main(args) or 0)
 
 

@@ -41,16 +41,16 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 def load_engine(console, k: int | None = None):
     """Engine.from_default(); without a trained drafter, a 2-layer cut of the verifier."""
     from asymagent.engine import Engine
-    from asymagent.models import ModelNotFoundError
+    from asymagent.modeling.loading import ModelNotFoundError
     from asymagent.spec_config import SpecConfig
 
     spec = SpecConfig(k=k) if k else None
     try:
         return Engine.from_default(spec=spec), "trained drafter (asymagent/assets)"
     except ModelNotFoundError as exc:
-        from asymagent.drafter import build_drafter
-        from asymagent.models import load_default_verifier
-        from asymagent.views import CompressionConfig
+        from asymagent.modeling.drafter import build_drafter
+        from asymagent.modeling.loading import load_default_verifier
+        from asymagent.context.views import CompressionConfig
 
         console.print(f"[yellow]{exc}[/yellow]\nFalling back to an untrained 2-layer drafter "
                       "cut from the verifier's first layers (expect low acceptance).")
@@ -135,7 +135,7 @@ def main(args) -> int:
     from rich.table import Table
 
     from asymagent.evals.environments import actions_equal, make_env
-    from asymagent.run_table import COLUMNS, run_table, step_row, totals_table
+    from asymagent.integrations.run_table import COLUMNS, run_table, step_row, totals_table
 
     console = Console(no_color=args.no_live, width=150 if args.no_live else None)
     if args.max_new_tokens < 1 or (args.steps is not None and args.steps < 1):

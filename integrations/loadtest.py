@@ -20,18 +20,10 @@ import time
 from dataclasses import asdict, dataclass, field
 from urllib.parse import urlparse
 
+from asymagent.evals.short_chat import PROMPTS  # the short-chat workload, measured side by side there
+
 MAX_REQUESTS = 10_000
 MAX_CONCURRENCY = 256
-PROMPTS = (  # short agent-style turns; request i uses PROMPTS[i % len(PROMPTS)]
-    "List three things to check before deploying a web service.",
-    "What is the capital of France? Answer in one sentence.",
-    "Summarise: the build failed because a dependency was pinned to a yanked version.",
-    "Write a haiku about caching.",
-    "Explain what a KV cache is in two sentences.",
-    "Give a JSON object with keys city and country for Paris.",
-    "Which is larger, 17 * 23 or 400? Show the product.",
-    "Name two sorting algorithms and their average complexity.",
-)
 
 
 @dataclass

@@ -6,7 +6,7 @@
 - Any chat model (remote ones too): each model call sees the compressed view of the history
   (old tool outputs cut to head/tail, old turns demoted to stubs, an optional token budget),
   counted with tiktoken's offline cl100k encoding, or the model's tokenizer when given. The
-  view is append-stable across the run (asymagent.views.ContextViews), so provider-side prompt
+  view is append-stable across the run (asymagent.context.views.ContextViews), so provider-side prompt
   caches keep hitting; the agent's state keeps the full history.
 - ChatAsymSpec: the request goes through untouched. The engine builds both views itself: the
   drafter reads the full history, the verifier the compressed one (that is the algorithm), with
@@ -22,7 +22,7 @@ from typing import Any, Callable
 from langchain.agents.middleware import AgentMiddleware, ModelRequest, ModelResponse
 
 from asymagent.integrations.langchain import ChatAsymSpec, to_openai_messages
-from asymagent.views import CompressionConfig, ContextViews
+from asymagent.context.views import CompressionConfig, ContextViews
 
 
 @dataclass
@@ -56,7 +56,7 @@ class AsymContextMiddleware(AgentMiddleware):
     # --- the two cases ------------------------------------------------------------------
     def _views_for(self) -> ContextViews:
         if self._views is None:
-            from asymagent.token_counting import make_counter
+            from asymagent.context.token_counting import make_counter
 
             counter = self._counter or make_counter(self.tokenizer)
             self._views = ContextViews(compression=self.compression, counter=counter)

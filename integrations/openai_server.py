@@ -329,7 +329,7 @@ def load_engine(args):
     """Engine for `asymagent serve` from --verifier/--drafter/--config."""
     from asymagent.engine import Engine
     from asymagent.spec_config import SpecConfig
-    from asymagent.views import CompressionConfig
+    from asymagent.context.views import CompressionConfig
 
     spec = compression = None
     if args.config:
@@ -352,8 +352,8 @@ def load_engine(args):
     if drafter is not None and drafter.startswith("layers:"):
         # An untrained drafter made of the verifier's first N layers (sharing its embeddings
         # and head): speculation works without a trained drafter, at lower acceptance.
-        from asymagent.drafter import build_drafter
-        from asymagent.models import load_model
+        from asymagent.modeling.drafter import build_drafter
+        from asymagent.modeling.loading import load_model
 
         try:
             layers = int(drafter.split(":", 1)[1])

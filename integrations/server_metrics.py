@@ -31,7 +31,7 @@ def accepted_per_position(stats) -> list[int]:
     i+1 exactly when its draft i was accepted, so reached[0] = rounds and
     accepted[i] = rate[i] * reached[i] = reached[i+1]. Counts are rounded back to integers.
     """
-    reached_list = getattr(stats, "_reached_by_position", None)
+    reached_list = stats.reached_by_position
     out: list[int] = []
     reached = float(stats.rounds)
     for i, rate in enumerate(stats.acceptance_by_position or []):

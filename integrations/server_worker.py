@@ -218,9 +218,9 @@ class EngineWorker:
         kw = job.chat_kwargs
         try:
             if self._chat_format is None:
-                from asymagent.chat_format import ChatFormat
+                from asymagent.chat.chat_format import ChatFormat
 
-                self._chat_format = getattr(self.engine, "_chat_format", None) or \
+                self._chat_format = getattr(self.engine, "chat_format", None) or \
                     ChatFormat(self.engine.tokenizer)
             prompt_tokens = count_prompt_tokens(self._chat_format, kw["messages"],
                                                 kw.get("tools"))

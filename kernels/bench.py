@@ -165,7 +165,7 @@ def compile_report(args) -> list[dict]:
     from triton.backends.compiler import GPUTarget
 
     gate = importlib.import_module("asymagent.kernels.fused_gate")
-    rows_kernel, _ = gate._jitted()
+    rows_kernel, _ = gate.jitted_kernels()
     logit = {"bf16": "*bf16", "fp16": "*fp16", "fp32": "*fp32"}[args.dtype]
     signature = {n: logit for n in ("v_ptr", "a_ptr", "b_ptr", "g_ptr")}
     signature.update(ROWS_ARG_TYPES)

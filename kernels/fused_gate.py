@@ -31,6 +31,7 @@ from asymagent.kernels.gate_reference import (
     GeneratorArg,
     draw_gate_noise,
     fused_gate_reference,
+    gate_views,
     validate_gate_inputs,
 )
 
@@ -240,7 +241,7 @@ def _interpreting() -> bool:
     return os.environ.get("TRITON_INTERPRET", "0").lower() not in ("", "0", "false", "off")
 
 
-def _jitted() -> tuple:
+def jitted_kernels() -> tuple:
     """(rows kernel, finish kernel), jit-decorated for the current TRITON_INTERPRET setting."""
     if triton is None:
         raise RuntimeError("the Triton gate needs the `triton` package (pip install triton)")
@@ -250,8 +251,8 @@ def _jitted() -> tuple:
     return _JIT_CACHE[interpret]
 
 
-def fused_gate_triton(verifier_logits: torch.Tensor, drafter_logits: torch.Tensor,
-                      base_logits: torch.Tensor, draft_tokens: torch.Tensor, *, beta: float,
+def fused_gate_triton(verifier_logits: torch.Tensor, drafter_logits: torch.Tensor | None,
+                      base_logits: torch.Tensor | None, draft_tokens: torch.Tensor, *, beta: float,
                       gamma: float, acceptance: str = "cda", temperature: float = 0.0,
                       generator: GeneratorArg = None,
                       proposal_logits: torch.Tensor | None = None, fuse_bonus: bool = True,
@@ -260,7 +261,10 @@ def fused_gate_triton(verifier_logits: torch.Tensor, drafter_logits: torch.Tenso
     batch, k, vocab = validate_gate_inputs(
         verifier_logits, drafter_logits, base_logits, draft_tokens, beta=beta, gamma=gamma,
         acceptance=acceptance, temperature=temperature, proposal_logits=proposal_logits)
-    rows_kernel, finish_kernel = _jitted()
+    rows_kernel, finish_kernel = jitted_kernels()
+    # one view: b = a gives delta 0 exactly (a - a) and JSD 0 up to rounding, as the reference
+    verifier_logits, drafter_logits, base_logits, _ = gate_views(verifier_logits, drafter_logits,
+                                                                 base_logits)
     device = verifier_logits.device
     # one layout for the three logit tensors: [B, K+1, V] with unit stride over V
     v, a, b = (t if t.stride(-1) == 1 else t.contiguous()
@@ -325,12 +329,15 @@ def compiled_reference():
     return _COMPILED["fn"]
 
 
-def fused_gate(verifier_logits: torch.Tensor, drafter_logits: torch.Tensor,
-               base_logits: torch.Tensor, draft_tokens: torch.Tensor, *, beta: float,
+def fused_gate(verifier_logits: torch.Tensor, drafter_logits: torch.Tensor | None,
+               base_logits: torch.Tensor | None, draft_tokens: torch.Tensor, *, beta: float,
                gamma: float, acceptance: str = "cda", temperature: float = 0.0,
                generator: GeneratorArg = None, proposal_logits: torch.Tensor | None = None,
                fuse_bonus: bool = True, noise: GateNoise | None = None) -> GateResult:
-    """Run the gate on logits [B, K+1, V] and drafts [B, K]; see gate_reference for semantics."""
+    """Run the gate on logits [B, K+1, V] and drafts [B, K]; see gate_reference for semantics.
+
+    `base_logits=None`: one drafter view (no compression); `drafter_logits=None` as well: no
+    drafter rows, the target is the verifier (mode spec)."""
     kwargs = dict(beta=beta, gamma=gamma, acceptance=acceptance, temperature=temperature,
                   generator=generator, proposal_logits=proposal_logits, fuse_bonus=fuse_bonus,
                   noise=noise)

@@ -1,13 +1,15 @@
 """The acceptance gate in plain torch: delta-fusion, JSD-aware (cda), greedy and exact rules.
 
-This is the readable definition of the gate (DESIGN.md §3); the Triton kernel in
+This is the readable definition of the gate (docs/architecture.md §3); the Triton kernel in
 `fused_gate.py` computes the same function and is tested against this file.
 
 Glossary (one decode round of one sequence, K draft tokens, positions i = 0..K):
 - draft tokens d_0..d_{K-1}: proposed by the drafter reading the full view.
 - three logit rows per position: verifier on the compressed view (v), drafter on the full
   view (a, "augmented"), drafter on the compressed view (b, "base"). Row i scores d_i; row K is
-  the position after the last draft.
+  the position after the last draft. One view (no compression): pass `base_logits=None`; the
+  delta and the JSD are then 0 exactly. No drafter rows at all (mode spec: the target is the
+  verifier): pass `drafter_logits=None` too (and the proposal in `proposal_logits`).
 - fused target: log p_v + beta * (log p_a - log p_b) (delta-fusion). Where either drafter view
   gives a token probability 0 (masked, -inf logit) the drafter has no evidence there and the
   delta is 0. With fuse_bonus=False row K uses beta=0 (the verifier alone, as the official code).
@@ -89,9 +91,23 @@ def draw_gate_noise(batch: int, k: int, vocab: int, *, device: torch.device | st
     return GateNoise(uniform=uniform.to(device), exponential=expo.to(device))
 
 
+def gate_views(verifier_logits, drafter_logits, base_logits):
+    """(v, a, b) with the optional rows filled in: no base rows -> a; no drafter rows -> v.
+
+    Returns a fourth item, True when the call has one drafter view (delta and JSD are 0)."""
+    if drafter_logits is None and base_logits is not None:
+        raise ValueError("base_logits needs drafter_logits (pass both, or base_logits=None)")
+    a = verifier_logits if drafter_logits is None else drafter_logits
+    return verifier_logits, a, a if base_logits is None else base_logits, base_logits is None
+
+
 def validate_gate_inputs(verifier_logits, drafter_logits, base_logits, draft_tokens, *, beta,
                          gamma, acceptance, temperature, proposal_logits) -> tuple[int, int, int]:
-    """Check shapes, dtypes and parameters; return (B, K, V). Raises ValueError."""
+    """Check shapes, dtypes and parameters; return (B, K, V). Raises ValueError.
+
+    `drafter_logits` and `base_logits` may be None (see `gate_views`)."""
+    verifier_logits, drafter_logits, base_logits, _ = gate_views(verifier_logits, drafter_logits,
+                                                                 base_logits)
     for name, t in (("verifier_logits", verifier_logits), ("drafter_logits", drafter_logits),
                     ("base_logits", base_logits)):
         if not isinstance(t, torch.Tensor) or t.dim() != 3:
@@ -166,27 +182,30 @@ def fused_scores(v: torch.Tensor, a: torch.Tensor, b: torch.Tensor, beta_rows: t
     return v + scaled
 
 
-def fused_gate_reference(verifier_logits: torch.Tensor, drafter_logits: torch.Tensor,
-                         base_logits: torch.Tensor, draft_tokens: torch.Tensor, *, beta: float,
+def fused_gate_reference(verifier_logits: torch.Tensor, drafter_logits: torch.Tensor | None,
+                         base_logits: torch.Tensor | None, draft_tokens: torch.Tensor, *, beta: float,
                          gamma: float, acceptance: str = "cda", temperature: float = 0.0,
                          generator: GeneratorArg = None,
                          proposal_logits: torch.Tensor | None = None, fuse_bonus: bool = True,
                          noise: GateNoise | None = None) -> GateResult:
-    """The gate of DESIGN.md §3 in eager torch (see the module docstring for the definition).
+    """The gate of docs/architecture.md §3 in eager torch (see the module docstring for the definition).
 
-    Logits are [B, K+1, V] (fp32/fp16/bf16, computed in fp32), draft_tokens [B, K] int64.
+    Logits are [B, K+1, V] (fp32/fp16/bf16, computed in fp32), draft_tokens [B, K] int64;
+    `base_logits=None` means one drafter view, `drafter_logits=None` no drafter rows (spec).
     `noise` replaces the draws from `generator` (used to compare the kernel bit for bit).
     """
     batch, k, vocab = validate_gate_inputs(
         verifier_logits, drafter_logits, base_logits, draft_tokens, beta=beta, gamma=gamma,
         acceptance=acceptance, temperature=temperature, proposal_logits=proposal_logits)
+    verifier_logits, drafter_logits, base_logits, one_view = gate_views(
+        verifier_logits, drafter_logits, base_logits)
     device = verifier_logits.device
     v = verifier_logits.float()  # [B, K+1, V]
     a = drafter_logits.float()  # [B, K+1, V]
     b = base_logits.float()  # [B, K+1, V]
     drafts = draft_tokens.long()  # [B, K]
 
-    if drafter_logits is base_logits:
+    if one_view:
         # one drafter view (mode spec, or no compression): JSD = 0 and delta = 0 exactly
         lb = None
         jsd = torch.zeros((batch, k + 1), dtype=torch.float32, device=device)  # [B, K+1]

@@ -1,7 +1,7 @@
 """Shared fixtures: tiny randomly initialised Llama models and the embedded tokenizer.
 
 Tiny models are made in the test (no downloads). The real SmolLM2 tokenizer comes from the
-embedded GGUF package (loaded once per machine, then cached by asymagent.models).
+embedded GGUF package (loaded once per machine, then cached by asymagent.modeling.loading).
 """
 
 from __future__ import annotations
@@ -43,7 +43,7 @@ def tiny_llama():
 @pytest.fixture(scope="session")
 def smollm_tokenizer():
     """The real SmolLM2 tokenizer (vocab 49152), from the embedded GGUF package."""
-    from asymagent.models import load_default_verifier
+    from asymagent.modeling.loading import load_default_verifier
 
     try:
         return load_default_verifier().tokenizer
@@ -54,7 +54,7 @@ def smollm_tokenizer():
 @pytest.fixture(scope="session")
 def default_verifier():
     """The embedded SmolLM2-135M-Instruct verifier (slow tests only)."""
-    from asymagent.models import load_default_verifier
+    from asymagent.modeling.loading import load_default_verifier
 
     return load_default_verifier()
 
@@ -72,10 +72,10 @@ def make_tiny_smollm_engine():
     """Engine over a random 2-layer verifier with the real SmolLM2 vocabulary (49152) and a
     1-layer drafter sharing its embeddings and head; default CompressionConfig. For tests that
     need real chat rendering (evals, bench) at tiny-model cost."""
-    from asymagent.drafter import build_drafter
+    from asymagent.modeling.drafter import build_drafter
     from asymagent.engine import Engine
-    from asymagent.models import load_default_verifier
-    from asymagent.views import CompressionConfig
+    from asymagent.modeling.loading import load_default_verifier
+    from asymagent.context.views import CompressionConfig
 
     tok = load_default_verifier().tokenizer
     verifier = make_tiny_llama(vocab_size=len(tok), layers=2, hidden=32, heads=4, kv_heads=2,

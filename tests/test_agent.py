@@ -13,11 +13,11 @@ from dataclasses import dataclass, field
 
 import pytest
 
-from asymagent.agent import Agent, RunResult
-from asymagent.chat_format import parse_output
-from asymagent.run_table import render_text
+from asymagent.agents.agent import Agent, RunResult
+from asymagent.chat.chat_format import parse_output
+from asymagent.integrations.run_table import render_text
 from asymagent.stats import StepStats
-from asymagent.tools import Tool, schema_errors, tool
+from asymagent.agents.tools import Tool, schema_errors, tool
 
 
 @dataclass

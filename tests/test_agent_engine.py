@@ -7,9 +7,9 @@ from typing import Literal
 import pytest
 from conftest import make_tiny_llama
 
-from asymagent.agent import Agent
-from asymagent.run_table import render_text
-from asymagent.tools import tool
+from asymagent.agents.agent import Agent
+from asymagent.integrations.run_table import render_text
+from asymagent.agents.tools import tool
 
 V = 49152  # real SmolLM2 tokenizer ids
 

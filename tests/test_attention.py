@@ -1,8 +1,8 @@
-"""GQA-aware sdpa (asymagent/attention.py): same logits as transformers' sdpa, masks still built."""
+"""GQA-aware sdpa (asymagent/kv/attention.py): same logits as transformers' sdpa, masks still built."""
 
 import torch
 
-from asymagent.attention import ATTN_NAME, use_gqa_attention
+from asymagent.kv.attention import ATTN_NAME, use_gqa_attention
 from conftest import make_tiny_llama
 
 

@@ -1,4 +1,4 @@
-"""Tests of `asymagent bench`: peer accounting, the JSON schema (DESIGN.md §6), the CLI path."""
+"""Tests of `asymagent bench`: peer accounting, the JSON schema (docs/architecture.md §6), the CLI path."""
 
 from __future__ import annotations
 

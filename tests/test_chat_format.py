@@ -7,7 +7,7 @@ import json
 
 import pytest
 
-from asymagent.chat_format import ChatFormat, name_signature, parse_output, tool_prompt
+from asymagent.chat.chat_format import ChatFormat, name_signature, parse_output, tool_prompt
 
 WEATHER = {"type": "function", "function": {
     "name": "get_weather", "description": "Current weather in a city.",

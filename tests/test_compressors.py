@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from asymagent.compressors import (MessageContext, RecentTurnsCompressor, SurprisalCompressor,
+from asymagent.context.compressors import (MessageContext, RecentTurnsCompressor, SurprisalCompressor,
                                    ToolOutputCompressor, stub)
-from asymagent.token_counting import (HFTokenCounter, TiktokenCounter, count_tokens,
+from asymagent.context.token_counting import (HFTokenCounter, TiktokenCounter, count_tokens,
                                       make_counter)
 
 UNICODE = "naïve café 東京 🚀 " * 30

@@ -8,8 +8,8 @@ import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
-import asymagent.drafter as drafter_mod
-from asymagent.drafter import (
+import asymagent.modeling.drafter as drafter_mod
+from asymagent.modeling.drafter import (
     DrafterMismatchError, build_drafter, card_path_for, load_default_drafter, load_drafter, save_drafter,
 )
 

@@ -7,8 +7,8 @@ import random
 
 import pytest
 
-from asymagent.training_data import TokenStream, parse_mix, render_messages
-from asymagent.training_domains import DOMAINS, HELD_OUT_DOMAIN, TRAIN_DOMAINS, episode, tools_for
+from asymagent.training.data import TokenStream, parse_mix, render_messages
+from asymagent.training.domains import DOMAINS, HELD_OUT_DOMAIN, TRAIN_DOMAINS, episode, tools_for
 
 
 def test_parse_mix_normalises_and_rejects_bad_entries():
@@ -35,7 +35,7 @@ def test_episodes_have_valid_tool_calls(domain):
 
 def test_held_out_domain_is_not_trained_on():
     assert HELD_OUT_DOMAIN not in {d.name for d in TRAIN_DOMAINS}
-    assert len(TRAIN_DOMAINS) >= 15  # breadth: DESIGN.md §5 (one domain generalised poorly)
+    assert len(TRAIN_DOMAINS) >= 15  # breadth: docs/architecture.md §5 (one domain generalised poorly)
 
 
 def test_token_stream_rows_are_deterministic_and_exact_length(smollm_tokenizer):

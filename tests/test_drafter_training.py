@@ -7,10 +7,10 @@ import json
 import pytest
 import torch
 
-from asymagent.drafter import build_drafter, load_drafter
-from asymagent.drafter_training import TrainConfig, lr_at, mean_kl, run
-from asymagent.training_data import TokenStream, parse_mix
-from asymagent.models import LoadedModel
+from asymagent.modeling.drafter import build_drafter, load_drafter
+from asymagent.training.distill import TrainConfig, lr_at, mean_kl, run
+from asymagent.training.data import TokenStream, parse_mix
+from asymagent.modeling.loading import LoadedModel
 
 VOCAB = 49152  # the SmolLM2 tokenizer's vocabulary: the tiny verifier must cover its ids
 
@@ -96,8 +96,8 @@ def test_warm_start_continues_from_an_exported_drafter(tmp_path, smollm_tokenize
     exported = tmp_path / "a" / "run" / "drafter.safetensors"
     # Zero steps after the warm start is impossible (the loop runs until a budget is spent), so
     # check the copy directly, then that a short warm-started run records its ancestry.
-    from asymagent.drafter_training import warm_start_layers
-    from asymagent.drafter import trainable_state_dict
+    from asymagent.training.distill import warm_start_layers
+    from asymagent.modeling.drafter import trainable_state_dict
     fresh = build_drafter(loaded.model, 2)
     summary = warm_start_layers(fresh, loaded.model, str(exported))
     source = trainable_state_dict(load_drafter(exported, loaded.model))

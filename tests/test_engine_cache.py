@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from asymagent.cache import ModelCache, View, common_prefix_len
+from asymagent.kv.cache import ModelCache, View, common_prefix_len
 from asymagent.engine import Engine
 from asymagent.spec_config import SpecConfig
 from test_engine_models import make_model, noisy_copy, random_prompts

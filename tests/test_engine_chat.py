@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
+from asymagent.chat.session import drafter_logprob_fn
 from asymagent.engine import Engine
 from asymagent.spec_config import SpecConfig
 from test_engine_models import make_model, noisy_copy, random_prompts
@@ -23,7 +24,7 @@ def test_logprob_fn_is_exact_and_incremental():
     engine = Engine(verifier=verifier, drafter=drafter)
     ids = random_prompts(1, length=40)[0]
     counter = [0]
-    fn = engine._logprob_fn("conv", counter)
+    fn = drafter_logprob_fn(engine, "conv", counter)
     got = fn(ids)
     assert len(got) == len(ids)
     torch.testing.assert_close(torch.tensor(got), torch.tensor(_reference_logprobs(drafter, ids)),

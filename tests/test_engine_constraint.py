@@ -1,4 +1,4 @@
-"""The engine drives TokenConstraint (asymagent/constraint.py): masks, rollback, jump-forward;
+"""The engine drives TokenConstraint (asymagent/decoding/constraint.py): masks, rollback, jump-forward;
 plus stop strings, EOS and cancellation through the callback."""
 
 from __future__ import annotations
@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from asymagent.constraint import TokenConstraint
+from asymagent.decoding.constraint import TokenConstraint
 from asymagent.engine import Engine
 from asymagent.spec_config import SpecConfig
 from test_engine_models import make_model, noisy_copy, random_prompts

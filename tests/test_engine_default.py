@@ -1,7 +1,7 @@
 """The engine on the embedded SmolLM2-135M-Instruct verifier (slow: loads the real model).
 
 The drafter is a 2-layer LlamaForCausalLM made from the verifier's first two layers sharing its
-embeddings and head (asymagent.drafter.build_drafter), with the 8192 lowest token ids as the
+embeddings and head (asymagent.modeling.drafter.build_drafter), with the 8192 lowest token ids as the
 draft vocabulary (BPE assigns low ids to frequent merges).
 """
 
@@ -23,7 +23,7 @@ TOOLS = [{"type": "function", "function": {
 
 @pytest.fixture(scope="module")
 def engine(default_verifier):
-    from asymagent.drafter import build_drafter
+    from asymagent.modeling.drafter import build_drafter
 
     verifier = default_verifier.model
     return Engine(verifier=verifier, drafter=build_drafter(verifier, 2),
@@ -64,7 +64,7 @@ def test_required_tool_call_is_schema_valid(engine):
 
 
 def test_from_default_explains_a_missing_drafter():
-    from asymagent.drafter import DEFAULT_DRAFTER_FILE
+    from asymagent.modeling.drafter import DEFAULT_DRAFTER_FILE
 
     if DEFAULT_DRAFTER_FILE.is_file():
         assert Engine.from_default().drafter is not None

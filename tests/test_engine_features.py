@@ -5,11 +5,13 @@ from __future__ import annotations
 import pytest
 import torch
 
-from asymagent.adaptive_k import AdaptiveK
+from asymagent.decoding.adaptive_k import AdaptiveK
 from asymagent.engine import Engine
-from asymagent.flops import FlopCounter, non_embedding_params
+from asymagent.decoding.flops import FlopCounter, non_embedding_params
 from asymagent.spec_config import SpecConfig
-from asymagent.speculation import DraftHead, expected_tokens, top_p_filter
+from asymagent.decoding.adaptive_k import expected_tokens
+from asymagent.decoding.model_drafter import DraftHead
+from asymagent.decoding.sampling import top_p_filter
 from test_engine_models import make_model, noisy_copy, random_prompts
 
 

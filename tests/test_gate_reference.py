@@ -192,13 +192,13 @@ def test_dispatch_env(monkeypatch):
 
 
 def test_one_drafter_view_shortcut_matches_two_equal_views():
-    # base_logits given as the same tensor (mode spec) skips JSD/delta; an equal copy does not
+    # base_logits=None (one view: asym without compression) skips JSD/delta; an equal copy does not
     g = torch.Generator().manual_seed(6)
     ver, aug = (torch.randn((3, 4, 80), generator=g) * 2 for _ in range(2))
     drafts = aug[:, :3].argmax(-1)
     for rule, temp in (("cda", 0.0), ("greedy", 0.0), ("exact", 1.0)):
         kwargs = dict(beta=1.0, gamma=0.5, acceptance=rule, temperature=temp)
-        same = fused_gate_reference(ver, aug, aug, drafts,
+        same = fused_gate_reference(ver, aug, None, drafts,
                                     generator=torch.Generator().manual_seed(0), **kwargs)
         copy = fused_gate_reference(ver, aug, aug.clone(), drafts,
                                     generator=torch.Generator().manual_seed(0), **kwargs)
@@ -206,6 +206,24 @@ def test_one_drafter_view_shortcut_matches_two_equal_views():
         assert torch.equal(same.next_token, copy.next_token), rule
         assert torch.equal(same.jsd, torch.zeros(3, 4))
         assert torch.allclose(copy.jsd, same.jsd, atol=1e-6)  # JSD(p, p) = 0 up to rounding
+
+
+def test_no_drafter_rows_means_the_verifier_is_the_target():
+    # mode spec: drafter_logits=None, base_logits=None; the verifier's rows stand in for both
+    g = torch.Generator().manual_seed(7)
+    ver, prop = (torch.randn((2, 4, 60), generator=g) * 2 for _ in range(2))
+    drafts = prop[:, :3].argmax(-1)
+    for rule, temp in (("greedy", 0.0), ("exact", 0.8)):
+        kwargs = dict(beta=0.0, gamma=1.0, acceptance=rule, temperature=temp,
+                      proposal_logits=prop[:, :3])
+        none = fused_gate_reference(ver, None, None, drafts,
+                                    generator=torch.Generator().manual_seed(1), **kwargs)
+        rows = fused_gate_reference(ver, ver.clone(), ver.clone(), drafts,
+                                    generator=torch.Generator().manual_seed(1), **kwargs)
+        assert torch.equal(none.num_accepted, rows.num_accepted), rule
+        assert torch.equal(none.next_token, rows.next_token), rule
+    with pytest.raises(ValueError, match="base_logits needs drafter_logits"):
+        fused_gate_reference(ver, None, ver, drafts, beta=0.0, gamma=1.0, acceptance="greedy")
 
 
 def test_compile_backend_falls_back_to_eager_when_compilation_fails(monkeypatch):

@@ -11,7 +11,7 @@ from langchain_tests.unit_tests import ChatModelUnitTests
 from pydantic import BaseModel, Field
 
 from asymagent.integrations.langchain import ChatAsymSpec, normalize_tool_choice
-from asymagent.tools import schema_errors
+from asymagent.agents.tools import schema_errors
 
 V = 49152  # the real SmolLM2 tokenizer's vocabulary
 
@@ -19,7 +19,7 @@ V = 49152  # the real SmolLM2 tokenizer's vocabulary
 @lru_cache(maxsize=1)
 def tiny_engine():
     from asymagent.engine import Engine
-    from asymagent.models import load_default_verifier
+    from asymagent.modeling.loading import load_default_verifier
     from asymagent.spec_config import SpecConfig
 
     tok = load_default_verifier().tokenizer

@@ -17,7 +17,7 @@ from langchain_core.outputs import ChatGeneration, ChatResult
 from langchain_core.tools import tool
 
 from asymagent.integrations.middleware import AsymContextMiddleware
-from asymagent.token_counting import TiktokenCounter
+from asymagent.context.token_counting import TiktokenCounter
 
 LONG = " ".join(f"line {i}: the quarterly ledger entry {i * 7} was reconciled." for i in range(200))
 
@@ -78,12 +78,12 @@ def test_middleware_compresses_what_a_remote_model_sees():
 def test_create_agent_runs_a_python_tool_on_the_embedded_default():
     from asymagent.engine import Engine
     from asymagent.integrations.langchain import ChatAsymSpec
-    from asymagent.models import ModelNotFoundError, load_default_verifier
+    from asymagent.modeling.loading import ModelNotFoundError, load_default_verifier
 
     try:
         engine = Engine.from_default()
     except ModelNotFoundError:  # no trained drafter shipped yet: a 2-layer cut of the verifier
-        from asymagent.drafter import build_drafter
+        from asymagent.modeling.drafter import build_drafter
 
         ver = load_default_verifier()
         engine = Engine(verifier=ver.model, drafter=build_drafter(ver.model, num_layers=2),

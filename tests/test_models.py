@@ -4,7 +4,7 @@ import sys
 
 import pytest
 
-from asymagent.models import ModelNotFoundError, find_embedded_gguf, load_model
+from asymagent.modeling.loading import ModelNotFoundError, find_embedded_gguf, load_model
 
 
 def test_find_embedded_gguf_does_not_import_package():
@@ -26,7 +26,7 @@ def test_missing_model_is_a_clear_error(tmp_path):
 def test_embedded_verifier_loads_and_is_cached(default_verifier):
     import time
 
-    from asymagent.models import load_default_verifier
+    from asymagent.modeling.loading import load_default_verifier
 
     t0 = time.perf_counter()
     again = load_default_verifier()

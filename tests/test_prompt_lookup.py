@@ -7,7 +7,7 @@ from collections import Counter
 import pytest
 
 from asymagent.engine import Engine
-from asymagent.prompt_lookup import lookup_continuation
+from asymagent.decoding.lookup_drafter import lookup_continuation
 from asymagent.spec_config import SpecConfig
 from test_engine_models import make_model, noisy_copy, random_prompts
 from test_engine_sampling import two_sample_chi2

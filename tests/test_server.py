@@ -16,7 +16,7 @@ import httpx
 import pytest
 
 from asymagent.integrations.openai_server import create_app
-from asymagent.tools import schema_errors
+from asymagent.agents.tools import schema_errors
 from conftest import make_tiny_llama
 
 VOCAB = 49152  # SmolLM2's vocabulary, so the real tokenizer drives the tiny models

@@ -150,7 +150,7 @@ def test_accepted_per_position_inverts_acceptance_rates():
     # 10 rounds; 6 accept draft 0, 3 of those also accept draft 1 -> rates [0.6, 0.5].
     stats = StepStats(rounds=10, acceptance_by_position=[0.6, 0.5])
     assert accepted_per_position(stats) == [6, 3]
-    stats._reached_by_position = [10, 6]
+    stats.reached_by_position = [10, 6]
     assert accepted_per_position(stats) == [6, 3]
 
 

@@ -8,9 +8,9 @@ import pytest
 import torch
 from conftest import make_tiny_llama
 
-from asymagent.constraint import TokenConstraint
-from asymagent.tool_constraint import ToolCallConstraint, measure_overhead, parse_call
-from asymagent.tools import schema_errors
+from asymagent.decoding.constraint import TokenConstraint
+from asymagent.chat.tool_constraint import ToolCallConstraint, measure_overhead, parse_call
+from asymagent.agents.tools import schema_errors
 
 V = 49152  # SmolLM2 vocabulary size (the tiny model uses the real tokenizer's ids)
 

@@ -8,8 +8,8 @@ from test_tool_constraint import PARAMS, TOOLS, V
 
 from asymagent.engine import Engine
 from asymagent.spec_config import SpecConfig
-from asymagent.tool_constraint import ToolCallConstraint, parse_call
-from asymagent.tools import schema_errors
+from asymagent.chat.tool_constraint import ToolCallConstraint, parse_call
+from asymagent.agents.tools import schema_errors
 
 
 @pytest.fixture(scope="module")

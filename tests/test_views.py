@@ -8,9 +8,9 @@ import math
 import pytest
 from pydantic import ValidationError
 
-from asymagent.chat_format import ChatFormat
+from asymagent.chat.chat_format import ChatFormat
 from asymagent.stats import StepStats
-from asymagent.views import CompressionConfig, ContextViews, VerifierBudgetError
+from asymagent.context.views import CompressionConfig, ContextViews, VerifierBudgetError
 
 WEATHER = {"type": "function", "function": {
     "name": "get_weather", "description": "Current weather for a city, with a long description "

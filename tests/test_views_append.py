@@ -9,8 +9,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from asymagent.chat_format import ChatFormat
-from asymagent.views import ContextViews, VerifierBudgetError
+from asymagent.chat.chat_format import ChatFormat
+from asymagent.context.views import ContextViews, VerifierBudgetError
 
 TOOLS = [{"type": "function", "function": {
     "name": "lookup", "description": "Look a key up in the knowledge base and return the record.",

@@ -7,7 +7,7 @@ import pytest
 
 from asymagent.engine import Engine
 from asymagent.spec_config import SpecConfig
-from asymagent.views import CompressionConfig
+from asymagent.context.views import CompressionConfig
 from test_views_synthetic import TOOLS, agent_conversation
 
 STEPS = 10

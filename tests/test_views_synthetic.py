@@ -13,7 +13,7 @@ import random
 
 import pytest
 
-from asymagent.views import CompressionConfig, ContextViews
+from asymagent.context.views import CompressionConfig, ContextViews
 
 TOOLS = [
     {"type": "function", "function": {
@@ -179,8 +179,8 @@ CONFIGS = {  # the table in docs/views.md
 
 def main(steps: int = 30, seed: int = 1) -> None:
     """Print the compression table: `python tests/test_views_synthetic.py`."""
-    from asymagent.chat_format import ChatFormat
-    from asymagent.models import load_default_verifier
+    from asymagent.chat.chat_format import ChatFormat
+    from asymagent.modeling.loading import load_default_verifier
 
     fmt = ChatFormat(load_default_verifier().tokenizer)
     messages = agent_conversation(steps, seed)

@@ -189,7 +189,7 @@ def drafter_from_checkpoint(checkpoint, verifier, draft_vocab: int):
     """A drafter (with `asymagent_draft_vocab`) from OUT/checkpoint.pt, e.g. of a running job."""
     import torch
 
-    from asymagent.drafter import build_drafter
+    from asymagent.modeling.drafter import build_drafter
 
     state = torch.load(checkpoint, weights_only=False)
     layers = len({k.split(".")[2] for k in state["drafter"] if k.startswith("model.layers.")})
@@ -209,7 +209,7 @@ def warm_start_layers(drafter, verifier, source: str) -> dict:
     """
     import torch
 
-    from asymagent.drafter import DEFAULT_DRAFTER_FILE, load_drafter, trainable_state_dict
+    from asymagent.modeling.drafter import DEFAULT_DRAFTER_FILE, load_drafter, trainable_state_dict
 
     path = DEFAULT_DRAFTER_FILE if source == "default" else Path(source)
     earlier = load_drafter(path, verifier)
@@ -229,8 +229,8 @@ def install_default(weights: Path) -> Path:
     """Copy a trained drafter and its card to where `load_default_drafter` looks."""
     import shutil
 
-    from asymagent.drafter import DEFAULT_CARD_FILE, DEFAULT_DRAFTER_FILE, card_path_for
-    from asymagent.models import file_sha256, find_embedded_gguf
+    from asymagent.modeling.drafter import DEFAULT_CARD_FILE, DEFAULT_DRAFTER_FILE, card_path_for
+    from asymagent.modeling.loading import file_sha256, find_embedded_gguf
 
     card = json.loads(card_path_for(weights).read_text())
     if card.get("verifier_sha256") != file_sha256(find_embedded_gguf()):
@@ -251,13 +251,13 @@ def run(cfg: TrainConfig, loaded=None) -> dict:
     import torch
     from tqdm import tqdm
 
-    from asymagent.drafter import build_drafter, save_drafter, trainable_parameters, trainable_state_dict
-    from asymagent.models import EMBEDDED_VERIFIER_ID, load_model
-    from asymagent.training_data import (
+    from asymagent.modeling.drafter import build_drafter, save_drafter, trainable_parameters, trainable_state_dict
+    from asymagent.modeling.loading import EMBEDDED_VERIFIER_ID, load_model
+    from asymagent.training.data import (
         TokenStream, generate_self_turns, heldout_episodes, load_token_lists, parse_mix, save_token_lists,
         self_gen_prompts,
     )
-    from asymagent.training_domains import HELD_OUT_DOMAIN, TRAIN_DOMAINS
+    from asymagent.training.domains import HELD_OUT_DOMAIN, TRAIN_DOMAINS
 
     cfg.validate()
     torch.set_num_threads(cfg.threads)
@@ -393,7 +393,7 @@ def main(args) -> int:
     return 0
 
 
-if __name__ == "__main__":  # python -m asymagent.drafter_training (same flags as the CLI verb)
+if __name__ == "__main__":  # python -m asymagent.training.distill (same flags as the CLI verb)
     _parser = argparse.ArgumentParser(prog="asymagent train-drafter", description=__doc__.splitlines()[0])
     add_arguments(_parser)
     raise SystemExit(main(_parser.parse_args()))

@@ -1,14 +1,14 @@
 """Per-token latency of mode full vs spec on the embedded verifier (interleaved A/B, medians).
 
-    python -m asymagent.engine_latency [--tokens 48] [--repeats 3] [--k 2] [--json out.json]
+    python -m asymagent.evals.engine_latency [--tokens 48] [--repeats 3] [--k 2] [--json out.json]
 
 Drafters measured (all share the verifier's tokenizer, embeddings and head):
 - `l2-full`: the verifier's first two layers + its final norm and full 49k-row head
-  (asymagent.drafter.build_drafter, untrained);
+  (asymagent.modeling.drafter.build_drafter, untrained);
 - `l2-vocab8k`: the same with the reduced draft vocabulary = the 8192 lowest ids (BPE gives low
   ids to frequent merges; a trained drafter ships a measured one);
 - `l2-vocab8k-adaptive`: the same with adaptive_k (speculation switched off when it loses);
-- `default` when the trained drafter asset is present (asymagent.drafter.load_default_drafter);
+- `default` when the trained drafter asset is present (asymagent.modeling.drafter.load_default_drafter);
 - `file-drafter` (+ adaptive) for a drafter file given with `--drafter PATH`.
 Every prompt runs every configuration back to back (cold caches each call), `repeats` times;
 we report medians of decode seconds per new token, of wall seconds per call, and acceptance.
@@ -44,9 +44,9 @@ def main(args: argparse.Namespace) -> int:
     import torch
     from tqdm.auto import tqdm
 
-    from asymagent.drafter import build_drafter
+    from asymagent.modeling.drafter import build_drafter
     from asymagent.engine import Engine
-    from asymagent.models import load_default_verifier
+    from asymagent.modeling.loading import load_default_verifier
     from asymagent.spec_config import SpecConfig
 
     loaded = load_default_verifier()
@@ -66,7 +66,7 @@ def main(args: argparse.Namespace) -> int:
     if not args.skip_untrained:
         configs.update(untrained)
     if args.drafter:
-        from asymagent.drafter import load_drafter
+        from asymagent.modeling.drafter import load_drafter
 
         given = load_drafter(args.drafter, verifier)
         for name, spec in (("spec file-drafter", SpecConfig(k=args.k)),
@@ -74,7 +74,7 @@ def main(args: argparse.Namespace) -> int:
             configs[name] = (Engine(verifier=verifier, drafter=given, tokenizer=tok, spec=spec),
                              "spec")
     try:
-        from asymagent.drafter import load_default_drafter
+        from asymagent.modeling.drafter import load_default_drafter
 
         trained = load_default_drafter(verifier, verifier_fingerprint=loaded.fingerprint)
         configs["spec default-drafter"] = (Engine(verifier=verifier, drafter=trained,

@@ -1,4 +1,4 @@
-"""Prompt-lookup drafts: continue the full view's last n-gram from its latest earlier occurrence.
+"""LookupDrafter: prompt-lookup drafts, continuing the full view's last n-gram from its latest earlier occurrence.
 
 Agent turns copy a lot from their own history (ids, file names, field values out of tool
 outputs, the JSON scaffolding of earlier calls). When the last `n` tokens of the full view occur
@@ -12,6 +12,9 @@ distribution, so acceptance="exact" stays lossless.
 from __future__ import annotations
 
 import numpy as np
+
+from asymagent.decoding.constraint import close_masks
+from asymagent.decoding.drafts import Drafts, RoundOutcome
 
 
 def lookup_continuation(ids: list, max_ngram: int, k: int, min_ngram: int = 2) -> list:
@@ -34,3 +37,35 @@ def lookup_continuation(ids: list, max_ngram: int, k: int, min_ngram: int = 2) -
             i = int(starts[-1]) + n
             return arr[i:i + k].tolist()
     return []
+
+
+class LookupDrafter:
+    """Drafts copied from the full view (one-hot proposals); walks them through the constraint."""
+
+    name = "lookup"  # Drafts.source, and the key of its budget in Decoder.spec_round
+
+    def __init__(self, view, ngram: int, constraint=None) -> None:
+        self.view = view  # asymagent.kv.cache.View: the full view (prompt + generated)
+        self.ngram = ngram  # longest suffix n-gram tried (SpecConfig.lookup_ngram)
+        self.constraint = constraint
+
+    def propose(self, k: int) -> Drafts:
+        found = lookup_continuation(self.view.ids(), self.ngram, k) if k > 0 else []
+        c = self.constraint
+        if c is None or not found:
+            return Drafts(tokens=found, source=self.name)
+        drafts, masks = [], []
+        for token in found:  # keep the prefix the constraint allows
+            mask = c.allowed_mask()  # [V'] bool
+            if token >= mask.numel() or not bool(mask[token]) or not c.advance(token):
+                break
+            drafts.append(token)
+            masks.append(mask)
+            if c.is_terminated():
+                break
+        if drafts:
+            close_masks(c, masks, len(drafts))
+        return Drafts(tokens=drafts, source=self.name, masks=masks if drafts else None)
+
+    def update(self, outcome: RoundOutcome) -> None:
+        """Nothing to learn: the next proposal is read from the (grown) view itself."""

@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Iterator
 
 from asymagent.stats import RunStats, StepStats
-from asymagent.tools import Tool, ToolOutcome, as_tool, tool  # noqa: F401  (tool re-exported)
+from asymagent.agents.tools import Tool, ToolOutcome, as_tool, tool  # noqa: F401  (tool re-exported)
 
 __all__ = ["Agent", "RunResult", "StepEvent", "tool", "Tool"]
 

@@ -153,7 +153,7 @@ class _Counters:
 
 
 class ToolCallConstraint:
-    """TokenConstraint (asymagent/constraint.py) for one schema-valid tool call.
+    """TokenConstraint (asymagent/decoding/constraint.py) for one schema-valid tool call.
 
     tokenizer: the model's HF tokenizer; tools: OpenAI-style tools; tool_choice: "required",
     "any", a tool name, or {"type": "function", "function": {"name": ...}}; vocab_size: the

@@ -1,6 +1,6 @@
 """Measure a drafter against its verifier: agreement, engine acceptance, speed ratio, cost.
 
-`python -m asymagent.drafter_measure [--drafter PATH] --json OUT [--plot PNG] [--update-card]`
+`python -m asymagent.evals.drafter_measure [--drafter PATH] --json OUT [--plot PNG] [--update-card]`
 runs, on transcripts of the held-out domain (`training_domains.HELD_OUT_DOMAIN`, never trained on):
 - teacher-forced greedy top-1 agreement (full vocabulary and the reduced draft vocabulary);
 - the engine in modes full and spec (K, temperature 0), interleaved per prompt in one process:
@@ -22,7 +22,7 @@ from pathlib import Path
 
 def heldout_conversations(n: int, seed: int = 4242) -> list[list[dict]]:
     """Held-out-domain episodes cut just before an assistant turn that follows a tool output."""
-    from asymagent.training_domains import HELD_OUT_DOMAIN, domain_by_name, episode
+    from asymagent.training.domains import HELD_OUT_DOMAIN, domain_by_name, episode
 
     d, rng, out = domain_by_name(HELD_OUT_DOMAIN), random.Random(seed), []
     while len(out) < n:
@@ -51,7 +51,7 @@ def engine_figures(engine, convs: list[list[dict]], k: int, max_new: int, asym: 
     """Interleaved full/spec (and asym) runs; medians of per-prompt wall times."""
     from tqdm import tqdm
 
-    from asymagent.training_data import render_messages
+    from asymagent.training.data import render_messages
 
     full_s, spec_s, spec_calls, asym_calls, same, asym_same = [], [], [], [], 0, 0
     for i, conv in enumerate(tqdm(convs, desc="engine full/spec/asym")):
@@ -209,12 +209,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 def main(args) -> int:
     import torch
 
-    from asymagent.drafter import DEFAULT_DRAFTER_FILE, card_path_for, load_drafter
-    from asymagent.drafter_training import drafter_from_checkpoint, heldout_metrics
+    from asymagent.modeling.drafter import DEFAULT_DRAFTER_FILE, card_path_for, load_drafter
+    from asymagent.training.distill import drafter_from_checkpoint, heldout_metrics
     from asymagent.engine import Engine
-    from asymagent.models import load_default_verifier
+    from asymagent.modeling.loading import load_default_verifier
     from asymagent.spec_config import SpecConfig
-    from asymagent.training_data import heldout_episodes
+    from asymagent.training.data import heldout_episodes
 
     torch.set_num_threads(args.threads)
     if args.history and args.history_plot:
@@ -251,6 +251,6 @@ def main(args) -> int:
 
 
 if __name__ == "__main__":
-    _p = argparse.ArgumentParser(prog="python -m asymagent.drafter_measure", description=__doc__.splitlines()[0])
+    _p = argparse.ArgumentParser(prog="python -m asymagent.evals.drafter_measure", description=__doc__.splitlines()[0])
     add_arguments(_p)
     raise SystemExit(main(_p.parse_args()))

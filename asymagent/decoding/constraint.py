@@ -34,3 +34,35 @@ class TokenConstraint(Protocol):
 
     def is_terminated(self) -> bool:
         """True when the constrained object is complete (the engine then stops)."""
+
+
+def close_masks(constraint, masks: list, k: int) -> list:
+    """After drafting k tokens under `constraint`: append the K+1-th mask, roll the k drafts back.
+
+    Once the drafts complete the constraint, whatever the gate emits after them is dropped by the
+    decode loop, so that row is left unrestricted (None). Returns `masks` (K+1 entries).
+    """
+    masks.append(None if constraint.is_terminated() else constraint.allowed_mask())
+    constraint.rollback(k)
+    return masks
+
+
+def advance_constraint(constraint, tokens: list, jumped: bool) -> tuple[int, int]:
+    """Advance `constraint` through `tokens` until it terminates: (tokens kept, forced among them).
+
+    A token counts as forced when the constraint alone determined it: jump-forwarded tokens, and
+    round tokens that were the first of `forced_tokens()` at their position (drafted and accepted
+    under the constraint's singleton mask): no model decision was needed for either.
+    """
+    forced = 0
+    for j, t in enumerate(tokens):
+        if constraint.is_terminated():  # complete mid-round: whatever follows is dropped
+            return j, forced
+        if jumped:
+            forced += 1
+        else:
+            determined = constraint.forced_tokens()
+            forced += int(bool(determined) and int(determined[0]) == t)
+        if not constraint.advance(t):
+            raise RuntimeError(f"decoded token {t} violates the constraint")
+    return len(tokens), forced

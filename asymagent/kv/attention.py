@@ -11,6 +11,7 @@ for a 3-token query over 2k cached positions.
 `use_gqa_attention(model)` switches a model that uses `sdpa` to this function ("asymagent_sdpa"
 in transformers' AttentionInterface); anything else (eager, flash, a model without grouped
 heads, single-token decode, position bias) goes through transformers' own sdpa unchanged.
+`python -m asymagent.evals.kv_probes attention` times one verify forward, sdpa vs this.
 """
 
 from __future__ import annotations
@@ -67,43 +68,3 @@ def use_gqa_attention(model: torch.nn.Module) -> bool:
     except (AttributeError, ValueError, TypeError):
         return False
     return getattr(model.config, "_attn_implementation", None) == ATTN_NAME
-
-
-def _probe(argv: list | None = None) -> None:
-    """`python -m asymagent.attention`: time one cached K+1-token forward, sdpa vs ours, A/B."""
-    import argparse
-    import copy
-    import statistics
-    import time
-
-    from asymagent.models import load_model
-
-    p = argparse.ArgumentParser(description=_probe.__doc__)
-    p.add_argument("--context", type=int, default=2000, help="cached positions")
-    p.add_argument("--queries", type=int, default=3, help="tokens fed on top (K+1)")
-    p.add_argument("--repeats", type=int, default=12, help="interleaved A/B pairs")
-    args = p.parse_args(argv)
-    model = load_model("default").model
-    register()
-    gen = torch.Generator().manual_seed(0)
-    vocab = model.config.vocab_size
-    prompt = torch.randint(0, vocab, (1, args.context), generator=gen)  # [1, C]
-    new = torch.randint(0, vocab, (1, args.queries), generator=gen)  # [1, K+1]
-    times: dict = {"sdpa": [], ATTN_NAME: []}
-    with torch.inference_mode():
-        cache = model(prompt, use_cache=True).past_key_values
-        for _ in range(args.repeats):
-            for name in times:
-                model.set_attn_implementation(name)
-                fresh = copy.deepcopy(cache)
-                t0 = time.perf_counter()
-                model(new, cache=fresh, use_cache=True)
-                times[name].append(time.perf_counter() - t0)
-    base = statistics.median(times["sdpa"])
-    for name, ts in times.items():
-        med = statistics.median(ts)
-        print(f"{name:16s} {med * 1e3:8.1f} ms  ({base / med:.2f}x vs sdpa)")
-
-
-if __name__ == "__main__":
-    _probe()

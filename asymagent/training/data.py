@@ -23,7 +23,7 @@ from pathlib import Path
 
 import torch
 
-from asymagent.training_domains import HELD_OUT_DOMAIN, TRAIN_DOMAINS, domain_by_name, episode
+from asymagent.training.domains import HELD_OUT_DOMAIN, TRAIN_DOMAINS, domain_by_name, episode
 
 DEFAULT_MIX = "agent:0.6,self:0.15,text:0.25"
 SOURCES = ("agent", "self", "text")

@@ -1,6 +1,6 @@
 """Chat layer over `Engine.generate`: messages -> both views -> generate -> text + tool calls.
 
-`run_chat` is what `Engine.chat` does (DESIGN.md §4): validate the OpenAI-style messages, turn
+`run_chat` is what `Engine.chat` does (docs/architecture.md §4): validate the OpenAI-style messages, turn
 `tool_choice` into a `ToolCallConstraint`, build the full and compressed views with the
 conversation's append-stable `ContextViews` (one per `cache_key`, kept in the engine's cache
 session), offer the drafter's log-probs to surprisal compression (computed while prefilling the
@@ -14,27 +14,19 @@ from typing import Callable
 
 import torch
 
-from asymagent.cache import common_prefix_len
-from asymagent.chat_format import ChatFormat
-from asymagent.engine import ChatResult
-from asymagent.spec_config import MODES
-from asymagent.views import ContextViews
+from asymagent.context.views import ContextViews
+from asymagent.kv.cache import common_prefix_len
+from asymagent.results import ChatResult
+from asymagent.spec_config import mode_of
 
 LOGPROB_CHUNK = 256  # positions per drafter forward: [256, V] log-probs at a time, not [T, V]
-
-
-def chat_format(engine) -> ChatFormat:
-    """The engine's ChatFormat, built once from its tokenizer (the server reuses it too)."""
-    if engine._chat_format is None:
-        engine._chat_format = ChatFormat(engine.tokenizer)
-    return engine._chat_format
 
 
 def conversation_views(engine, cache_key: str) -> ContextViews:
     """The ContextViews of one conversation (append-stable views; same LRU as the caches)."""
     session = engine.caches.session(cache_key)
     if session.views is None:
-        session.views = ContextViews(engine.tokenizer, engine.compression, chat_format(engine))
+        session.views = ContextViews(engine.tokenizer, engine.compression, engine.chat_format)
     return session.views
 
 
@@ -81,8 +73,7 @@ def _check_request(engine, messages, tools, mode: str, tool_choice) -> None:
     for i, m in enumerate(messages):
         if not isinstance(m, dict) or "role" not in m:
             raise ValueError(f"messages[{i}] must be a dict with a 'role'")
-    if mode not in MODES:
-        raise ValueError(f"unknown mode {mode!r}; expected one of {MODES}")
+    mode_of(mode)  # a ValueError naming the modes
     if tool_choice not in (None, "auto", "none") and not tools:
         raise ValueError(f"tool_choice={tool_choice!r} needs tools")
 
@@ -95,7 +86,7 @@ def run_chat(engine, messages: list, tools: list | None = None, mode: str = "asy
     _check_request(engine, messages, tools, mode, tool_choice)
     constraint = None
     if tool_choice not in (None, "auto", "none"):
-        from asymagent.tool_constraint import ToolCallConstraint  # xgrammar: only when asked
+        from asymagent.chat.tool_constraint import ToolCallConstraint  # xgrammar: only when asked
 
         constraint = ToolCallConstraint(engine.tokenizer, tools, tool_choice,
                                         vocab_size=engine.vocab_size)
@@ -107,7 +98,7 @@ def run_chat(engine, messages: list, tools: list | None = None, mode: str = "asy
     logprob_fn = drafter_logprob_fn(engine, cache_key, counter) \
         if engine.drafter is not None else None
     pair = views.build(messages, tools, logprob_fn=logprob_fn)
-    compressed = pair.compressed_ids if mode in ("asym", "compressed") else None
+    compressed = pair.compressed_ids if mode_of(mode).compressed else None
     result = engine.generate(pair.full_ids, mode=mode, max_new_tokens=max_new_tokens,
                              temperature=temperature, seed=seed, top_p=top_p,
                              compressed_prompt_ids=compressed, stop=stop, constraint=constraint,
@@ -115,7 +106,7 @@ def run_chat(engine, messages: list, tools: list | None = None, mode: str = "asy
     stats = result.stats
     stats.rewrites += pair.rewrites
     stats.drafter_prefill_tokens += counter[0]
-    parsed = chat_format(engine).parse_output(result.text)
+    parsed = engine.chat_format.parse_output(result.text)
     finish = result.finish_reason
     if parsed.tool_calls and finish == "stop":
         finish = "tool_calls"

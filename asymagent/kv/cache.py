@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 import torch
 
 PREFILL_CHUNK = 1024  # prefill longer than this is fed in chunks, with a progress bar
-# New caches append K/V in place into a preallocated buffer (asymagent/growing_cache.py, same
+# New caches append K/V in place into a preallocated buffer (asymagent/kv/growing_cache.py, same
 # values, no torch.cat of the whole cache per token); False = transformers' stock DynamicCache.
 GROWING_KV = True
 
@@ -83,7 +83,7 @@ class ModelCache:
 
     def _new_cache(self):
         if GROWING_KV:
-            from asymagent.growing_cache import GrowingCache
+            from asymagent.kv.growing_cache import GrowingCache
 
             return GrowingCache(config=self.model.config)
         from transformers import DynamicCache
@@ -150,6 +150,33 @@ class ModelCache:
                 bar.update(len(chunk))
 
 
+@dataclass
+class ViewCache:
+    """A ModelCache serving one View: forwards feed the view's pending tokens first.
+
+    After a round the cache is cropped back to the committed tokens it holds (`commit`), so the
+    module invariant holds again once the emitted tokens join the view.
+    """
+
+    cache: ModelCache
+    view: View
+
+    def pending(self) -> list:
+        return self.cache.pending(self.view)
+
+    def logits(self, extra: list, keep: int) -> torch.Tensor:
+        """Feed the pending tokens + `extra`; logits of the last `keep` positions [keep, V]."""
+        return self.cache.forward_logits(self.pending() + extra, keep)
+
+    def hidden(self, extra: list, keep: int) -> torch.Tensor:
+        """Feed the pending tokens + `extra`; hidden states of the last `keep` positions [keep, H]."""
+        return self.cache.forward_hidden(self.pending() + extra)[-keep:]
+
+    def commit(self, accepted: int) -> None:
+        """Keep the view (as it was before the round's tokens) plus `accepted` fed tokens."""
+        self.cache.crop(len(self.view) + accepted)
+
+
 class CacheSession:
     """The caches of one conversation (`cache_key`): one ModelCache per (model, view) role.
 
@@ -159,7 +186,7 @@ class CacheSession:
     def __init__(self, models: dict) -> None:
         self._models = models  # role -> model
         self.caches: dict = {}
-        self.views = None  # the conversation's asymagent.views.ContextViews (chat)
+        self.views = None  # the conversation's asymagent.context.views.ContextViews (chat)
         self.logprobs: list = []  # drafter log p(token_t | tokens_<t) for logprob_ids (chat)
         self.logprob_ids: list = []  # the token ids `logprobs` refers to
 

@@ -18,7 +18,12 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from asymagent.speculation import expected_tokens
+
+def expected_tokens(alpha: float, k: int) -> float:
+    """Expected tokens per round with K drafts and i.i.d. acceptance alpha: sum_{i<=K} alpha^i."""
+    if alpha >= 1.0:
+        return float(k + 1)
+    return (1.0 - alpha ** (k + 1)) / (1.0 - alpha)
 
 
 @dataclass

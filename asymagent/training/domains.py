@@ -3,7 +3,7 @@
 Each `Domain` describes one made-up business area (weather, flights, pods, ...) as a record
 schema; `episode(domain, rng)` turns it into an OpenAI-style message list: a user request, JSON
 tool calls, long tool outputs (tables, JSON records, logs, file listings) and final answers.
-Breadth matters more than depth (DESIGN.md §5: 72% in-domain vs 27% out-of-domain agreement
+Breadth matters more than depth (docs/architecture.md §5: 72% in-domain vs 27% out-of-domain agreement
 when trained on one domain), so the domains are many and the output formats vary per episode.
 
 These domains are our own; they deliberately avoid the evaluation suites' environments

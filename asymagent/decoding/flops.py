@@ -1,4 +1,4 @@
-"""FLOPs of a decoder forward pass, from the model config (DESIGN.md §6).
+"""FLOPs of a decoder forward pass, from the model config (docs/architecture.md §6).
 
 Formula (per forward that feeds T new tokens after C cached tokens):
 

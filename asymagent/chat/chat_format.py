@@ -19,7 +19,7 @@ model answers a call as one JSON object `{"name": ..., "arguments": {...}}` per 
 messages with `tool_calls` render in exactly the form the model is asked to emit; `tool`
 messages render with role `tool` and string content (other values are JSON-dumped).
 
-Parsing lives in `asymagent.output_parsing` (`parse_output`, re-exported here).
+Parsing lives in `asymagent.chat.output_parsing` (`parse_output`, re-exported here).
 """
 
 from __future__ import annotations
@@ -28,7 +28,7 @@ import json
 from collections import OrderedDict
 from dataclasses import dataclass
 
-from asymagent.output_parsing import ParsedOutput, new_call_id, parse_output  # noqa: F401 (re-exported)
+from asymagent.chat.output_parsing import ParsedOutput, new_call_id, parse_output  # noqa: F401 (re-exported)
 
 _ANCHOR = {"role": "system", "content": "\x00anchor\x00"}
 _PROBE_USER = {"role": "user", "content": "\x00probe\x00"}

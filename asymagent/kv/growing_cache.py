@@ -18,8 +18,8 @@ by a `GrowingLayer`; sliding-window, chunked, hybrid, indexed and dummy layers s
 sliding layer keeps at most `sliding_window - 1` positions, so its cat is bounded anyway).
 Inference only: an update that needs autograd (inputs requiring grad) falls back to a cat.
 
-`python -m asymagent.growing_cache` times a full-context greedy decode on the embedded default,
-stock vs growing cache, interleaved A/B (see `_probe`).
+`python -m asymagent.evals.kv_probes growing-cache` times a full-context greedy decode on the
+embedded default, stock vs growing cache, interleaved A/B.
 """
 
 from __future__ import annotations
@@ -162,76 +162,3 @@ class GrowingCache(DynamicCache):
             self.layer_class_to_replicate = GrowingLayer
         self.layers = [GrowingLayer() if type(layer) is DynamicLayer else layer
                        for layer in self.layers]
-
-
-def _probe_prompt(tokenizer, n_tokens: int) -> list:
-    """~n_tokens of deterministic natural text: this package's own source, tokenized."""
-    import pathlib
-
-    text = "".join(p.read_text() for p in sorted(pathlib.Path(__file__).parent.glob("*.py")))
-    ids = tokenizer(text, add_special_tokens=False)["input_ids"]
-    if len(ids) < n_tokens:
-        ids = (ids * (n_tokens // max(len(ids), 1) + 1))
-    return ids[:n_tokens]
-
-
-def _probe(argv: list | None = None) -> None:
-    """`python -m asymagent.growing_cache`: full-context greedy decode, stock vs growing, A/B."""
-    import argparse
-    import statistics
-    import time
-
-    from asymagent import cache as cache_mod
-    from asymagent.engine import Engine
-
-    p = argparse.ArgumentParser(description=_probe.__doc__)
-    p.add_argument("--prompt-tokens", type=int, default=4000, help="prompt length (tokens)")
-    p.add_argument("--new-tokens", type=int, default=32, help="greedy tokens decoded per run")
-    p.add_argument("--repeats", type=int, default=8, help="interleaved A/B pairs")
-    args = p.parse_args(argv)
-    try:
-        engine = Engine.from_default()
-    except Exception as exc:  # noqa: BLE001 - mode "full" needs no drafter
-        from asymagent.models import load_default_verifier
-
-        print(f"(no default drafter: {exc}; verifier only, mode full needs none)")
-        loaded = load_default_verifier()
-        engine = Engine(verifier=loaded.model, tokenizer=loaded.tokenizer)
-    prompt = _probe_prompt(engine.tokenizer, args.prompt_tokens)
-    kinds = {"stock": False, "growing": True}  # cache_key -> cache.GROWING_KV
-    saved = cache_mod.GROWING_KV
-    times: dict = {k: [] for k in kinds}
-    outputs: dict = {}
-    print(f"torch threads {torch.get_num_threads()}, prompt {len(prompt)} tokens, "
-          f"{args.new_tokens} new tokens, {args.repeats} A/B pairs")
-    try:
-        for name, growing in kinds.items():  # warm-up: the 4k prefill, once per session
-            cache_mod.GROWING_KV = growing
-            outputs[name] = engine.generate(prompt, mode="full", max_new_tokens=args.new_tokens,
-                                            cache_key=name).token_ids
-        for _ in range(args.repeats):
-            for name in kinds:  # warm sessions: crop back to the prompt, decode again
-                t0 = time.perf_counter()
-                r = engine.generate(prompt, mode="full", max_new_tokens=args.new_tokens,
-                                    cache_key=name)
-                times[name].append(time.perf_counter() - t0)
-                if r.token_ids != outputs[name]:
-                    raise SystemExit(f"{name}: the decode changed between runs")
-    finally:
-        cache_mod.GROWING_KV = saved
-    kinds_used = {n: type(engine.caches.session(n).get("verifier_full").cache).__name__
-                  for n in kinds}
-    same = outputs["stock"] == outputs["growing"]
-    print(f"caches: {kinds_used}; token ids identical: {same} ({len(outputs['stock'])} tokens)")
-    base = statistics.median(times["stock"])
-    for name, ts in times.items():
-        med = statistics.median(ts)
-        per_token = med * 1e3 / len(outputs[name])
-        print(f"{name:8s} median {med * 1e3:8.1f} ms  ({per_token:6.2f} ms/token,"
-              f" {base / med:.3f}x vs stock)  runs: {' '.join(f'{t * 1e3:.0f}' for t in ts)}")
-    if not same:
-        raise SystemExit("stock and growing caches decoded different tokens")
-
-
-if __name__ == "__main__":
-    _probe()

@@ -1,0 +1,360 @@
+"""Context views: the drafter's full token stream and the verifier's compressed, append-stable one.
+
+`ContextViews` is stateful per conversation. When a message enters the history its compressed
+form is decided once and memoised, so the compressed stream of history n is a token prefix of
+that of history n+1 and the verifier's KV cache is reused across agent steps. The only changes
+to earlier messages are *rewrites*, each counted: a batched `recent_turns` demotion (every m
+turns), a budget escalation, or a caller whose history is not an extension of the previous one
+(the memo is reset). Both streams end with the same generation prompt.
+
+Budget (`max_verifier_tokens`, counted in the verifier's own tokens): when the compressed view
+is over it, these steps are taken in order, each sticky for the rest of the conversation, until
+it fits: 1. tool listing to name_sig; 2. demote every turn but the last (old tool outputs become
+stubs); 3. halve the head/tail kept of the remaining tool outputs, up to 6 times. If the view is
+still over, `build` raises `VerifierBudgetError` (a ValueError) naming both lengths.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from typing import Callable
+
+from asymagent.chat.chat_format import ChatFormat, Segment, call_json, function_of, message_text, \
+    strip_descriptions
+from asymagent.context.compressors import (CompressionConfig, MessageContext, RecentTurnsCompressor,
+                                   SurprisalCompressor, ToolOutputCompressor, ToolSchemasCompressor)
+from asymagent.context.token_counting import TokenCounter, make_counter
+
+MAX_SHRINK = 6  # head/tail halvings under budget pressure: 64/32 tokens -> 1/0 tokens
+_PER_MESSAGE_TOKENS = 4  # role markers per message when counting text-only views (OpenAI's rule)
+
+class VerifierBudgetError(ValueError):
+    """The compressed view does not fit `max_verifier_tokens` even after every budget step."""
+
+
+@dataclass
+class ViewPair:
+    """Both token streams at one generation point, and what building them cost."""
+
+    full_ids: list  # [N_full] drafter's view, ends with the generation prompt
+    compressed_ids: list  # [N_ver] verifier's view, ends with the same generation prompt
+    rewrites: int  # 1 if the compressed stream is not an extension of the previous build's
+    full_context_tokens: int
+    verifier_context_tokens: int
+    compression_ratio: float  # verifier_context_tokens / full_context_tokens
+    generation_prompt_len: int = 0  # tokens of the shared generation prompt at the end
+
+    def fill(self, stats) -> None:
+        """Copy the view fields into a StepStats."""
+        stats.full_context_tokens = self.full_context_tokens
+        stats.verifier_context_tokens = self.verifier_context_tokens
+        stats.compression_ratio = self.compression_ratio
+        stats.rewrites += self.rewrites
+
+
+@dataclass
+class CompressedMessages:
+    """Text-level compressed view, for models we do not host (the middleware)."""
+
+    messages: list  # OpenAI messages with compressed contents
+    tools: list | None  # tools (descriptions stripped under name_sig)
+    rewrites: int
+    full_tokens: int  # counted with the view's counter
+    compressed_tokens: int
+
+
+@dataclass
+class _Entry:
+    key: str  # canonical JSON of the message
+    message: dict  # as given
+    role: str
+    original: str  # content as the full view renders it (tool calls already as JSON)
+    turn: int | None  # None for system messages (never compressed)
+    tool_name: str | None
+    has_tool_calls: bool
+    full: Segment | None = None
+    pruned: list | None = None  # surprisal-kept ids of the full segment, decided at entry
+    surprisal_done: bool = False
+    demoted: bool = False
+    shrink: int = 0
+    state: tuple | None = None  # (demoted, shrink, style) the compressed form was built for
+    compressed_text: str = ""
+    compressed_ids: list = field(default_factory=list)
+
+
+def _key(obj) -> str:
+    return json.dumps(obj, sort_keys=True, ensure_ascii=False, default=str)
+
+
+class ContextViews:
+    """Builds (full, compressed) views of one conversation, append-stable across calls."""
+
+    def __init__(self, tokenizer=None, compression=None, chat_format: ChatFormat | None = None,
+                 counter: TokenCounter | None = None):
+        self.config = CompressionConfig.from_any(compression)
+        if chat_format is None and tokenizer is not None:
+            chat_format = ChatFormat(tokenizer)
+        self.chat_format = chat_format
+        tok = tokenizer if tokenizer is not None else getattr(chat_format, "tokenizer", None)
+        self.counter = counter or make_counter(tok)
+        self.total_rewrites = 0
+        self._last_body: list | None = None  # compressed ids (no generation prompt) last built
+        self._last_texts: list | None = None  # compressed (role, text) list last returned
+        self._reset(None)
+
+    # -- state ---------------------------------------------------------------------------------
+    def _reset(self, tools) -> None:
+        self.entries: list = []
+        self.tools = tools or None
+        self.tools_key = _key(self.tools)
+        self.turns = 0
+        self.call_names: dict = {}
+        self.frontier = 0  # turns with index < frontier are demoted
+        self.schemas_forced = False
+        self.shrink = 0
+
+    @property
+    def tool_style(self) -> str:
+        forced = self.schemas_forced or self.config.get(ToolSchemasCompressor) is not None
+        return "name_sig" if forced else "full"
+
+    def _entry(self, message: dict, key: str) -> _Entry:
+        if self.chat_format is not None:
+            plain = self.chat_format.template_message(message)
+        else:
+            plain = _plain_message(message)
+        role = plain["role"]
+        calls = message.get("tool_calls") or []
+        for call in calls:
+            if isinstance(call, dict) and call.get("id"):
+                fn = call.get("function") if isinstance(call.get("function"), dict) else {}
+                self.call_names[call["id"]] = fn.get("name")
+        if role == "system":
+            turn = None
+        elif role == "tool":
+            self.turns = max(self.turns, 1)
+            turn = self.turns - 1
+        else:
+            turn, self.turns = self.turns, self.turns + 1
+        name = message.get("name") or self.call_names.get(message.get("tool_call_id"))
+        return _Entry(key, message, role, plain["content"], turn,
+                      name if role == "tool" else None, bool(calls))
+
+    def _sync(self, messages: list, tools, logprob_fn) -> bool:
+        """Bring the memo up to `messages`; returns True if the memo had to be reset."""
+        if not isinstance(messages, list) or not all(isinstance(m, dict) for m in messages):
+            raise ValueError("messages must be a list of OpenAI-style message dicts")
+        tools = tools or None
+        keys = [_key(m) for m in messages]
+        n = len(self.entries)
+        extends = (_key(tools) == self.tools_key and n <= len(messages)
+                   and all(e.key == k for e, k in zip(self.entries, keys)))
+        reset = not extends
+        if reset:
+            self._reset(tools)
+        for i in range(len(self.entries), len(messages)):
+            self.entries.append(self._entry(messages[i], keys[i]))
+        recent = self.config.get(RecentTurnsCompressor)
+        if recent is not None:
+            self.frontier = max(self.frontier, recent.frontier(self.turns))
+        self._refresh(logprob_fn)
+        budget = self.config.max_verifier_tokens
+        while budget is not None and self._measure() > budget:
+            if self.tools and self.tool_style == "full":
+                self.schemas_forced = True
+            elif self.frontier < self.turns - 1:
+                self.frontier = self.turns - 1
+            elif self.shrink < MAX_SHRINK:
+                self.shrink += 1
+            else:
+                raise VerifierBudgetError(self._budget_message(budget))
+            self._refresh(logprob_fn)
+        return reset
+
+    # -- compressing messages --------------------------------------------------------------------
+    def _compressors(self) -> list:
+        """Configured compressors, plus the ones budget pressure needs with their defaults."""
+        out = list(self.config.compressors)
+        if self.frontier > 0 and self.config.get(RecentTurnsCompressor) is None:
+            out.append(RecentTurnsCompressor())
+        if self.shrink > 0 and self.config.get(ToolOutputCompressor) is None:
+            out.append(ToolOutputCompressor())
+        return out
+
+    def _refresh(self, logprob_fn) -> None:
+        cf, style = self.chat_format, self.tool_style
+        for e in self.entries:
+            e.demoted = e.turn is not None and e.turn < self.frontier
+            e.shrink = 0 if e.demoted else self.shrink
+        if cf is not None:
+            self._full_pre = cf.preamble_segment(self.tools, "full") if not self._first_system() else None
+            self._comp_pre = cf.preamble_segment(self.tools, style) if not self._first_system() else None
+            for i, e in enumerate(self.entries):
+                if e.full is None:
+                    e.full = cf.render_message(e.message, i, self.tools, "full", first=(i == 0))
+            self._apply_surprisal(logprob_fn)
+        for i, e in enumerate(self.entries):
+            state = (e.demoted, e.shrink, style if i == 0 else None)
+            if e.state != state:
+                self._compress(i, e)
+                e.state = state
+
+    def _context(self, e: _Entry) -> MessageContext:
+        return MessageContext(e.role, e.original, e.demoted, e.shrink, e.tool_name,
+                              e.has_tool_calls, self.counter)
+
+    def _transformed(self, e: _Entry) -> str:
+        """The content after the text compressors, in order (system messages are kept)."""
+        text = e.original
+        if e.role != "system":
+            ctx = self._context(e)
+            for comp in self._compressors():
+                text = comp.transform(text, ctx)
+        return text
+
+    def _compress(self, i: int, e: _Entry) -> None:
+        text = e.compressed_text = self._transformed(e)
+        cf = self.chat_format
+        if cf is None:
+            return
+        if i == 0 and e.role == "system":
+            e.compressed_ids = cf.render_message(e.message, 0, self.tools, self.tool_style,
+                                                 first=True).ids
+        elif text != e.original:
+            e.compressed_ids = cf.render_message({"role": e.role, "content": text}, i).ids
+        else:
+            e.compressed_ids = e.pruned if e.pruned is not None else e.full.ids
+
+    def _apply_surprisal(self, logprob_fn) -> None:
+        """Decide surprisal pruning once for new messages, from the drafter's log-probs."""
+        comp = self.config.get(SurprisalCompressor)
+        todo = [e for e in self.entries if not e.surprisal_done]
+        for e in todo:
+            e.surprisal_done = True
+        if comp is None or logprob_fn is None:
+            return  # documented: without log-probs the messages stay as the text compressors left them
+        todo = [e for e in todo if comp.applies(self._context(e), self._transformed(e))]
+        if not todo:
+            return
+        full_ids, offsets = self._full_ids_with_offsets()
+        logprobs = list(logprob_fn(full_ids))
+        if len(logprobs) != len(full_ids):
+            raise ValueError(f"logprob_fn returned {len(logprobs)} log-probs for {len(full_ids)} tokens")
+        tok = self.chat_format.tokenizer
+        for e in todo:
+            span = self.chat_format.content_span(e.full.text, e.role, e.original)
+            if span is None:
+                continue
+            try:
+                enc = tok(e.full.text, add_special_tokens=False, return_offsets_mapping=True)
+            except (NotImplementedError, ValueError, TypeError):
+                return  # a slow tokenizer has no offsets: no pruning (documented fallback)
+            if list(enc["input_ids"]) != list(e.full.ids):
+                continue  # offsets would not line up with the segment's tokens
+            content = [j for j, (s, t) in enumerate(enc["offset_mapping"])
+                       if s >= span[0] and t <= span[1] and t > s]
+            base = offsets[id(e)]
+            pieces = [e.full.text[enc["offset_mapping"][j][0]:enc["offset_mapping"][j][1]]
+                      for j in content]
+            kept = set(comp.select(pieces, [logprobs[base + j] for j in content]))
+            drop = {j for k, j in enumerate(content) if k not in kept}
+            e.pruned = [t for j, t in enumerate(e.full.ids) if j not in drop]
+
+    def _first_system(self) -> bool:
+        return bool(self.entries) and self.entries[0].role == "system"
+
+    # -- assembling --------------------------------------------------------------------------------
+    def _full_ids_with_offsets(self) -> tuple[list, dict]:
+        ids = list(self._full_pre.ids) if self._full_pre else []
+        offsets = {}
+        for e in self.entries:
+            offsets[id(e)] = len(ids)
+            ids.extend(e.full.ids)
+        return ids + list(self.chat_format.generation_prompt_ids), offsets
+
+    def _compressed_body(self) -> list:
+        ids = list(self._comp_pre.ids) if self._comp_pre else []
+        for e in self.entries:
+            ids.extend(e.compressed_ids)
+        return ids
+
+    def _measure(self) -> int:
+        if self.chat_format is not None:
+            return len(self._compressed_body()) + len(self.chat_format.generation_prompt_ids)
+        return self._text_tokens(compressed=True)
+
+    def _text_tokens(self, compressed: bool) -> int:
+        n = sum(self.counter.count(e.compressed_text if compressed else e.original)
+                + _PER_MESSAGE_TOKENS for e in self.entries)
+        tools = self._tools_out(compressed)
+        return n + (self.counter.count(_key(tools)) if tools else 0)
+
+    def _budget_message(self, budget: int) -> str:
+        fixed = 0
+        if self.chat_format is not None:
+            fixed = len(self._comp_pre.ids) if self._comp_pre else 0
+            if self._first_system():
+                fixed += len(self.entries[0].compressed_ids)
+            fixed += len(self.chat_format.generation_prompt_ids)
+        return (f"the verifier's view needs {self._measure()} tokens after every compression step, "
+                f"over max_verifier_tokens={budget} (the system prompt, tool listing and generation "
+                f"prompt alone take {fixed} tokens); raise max_verifier_tokens or shorten the history")
+
+    def build(self, messages: list, tools=None,
+              logprob_fn: Callable[[list], list] | None = None) -> ViewPair:
+        """Full and compressed token views of `messages` at the generation point.
+
+        logprob_fn(full_ids) -> [len(full_ids)] log p(token_t | tokens_<t) from the drafter; only
+        called when a surprisal compressor has new messages to prune.
+        """
+        if self.chat_format is None:
+            raise ValueError("ContextViews.build needs a tokenizer or chat_format (token views)")
+        reset = self._sync(messages, tools, logprob_fn)
+        body = self._compressed_body()
+        last = self._last_body
+        rewrites = int(last is not None and (reset or body[: len(last)] != last))
+        self._last_body = body
+        self.total_rewrites += rewrites
+        gen = list(self.chat_format.generation_prompt_ids)
+        full_ids = self._full_ids_with_offsets()[0]
+        compressed_ids = body + gen
+        return ViewPair(full_ids, compressed_ids, rewrites, len(full_ids), len(compressed_ids),
+                        len(compressed_ids) / len(full_ids) if full_ids else 1.0, len(gen))
+
+    # -- text-level view (models we do not host) ------------------------------------------------------
+    def _tools_out(self, compressed: bool):
+        if not self.tools or not compressed or self.tool_style == "full":
+            return self.tools
+        return [{"type": "function", "function": strip_descriptions(function_of(t))}
+                for t in self.tools]
+
+    def compress_messages(self, messages: list, tools=None) -> CompressedMessages:
+        """The compressed view as OpenAI messages (no surprisal: it needs our drafter)."""
+        reset = self._sync(messages, tools, None)
+        out = []
+        for e in self.entries:
+            if e.compressed_text == e.original or e.role in ("system", "assistant"):
+                out.append(e.message)
+            else:
+                out.append({**e.message, "content": e.compressed_text})
+        texts = [(e.role, e.compressed_text) for e in self.entries]
+        last = self._last_texts
+        rewrites = int(last is not None and (reset or texts[: len(last)] != last))
+        self._last_texts = texts
+        self.total_rewrites += rewrites
+        return CompressedMessages(out, self._tools_out(True), rewrites,
+                                  self._text_tokens(False), self._text_tokens(True))
+
+
+def _plain_message(message: dict) -> dict:
+    """{role, content text} without a chat template (text-only views)."""
+    if "role" not in message:
+        raise ValueError(f"a message must have a 'role', got {message!r}")
+    role = {"developer": "system", "function": "tool"}.get(message["role"], message["role"])
+    content = message.get("content")
+    if role == "tool" and not isinstance(content, (str, list, type(None))):
+        content = json.dumps(content, ensure_ascii=False)
+    text = message_text(content)
+    calls = [call_json(c) for c in message.get("tool_calls") or []]
+    return {"role": role, "content": "\n".join(([text] if text else []) + calls)}

@@ -1,0 +1,144 @@
+"""One speculative round (gpt-fast style): draft K, verify K+1 in one forward, base pass, gate, crop.
+
+Glossary (one round, K drafts, vLLM's words): *draft tokens* d_1..d_K continue the full view
+(copied from it by the LookupDrafter, or proposed by the ModelDrafter); the verifier scores K+1
+positions in ONE forward; the gate accepts a prefix of n drafts (*accepted tokens*) and emits
+one more token at position n+1 (*recovered* token on a reject, *bonus* token when all K pass).
+A round therefore emits n+1 tokens per verifier forward.
+
+Views and caches (asymagent/kv/cache.py has the invariant): the verifier reads its view (the
+compressed one in modes asym/compressed), the drafter reads the full view, the base pass reads
+the compressed view with the drafter. Every forward first feeds the cache's pending tokens (the
+last committed token, plus anything a constraint forced), so after a round each cache is
+simply cropped back to the committed tokens it holds.
+
+The gate itself (delta-fusion, JSD, cda/exact/greedy) is `asymagent.kernels.fused_gate`; this
+file prepares its rows and applies its verdict.
+"""
+
+from __future__ import annotations
+
+import time
+
+import torch
+
+from asymagent.decoding.drafts import Drafts, RoundOutcome
+from asymagent.decoding.flops import FlopCounter
+from asymagent.decoding.model_drafter import DraftHead
+from asymagent.decoding.sampling import NEG_INF, apply_mask, mask_rows, sample_token, top_p_filter
+from asymagent.kernels import fused_gate
+from asymagent.kv.cache import ViewCache
+
+
+class Decoder:
+    """The decode steps of one request: plain verifier steps and speculative rounds.
+
+    `verifier` reads the verifier's view. For speculation, `drafters` is the ordered list to ask
+    (copied continuations first, then the drafter model) and `drafter` is the drafter model's
+    cache on the full view; `fused` (mode asym) adds the drafter's rows to the gate, with `base`
+    the drafter's cache on the compressed view (None when the two views are the same).
+    """
+
+    def __init__(self, verifier: ViewCache, flops: FlopCounter, *, temperature: float = 0.0,
+                 top_p: float = 1.0, generator: torch.Generator | None = None, constraint=None,
+                 drafters: tuple = (), drafter: ViewCache | None = None,
+                 base: ViewCache | None = None, head: DraftHead | None = None,
+                 fused: bool = False, verifier_flops: float = 0.0) -> None:
+        self.verifier, self.flops = verifier, flops
+        self.temperature, self.top_p, self.generator = temperature, top_p, generator
+        self.constraint = constraint
+        self.drafters = tuple(drafters)  # asked in order each round; the first proposal wins
+        self.drafter, self.base, self.head, self.fused = drafter, base, head, fused
+        self.verifier_flops = verifier_flops  # prefill + every verifier forward of the request
+        self.verifier_tokens_fed = 0
+
+    def _verify(self, tokens: list, keep: int) -> torch.Tensor:
+        """Feed the verifier's pending tokens + `tokens`; logits of the last `keep` rows [keep, V]."""
+        fed = len(self.verifier.pending()) + len(tokens)
+        self.verifier_flops += self.flops.forward(fed, len(self.verifier.cache))
+        self.verifier_tokens_fed += fed
+        return self.verifier.logits(tokens, keep)
+
+    def plain_step(self) -> RoundOutcome:
+        """One verifier forward, one token (modes full/compressed, escalation, speculation off)."""
+        t0 = time.perf_counter()
+        logits = self._verify([], keep=1)[0]  # [V]
+        c = self.constraint
+        logits = apply_mask(logits, None if c is None else c.allowed_mask())
+        logits = top_p_filter(logits, self.temperature, self.top_p)
+        token = sample_token(logits, self.temperature, self.generator)
+        return RoundOutcome(tokens=[token], verify_s=time.perf_counter() - t0)
+
+    def _proposal(self, drafts: Drafts, like: torch.Tensor) -> torch.Tensor:
+        """[K, V] logits the drafts were drawn from: one-hot (log 1 = 0 at d_i) or the drafter's."""
+        k = len(drafts)
+        if drafts.proposal is None:
+            one_hot = torch.full((k, like.shape[-1]), NEG_INF, device=like.device)  # [K, V]
+            one_hot[torch.arange(k, device=like.device), torch.tensor(drafts.tokens, device=like.device)] = 0.0
+            return one_hot
+        full = self.head.to_full(drafts.proposal).to(like.device)  # [K, V]
+        return full if drafts.masks is None else mask_rows(full, drafts.masks[:k])
+
+    def spec_round(self, budgets: dict, *, rule: str, beta: float, gamma: float,
+                   fuse_bonus: bool = True) -> RoundOutcome:
+        """Draft -> verify K+1 in one forward -> base pass -> gate -> crop.
+
+        `budgets[name]` is how many drafts to ask the drafter called `name` for ("lookup",
+        "model"); the first non-empty proposal wins. `rule` is the acceptance rule
+        (SpecConfig.rule_for): "cda", "greedy" or "exact".
+        """
+        t0 = time.perf_counter()
+        # 1. Draft d_1..d_K on the full view: the first drafter with a proposal wins.
+        drafts, source = Drafts(tokens=[], source=""), None
+        for source in self.drafters:
+            drafts = source.propose(budgets.get(source.name, 0))
+            if drafts:
+                break
+        if not drafts:  # nothing to propose (e.g. the constraint allows no draft): plain step
+            return self.plain_step()
+        k, tokens, masks = len(drafts), drafts.tokens, drafts.masks
+        ha = None  # [K+1, H] the drafter's full-view ("augmented") hidden states
+        if self.fused:
+            ha = drafts.hidden if drafts.hidden is not None else self.drafter.hidden(tokens, k + 1)
+        t1 = time.perf_counter()
+
+        # 2. Verify: the verifier scores K+1 positions in ONE forward on its (compressed) view.
+        v = self._verify(tokens, keep=k + 1)  # [K+1, V]
+        v = top_p_filter(mask_rows(v, masks), self.temperature, self.top_p)  # the nucleus of v
+        proposal = self._proposal(drafts, v)  # [K, V]
+
+        # 3. Base pass: the drafter on the compressed view scores the same K tokens (O(K)).
+        a = b = None  # [K+1, V] drafter rows on the full / compressed view (asym only)
+        if self.fused and self.base is not None:
+            hb = self.base.hidden(tokens, k + 1)  # [K+1, H]
+            # one head pass for both views: on CPU the [V, H] head read dominates a few-row
+            # matmul, so 2(K+1) rows cost about what K+1 rows do
+            ab = self.head.full_logits(torch.cat([ha, hb])).to(v.device)  # [2(K+1), V]
+            a, b = mask_rows(ab[: k + 1], masks), mask_rows(ab[k + 1:], masks)
+        elif self.fused:  # one view: the base pass would reproduce the drafter (b = a, delta 0)
+            a = mask_rows(self.head.full_logits(ha).to(v.device), masks)
+
+        # 4. Gate: delta-fusion and the acceptance rule -> n accepted drafts + the next token.
+        # Mode spec passes no drafter rows: the target is the verifier (beta 0, lossless rules).
+        result = fused_gate(v[None], None if a is None else a[None], None if b is None else b[None],
+                            torch.tensor([tokens], dtype=torch.long, device=v.device),  # [1, K]
+                            beta=beta if self.fused else 0.0, gamma=gamma if self.fused else 1.0,
+                            acceptance=rule, temperature=self.temperature, generator=self.generator,
+                            proposal_logits=proposal[None], fuse_bonus=fuse_bonus)
+        n = int(result.num_accepted[0])  # the one sync per round
+        token = int(result.next_token[0])
+
+        # 5. Crop every cache to the committed tokens it holds (old view + accepted drafts).
+        for reader in (self.verifier, self.drafter, self.base):
+            if reader is not None:
+                reader.commit(n)
+        outcome = RoundOutcome(tokens=tokens[:n] + [token], drafted=k, accepted=n,
+                               jsd=float(result.jsd[0, : n + 1].mean()) if self.fused else 0.0,
+                               draft_s=t1 - t0, verify_s=time.perf_counter() - t1,
+                               source=drafts.source)
+        source.update(outcome)
+        return outcome
+
+    def escalate(self, verifier: ViewCache) -> None:
+        """Finish the response with `verifier` (the verifier on the full context): plain steps only."""
+        self.verifier = verifier

@@ -1,0 +1,47 @@
+"""Speculation accounting of one request (vLLM's definitions, see asymagent/stats.py)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from asymagent.decoding.drafts import RoundOutcome
+from asymagent.stats import StepStats
+
+
+@dataclass
+class Tally:
+    """Counts over the speculative rounds of one call; `fill` writes them into StepStats."""
+
+    rounds: int = 0
+    drafted: int = 0
+    accepted: int = 0
+    emitted: int = 0  # tokens emitted by speculative rounds (accepted + recovered/bonus)
+    last_k: int = 0
+    jsd_sum: float = 0.0
+    lookup_rounds: int = 0
+    reached: list = field(default_factory=list)  # [i]: rounds that reached draft position i
+    accepted_at: list = field(default_factory=list)  # [i]: rounds that accepted position i
+
+    def record(self, out: RoundOutcome) -> None:
+        self.rounds += 1
+        self.drafted += out.drafted
+        self.accepted += out.accepted
+        self.emitted += len(out.tokens)
+        self.last_k = out.drafted
+        self.lookup_rounds += int(out.lookup)
+        self.jsd_sum += out.jsd
+        for i in range(min(out.accepted + 1, out.drafted)):  # positions the gate looked at
+            if i == len(self.reached):
+                self.reached.append(0)
+                self.accepted_at.append(0)
+            self.reached[i] += 1
+            self.accepted_at[i] += int(i < out.accepted)
+
+    def fill(self, stats: StepStats, fused: bool) -> None:
+        stats.rounds, stats.drafted, stats.accepted = self.rounds, self.drafted, self.accepted
+        stats.lookup_rounds = self.lookup_rounds
+        stats.k = self.last_k
+        stats.acceptance_by_position = [a / r for a, r in zip(self.accepted_at, self.reached)]
+        stats.reached_by_position = list(self.reached)
+        stats.mean_accepted_len = self.emitted / self.rounds if self.rounds else 0.0
+        stats.mean_jsd = self.jsd_sum / self.rounds if fused and self.rounds else 0.0

@@ -1,0 +1,160 @@
+"""The layout's floors, checked on every import (top level and inside functions), so it cannot rot.
+
+Floors (docs/architecture.md, "Layout and floors"): `kernels/` imports nothing of ours; the core
+(`asymagent/`) never imports `integrations/` or `evals/`; `evals/` never imports
+`integrations/`; no import cycle among core modules; no layer reads another module's private
+attributes. Sources are read with `ast`, nothing is imported.
+"""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+# source folder -> the package it installs as (pyproject's package-dir)
+FOLDERS = {"asymagent": "asymagent", "kernels": "asymagent.kernels",
+           "integrations": "asymagent.integrations", "evals": "asymagent.evals"}
+
+
+def module_files() -> dict:
+    """{module name: path} for every .py file of the four folders."""
+    out = {}
+    for folder, package in FOLDERS.items():
+        for path in sorted((ROOT / folder).rglob("*.py")):
+            parts = list(path.relative_to(ROOT / folder).with_suffix("").parts)
+            if parts[-1] == "__init__":
+                parts = parts[:-1]
+            out[".".join([package, *parts])] = path
+    return out
+
+
+MODULES = module_files()
+
+
+def layer(module: str) -> str:
+    for name in ("kernels", "integrations", "evals"):
+        if module == f"asymagent.{name}" or module.startswith(f"asymagent.{name}."):
+            return name
+    return "core"
+
+
+def _resolve(name: str) -> str | None:
+    """The longest known module that `name` (a dotted import target) names or lies in."""
+    while name and name not in MODULES:
+        name = name.rpartition(".")[0]
+    return name or None
+
+
+def imports_of(module: str) -> set:
+    """Modules of ours that `module` imports anywhere in its source (incl. lazy imports)."""
+    path = MODULES[module]
+    tree = ast.parse(path.read_text(), str(path))
+    package = module if path.name == "__init__.py" else module.rpartition(".")[0]
+    found = set()
+    for node in ast.walk(tree):
+        targets = []
+        if isinstance(node, ast.Import):
+            targets = [alias.name for alias in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                anchor = package.split(".")[: len(package.split(".")) - node.level + 1]
+                base = ".".join(anchor + ([base] if base else []))
+            # `from a.b import c` imports a.b.c when c is a module, else a name in a.b
+            targets = [f"{base}.{alias.name}" for alias in node.names] + [base]
+        for target in targets:
+            if target == "asymagent" or target.startswith("asymagent."):
+                resolved = _resolve(target)
+                if resolved and resolved != module:
+                    found.add(resolved)
+    return found
+
+
+GRAPH = {m: imports_of(m) for m in MODULES}
+
+
+def test_the_scan_sees_the_tree():
+    assert "asymagent.engine" in MODULES and "asymagent.kernels.fused_gate" in MODULES
+    assert "asymagent.decoding.round" in GRAPH["asymagent.engine"]
+    assert "asymagent.kernels" in GRAPH["asymagent.decoding.round"]
+
+
+@pytest.mark.parametrize("module", sorted(MODULES))
+def test_floors(module):
+    allowed = {"kernels": {"kernels"}, "core": {"core", "kernels"},
+               "evals": {"evals", "core", "kernels"},
+               "integrations": {"integrations", "evals", "core", "kernels"}}[layer(module)]
+    bad = sorted(m for m in GRAPH[module] if layer(m) not in allowed and m != "asymagent")
+    assert not bad, f"{module} ({layer(module)}) imports {bad}"
+
+
+def _cycles(nodes: set) -> list:
+    """Strongly connected components of more than one module (Tarjan), among `nodes`."""
+    index, low, stack, on, out = {}, {}, [], set(), []
+
+    def visit(v):
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        on.add(v)
+        for w in sorted(GRAPH[v] & nodes):
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in on:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            comp = []
+            while True:
+                w = stack.pop()
+                on.discard(w)
+                comp.append(w)
+                if w == v:
+                    break
+            if len(comp) > 1:
+                out.append(sorted(comp))
+
+    for v in sorted(nodes):
+        if v not in index:
+            visit(v)
+    return out
+
+
+def test_no_import_cycles():
+    # package __init__ files (the lazy public API) are left out: they import nothing at load
+    nodes = {m for m in MODULES if MODULES[m].name != "__init__.py"}
+    assert _cycles(nodes) == []
+
+
+THIRD_PARTY_ROOTS = {"torch"}  # torch._dynamo.config is how torch documents its knobs
+
+
+def _root(node: ast.AST) -> ast.AST:
+    while isinstance(node, ast.Attribute):
+        node = node.value
+    return node
+
+
+def test_no_private_attribute_read_across_modules():
+    """`obj._name` only on self/cls (a class reading its own state) or super(), never on another
+    object or module of ours."""
+    bad = []
+    for module, path in MODULES.items():
+        tree = ast.parse(path.read_text(), str(path))
+        for node in ast.walk(tree):
+            if (isinstance(node, ast.Attribute) and node.attr.startswith("_")
+                    and not node.attr.startswith("__")
+                    and not (isinstance(node.value, ast.Name) and node.value.id in ("self", "cls"))
+                    and not (isinstance(node.value, ast.Call) and isinstance(node.value.func, ast.Name)
+                             and node.value.func.id == "super")
+                    and not (isinstance(_root(node.value), ast.Name)
+                             and _root(node.value).id in THIRD_PARTY_ROOTS)):
+                bad.append(f"{module}:{node.lineno} .{node.attr}")
+    assert not bad, bad
+
+
+def test_core_stays_small_at_the_top():
+    top = [p for p in (ROOT / "asymagent").glob("*.py")]
+    assert len(top) <= 14, sorted(p.name for p in top)
