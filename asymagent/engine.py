@@ -24,6 +24,8 @@ import torch
 from asymagent.chat.chat_format import ChatFormat
 from asymagent.chat.session import run_chat
 from asymagent.decoding.flops import FlopCounter
+from asymagent.decoding.logit_processors import LogitProcessors
+from asymagent.decoding.logprobs import LogprobRecorder, score_tokens
 from asymagent.decoding.lookup_drafter import LookupDrafter
 from asymagent.decoding.loop import decode_loop
 from asymagent.decoding.model_drafter import DraftHead, ModelDrafter
@@ -116,14 +118,19 @@ class Engine:
                    compression=compression, **kw)
 
     @classmethod
-    def from_default(cls, spec: SpecConfig | None = None, compression=None, **kw) -> "Engine":
+    def from_default(cls, spec: SpecConfig | None = None, compression=None, *,
+                     dtype: torch.dtype = torch.float32, device: str | torch.device | None = None,
+                     **kw) -> "Engine":
         """The embedded pair: SmolLM2-135M-Instruct verifier + the project's trained drafter.
 
         `compression=None` means the default CompressionConfig (as everywhere in asymagent.context.views).
+        `dtype` and `device` place both models (the drafter follows the verifier's dtype).
         """
         from asymagent.modeling.loading import ModelNotFoundError, load_default_verifier
 
-        loaded = load_default_verifier()
+        loaded = load_default_verifier(dtype=dtype)
+        if device is not None:
+            loaded.model.to(device)
         try:
             from asymagent.modeling.drafter import load_default_drafter
 
@@ -181,11 +188,27 @@ class Engine:
     def generate(self, prompt_ids, mode: str = "asym", max_new_tokens: int = 64,
                  temperature: float = 0.0, seed: int | None = None, top_p: float = 1.0,
                  compressed_prompt_ids=None, stop=None, constraint=None, callback=None,
-                 cache_key: str = "default") -> GenerationResult:
-        """Generate up to `max_new_tokens` new tokens after `prompt_ids` (see module docstring)."""
+                 cache_key: str = "default", *, top_k: int = 0, min_p: float = 0.0,
+                 frequency_penalty: float = 0.0, presence_penalty: float = 0.0,
+                 logit_bias: dict | None = None,
+                 logprobs: int | LogprobRecorder | None = None) -> GenerationResult:
+        """Generate up to `max_new_tokens` new tokens after `prompt_ids` (see module docstring).
+
+        top_k, min_p, frequency_penalty, presence_penalty, logit_bias ({token id: bias}) act on
+        the verifier's rows as OpenAI/vLLM define them (asymagent/decoding/logit_processors.py).
+        `logprobs`: None (off), or how many top alternatives to keep per token (0..20), or a
+        LogprobRecorder to read while streaming; the result's `logprobs` then holds one
+        TokenLogprob per new token, from the verifier's own rows (asymagent/decoding/logprobs.py).
+        """
         prompt, compressed, stops = self._validate(prompt_ids, mode, max_new_tokens,
                                                    float(temperature), float(top_p),
                                                    compressed_prompt_ids, stop)
+        processors = LogitProcessors(
+            frequency_penalty=float(frequency_penalty), presence_penalty=float(presence_penalty),
+            logit_bias={int(t): float(b) for t, b in (logit_bias or {}).items()},
+            top_k=top_k, min_p=float(min_p)).validate(self.vocab_size)
+        recorder = logprobs if isinstance(logprobs, LogprobRecorder) or logprobs is None \
+            else LogprobRecorder(logprobs)
         t_start = time.perf_counter()
         m = mode_of(mode)
         generator = torch.Generator(device=self.device)
@@ -214,6 +237,7 @@ class Engine:
             return ViewCache(cache, view), len(ids) - kept, self.flops.forward(len(ids) - 1 - kept, kept)
 
         verifier, stats.verifier_prefill_tokens, prefill_flops = prefill(ver_role, ver_view)
+        stats.cached_tokens = len(ver_prompt) - stats.verifier_prefill_tokens
         drafter = base = None
         drafters: list = []
         sampler = dict(temperature=float(temperature), generator=generator, constraint=constraint)
@@ -227,7 +251,8 @@ class Engine:
             drafters.append(ModelDrafter(drafter, self.head, bonus_row=m.fused, **sampler))
         decoder = Decoder(verifier, self.flops, top_p=float(top_p), drafters=drafters,
                           drafter=drafter, base=base, head=self.head, fused=m.fused,
-                          verifier_flops=prefill_flops, **sampler)
+                          verifier_flops=prefill_flops, processors=processors,
+                          logprobs=recorder, **sampler)
         t_prefill = time.perf_counter()
         stats.prefill_s = t_prefill - t_start
 
@@ -243,6 +268,9 @@ class Engine:
                            max_positions=self.max_positions, checker=checker, stats=stats,
                            t_start=t_start, constraint=constraint, callback=callback,
                            escalate=escalate)
+        if recorder is not None:
+            recorder.truncate(len(generated))  # tokens cut by a stop string or the constraint
+            decoder.score_pending()  # jump-forward tokens at the end: one more forward
         now = time.perf_counter()
         stats.wall_s = now - t_start
         stats.ttft_s = loop.ttft_s if loop.ttft_s is not None else stats.wall_s
@@ -254,19 +282,36 @@ class Engine:
         stats.verifier_flops = decoder.verifier_flops
         stats.finish_reason = loop.finish
         return GenerationResult(token_ids=list(generated), text=checker.text(generated),
-                                stats=stats, finish_reason=loop.finish)
+                                stats=stats, finish_reason=loop.finish,
+                                logprobs=None if recorder is None else list(recorder.entries))
+
+    def score(self, prompt_ids, top_logprobs: int = 0) -> list:
+        """The verifier's log-probability of every prompt token given the ones before it
+        (TokenLogprob per token, the first with logprob None): prompt scoring for evals
+        (`/v1/completions` with `echo`). Uses no cache session."""
+        prompt, _, _ = self._validate(prompt_ids, "full", 1, 0.0, 1.0, None, None)
+        return score_tokens(self.verifier, prompt, top_logprobs)
 
     # ------------------------------------------------------------------ chat
     def chat(self, messages: list, tools: list | None = None, mode: str = "asym",
              max_new_tokens: int = 256, temperature: float = 0.0, seed: int | None = None,
              top_p: float = 1.0, stop=None, tool_choice="auto", callback=None,
-             cache_key: str = "default") -> ChatResult:
+             cache_key: str = "default", *, response_format: dict | None = None,
+             top_k: int = 0, min_p: float = 0.0, frequency_penalty: float = 0.0,
+             presence_penalty: float = 0.0, logit_bias: dict | None = None,
+             logprobs: int | LogprobRecorder | None = None) -> ChatResult:
         """OpenAI-style chat: render both views, generate, parse text and tool calls.
 
         The chat layer lives in asymagent/chat/session.py (`run_chat`): message validation,
-        tool_choice -> ToolCallConstraint, the conversation's ContextViews (per `cache_key`), the
+        tool_choice -> ToolCallConstraint, response_format (OpenAI's json_object / json_schema)
+        -> ResponseFormatConstraint, the conversation's ContextViews (per `cache_key`), the
         drafter's log-probs for surprisal compression, and output parsing into a ChatResult.
+        The sampling keywords are `generate`'s.
         """
+        sampling = dict(top_k=top_k, min_p=min_p, frequency_penalty=frequency_penalty,
+                        presence_penalty=presence_penalty, logit_bias=logit_bias,
+                        logprobs=logprobs)
         return run_chat(self, messages, tools=tools, mode=mode, max_new_tokens=max_new_tokens,
                         temperature=temperature, seed=seed, top_p=top_p, stop=stop,
-                        tool_choice=tool_choice, callback=callback, cache_key=cache_key)
+                        tool_choice=tool_choice, callback=callback, cache_key=cache_key,
+                        response_format=response_format, sampling=sampling)

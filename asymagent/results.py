@@ -15,6 +15,7 @@ class GenerationResult:
     text: str
     stats: StepStats
     finish_reason: str  # stop | length | tool_calls | cancelled
+    logprobs: list | None = None  # list[TokenLogprob] per token_ids entry, when asked for
 
 
 @dataclass

@@ -38,6 +38,7 @@ class StepStats:
     mean_jsd: float = 0.0  # mean JSD(p_aug || p_base) over verify positions (asym)
     forced_tokens: int = 0  # tokens the constraint alone determined (jump-forward; docs/engine.md)
     rewrites: int = 0  # compressed-view rewrites that forced a verifier re-prefill
+    cached_tokens: int = 0  # verifier view tokens reused from its KV cache (not prefilled)
     finish_reason: str = ""  # "stop" | "length" | "tool_calls" | "cancelled"
 
     def to_dict(self) -> dict:

@@ -41,6 +41,29 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--quiet", action="store_true")
 
 
+def check_args(args) -> None:
+    """Refuse a bad suite, trace file, mode label or seed list before any model loads."""
+    from pathlib import Path
+
+    from asymagent.evals.environments import SUITES
+    from asymagent.evals.runner import parse_mode, split_mode_labels
+
+    if args.suite.endswith(".jsonl"):
+        if not Path(args.suite).is_file():
+            raise ValueError(f"trace file {args.suite}: no such file")
+        from asymagent.evals.traces import load_traces
+
+        load_traces(args.suite)  # a ValueError naming the file and line
+    elif args.suite not in SUITES:
+        raise ValueError(f"unknown suite {args.suite!r}; use one of {', '.join(SUITES)} or a "
+                         ".jsonl trace file")
+    elif args.no_free_running and args.no_teacher_forced:
+        raise ValueError("nothing to run: --no-free-running and --no-teacher-forced together")
+    for label in split_mode_labels(args.modes or DEFAULT_MODES):
+        parse_mode(label)
+    pick_seeds(args.split, args.episodes, args.seeds)
+
+
 def pick_seeds(split: str, episodes: int, seeds: str | None) -> list:
     from asymagent.evals.environments import DEV_SEEDS, TEST_SEEDS
 

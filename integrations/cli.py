@@ -1,7 +1,10 @@
 """The `asymagent` console script: demo, bench, eval, serve, train-drafter (docs/architecture.md §4).
 
-Each verb lives in its own module exposing `add_arguments(parser)` and `main(args) -> int`;
-this file only wires them, importing a verb's module when that verb runs.
+Each verb lives in its own module exposing `add_arguments(parser)` and `main(args) -> int`, and
+optionally `check_args(args)`, which raises ValueError for arguments that cannot work; it runs
+before `main`, so a bad argument is reported (exit code 2, with the usage line) before any model
+loads. This file only wires them, importing a verb's module when that verb runs. Every `--help`
+shows each option's default. `python -m asymagent` runs the same command.
 """
 
 from __future__ import annotations
@@ -14,28 +17,75 @@ VERBS = {
     "demo": ("asymagent.integrations.demo", "Run a long-horizon agent task on the embedded default."),
     "bench": ("asymagent.evals.bench", "Side-by-side benchmark of all modes and HF peers (JSON)."),
     "eval": ("asymagent.evals.cli", "Run a long-horizon agent eval suite (JSON + report)."),
-    "serve": ("asymagent.integrations.openai_server", "OpenAI-compatible HTTP server."),
+    "serve": ("asymagent.integrations.serve", "OpenAI-compatible HTTP server."),
     "train-drafter": ("asymagent.training.distill", "Distil a drafter from a verifier."),
 }
 
 
-def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="asymagent", description=__doc__.splitlines()[0])
-    sub = parser.add_subparsers(dest="verb", metavar="VERB")
+def shows_default(action: argparse.Action) -> bool:
+    """Options whose help should state a default: not unset (None), not an off-by-default flag
+    (False), not --help/--version."""
+    return bool(action.option_strings) and not (
+        action.default is None or action.default is False or action.default == argparse.SUPPRESS)
+
+
+class DefaultsHelpFormatter(argparse.HelpFormatter):
+    """argparse's ArgumentDefaultsHelpFormatter without the noise: an option's help ends with
+    "(default: X)" when `shows_default` and its help does not state the default already."""
+
+    def _get_help_string(self, action):
+        text = action.help or ""
+        if not shows_default(action) or "%(default)" in text or "(default" in text:
+            return text
+        return f"{text} (default: %(default)s)"
+
+
+class VerbParser(argparse.ArgumentParser):
+    """A verb's parser: an option added without help still gets a help line (its default),
+    since argparse prints nothing, not even the default, for an option without help text."""
+
+    def add_argument(self, *args, **kwargs):
+        action = super().add_argument(*args, **kwargs)
+        if shows_default(action) and not action.help:
+            action.help = "default: %(default)s"
+        return action
+
+
+def version_string() -> str:
+    from asymagent import __version__
+
+    return f"asymagent {__version__}"
+
+
+def build_parser() -> tuple[argparse.ArgumentParser, dict]:
+    """The parser and {verb: its sub-parser} (sub-parsers report check_args errors)."""
+    parser = argparse.ArgumentParser(prog="asymagent", description=__doc__.splitlines()[0],
+                                     formatter_class=DefaultsHelpFormatter)
+    parser.add_argument("--version", action="version", version=version_string())
+    sub = parser.add_subparsers(dest="verb", metavar="VERB", parser_class=VerbParser)
     sub.required = True
+    verbs = {}
     for verb, (module, help_text) in VERBS.items():
-        p = sub.add_parser(verb, help=help_text, description=help_text)
+        p = sub.add_parser(verb, help=help_text, description=help_text,
+                           formatter_class=DefaultsHelpFormatter)
         p.set_defaults(verb_module=module)
         mod = importlib.import_module(module)
         mod.add_arguments(p)
-    return parser
+        verbs[verb] = p
+    return parser, verbs
 
 
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
-    parser = build_parser()
+    parser, verbs = build_parser()
     args = parser.parse_args(argv)
     module = importlib.import_module(args.verb_module)
+    check = getattr(module, "check_args", None)
+    if check is not None:
+        try:
+            check(args)
+        except ValueError as exc:
+            verbs[args.verb].error(str(exc))  # exit code 2, before any model loads
     return int(module.main(args) or 0)
 
 

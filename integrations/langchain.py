@@ -1,9 +1,20 @@
 """ChatAsymSpec: the asymagent Engine as a LangChain chat model (tools, streaming, usage, stats).
 
     from asymagent.integrations.langchain import ChatAsymSpec
-    llm = ChatAsymSpec.from_default(mode="asym", max_tokens=128)
+    llm = ChatAsymSpec(model="default", mode="asym", max_tokens=128)   # or engine=Engine(...)
     llm.bind_tools([my_tool], tool_choice="any").invoke("...")   # schema-constrained call
+    llm.with_structured_output(MyModel).invoke("...")            # grammar-constrained JSON
 
+- Construction as ChatOllama/ChatOpenAI users expect: `model` ("default": the embedded
+  SmolLM2 pair, or a model dir / .gguf / cached HF id) and `drafter` build the engine
+  (integrations/engine_source.py; one engine per distinct source, shared); `engine=` uses yours.
+  Unknown arguments warn and move into `model_kwargs`, exactly as ChatOpenAI does (LangChain's
+  `_build_model_kwargs`); `model_kwargs` are sent with every call, so a misspelt one then fails
+  with "unsupported generation arguments", as the OpenAI API answers a 400.
+- `with_structured_output(schema, method=...)`: "json_schema" (default, as ChatOpenAI's) and
+  "json_mode" decode under `ResponseFormatConstraint`, "function_calling" under
+  `ToolCallConstraint`: the output is valid JSON for the schema whatever the model.
+- Async (`ainvoke`, `astream`, `abatch`) runs the engine in a worker thread, never on the loop.
 - `bind_tools(tools, tool_choice=...)`: "auto"/None lets the model choose; "any", "required",
   True (with one tool) or a tool name force a call, and the engine decodes it under
   `ToolCallConstraint` (always a schema-valid call, even from a 135M model).
@@ -17,14 +28,15 @@
 
 from __future__ import annotations
 
+import asyncio
 import copy
 import json
 import queue
 import threading
 import uuid
-from typing import Any, Iterator, Sequence
+from typing import Any, AsyncIterator, Iterator, Sequence
 
-from langchain_core.callbacks import CallbackManagerForLLMRun
+from langchain_core.callbacks import AsyncCallbackManagerForLLMRun, CallbackManagerForLLMRun
 from langchain_core.language_models import BaseChatModel, LanguageModelInput
 from langchain_core.messages import (
     AIMessage,
@@ -35,12 +47,19 @@ from langchain_core.messages import (
 from langchain_core.outputs import ChatGeneration, ChatGenerationChunk, ChatResult
 from langchain_core.runnables import Runnable
 from langchain_core.utils.function_calling import convert_to_openai_tool
+from langchain_core.utils.utils import _build_model_kwargs, get_pydantic_field_names
 from pydantic import ConfigDict, Field, model_validator
 
+DEFAULT_MODEL_NAME = "asymagent-smollm2-135m"
 _ARGS_PIECE = 24  # characters of tool-call arguments per streamed chunk
 # LangChain passes these through bind/with_structured_output; they need nothing from a local engine
 # (one call per constrained step; schemas are always enforced when a call is forced).
 _IGNORED_KWARGS = {"parallel_tool_calls", "strict", "stream_usage"}
+# Per-call keywords handed to Engine.chat (the rest of its sampling interface).
+_ENGINE_KWARGS = {"seed", "temperature", "max_tokens", "top_p", "mode", "response_format",
+                  "top_k", "min_p", "frequency_penalty", "presence_penalty", "logit_bias",
+                  "logprobs", "top_logprobs"}
+_ENGINES: dict = {}  # (model, drafter, spec, compression) -> Engine built by the constructor
 
 
 def normalize_tool_choice(tool_choice: Any, tools: list) -> Any:
@@ -93,11 +112,26 @@ def _lc_invalid_calls(calls: list) -> list[dict]:
              "error": c.get("error"), "type": "invalid_tool_call"} for c in calls or []]
 
 
+def engine_for(model: str, drafter: str | None, mode: str, spec, compression):
+    """The engine `ChatAsymSpec(model=..., drafter=...)` builds: one per distinct source, kept
+    for the process (several models over one source share its weights and caches)."""
+    from asymagent.integrations.engine_source import open_engine
+
+    source = "default" if model == DEFAULT_MODEL_NAME else model
+    key = (source, drafter, mode if drafter is None else "", repr(spec), repr(compression))
+    if key not in _ENGINES:
+        _ENGINES[key] = open_engine(source, drafter, mode=mode, spec=spec, compression=compression)
+    return _ENGINES[key]
+
+
 class ChatAsymSpec(BaseChatModel):
     """LangChain chat model over an asymagent Engine (local, context-asymmetric speculation)."""
 
-    engine: Any = Field(default=None, exclude=True)  # asymagent.Engine
-    model_name: str = "asymagent-smollm2-135m"
+    engine: Any = Field(default=None, exclude=True)  # asymagent.Engine; built from model if None
+    model_name: str = Field(default=DEFAULT_MODEL_NAME, alias="model")
+    drafter: str | None = None  # with model: a drafter source (integrations/engine_source.py)
+    spec: Any = Field(default=None, exclude=True)  # SpecConfig for a built engine
+    compression: Any = Field(default=None, exclude=True)  # CompressionConfig for a built engine
     mode: str = "asym"  # full | compressed | spec | asym
     temperature: float = 0.0
     max_tokens: int | None = 256
@@ -109,16 +143,37 @@ class ChatAsymSpec(BaseChatModel):
     timeout: float | None = None  # accepted for LangChain's standard params; local engine
     max_retries: int = 0  # accepted for LangChain's standard params; nothing to retry locally
     max_input_tokens: int | None = None  # context limit for `profile` (default: the model's)
+    top_k: int | None = None
+    min_p: float | None = None
+    frequency_penalty: float | None = None
+    presence_penalty: float | None = None
+    logit_bias: dict[int, float] | None = None
+    logprobs: bool | None = None  # log-probs in response_metadata["logprobs"] (OpenAI's shape)
+    top_logprobs: int | None = None
+    model_kwargs: dict[str, Any] = Field(default_factory=dict)  # sent with every call
 
-    model_config = ConfigDict(arbitrary_types_allowed=True)
+    model_config = ConfigDict(arbitrary_types_allowed=True, populate_by_name=True)
+
+    @property
+    def model(self) -> str:
+        """Same as model_name (ChatOpenAI's accessor)."""
+        return self.model_name
+
+    @model_validator(mode="before")
+    @classmethod
+    def build_extra(cls, values: dict[str, Any]) -> Any:
+        """Unknown arguments -> model_kwargs with a warning (ChatOpenAI's behaviour)."""
+        return _build_model_kwargs(values, get_pydantic_field_names(cls))
 
     @model_validator(mode="after")
     def _check(self) -> "ChatAsymSpec":
-        if self.engine is None or not hasattr(self.engine, "chat"):
-            raise ValueError("ChatAsymSpec needs engine=<asymagent.Engine>; "
-                             "or use ChatAsymSpec.from_default()")
         if self.mode not in ("full", "compressed", "spec", "asym"):
             raise ValueError(f"mode must be full|compressed|spec|asym, got {self.mode!r}")
+        if self.engine is None:
+            self.engine = engine_for(self.model_name, self.drafter, self.mode, self.spec,
+                                     self.compression)
+        elif not hasattr(self.engine, "chat"):
+            raise ValueError("engine must be an asymagent.Engine")
         if self.temperature < 0:
             raise ValueError("temperature must be >= 0")
         if self.max_tokens is not None and self.max_tokens < 1:
@@ -127,7 +182,8 @@ class ChatAsymSpec(BaseChatModel):
 
     @classmethod
     def from_default(cls, **kw) -> "ChatAsymSpec":
-        """The embedded default engine (SmolLM2-135M verifier + project drafter, CPU)."""
+        """The embedded default engine (SmolLM2-135M verifier + project drafter, CPU); the same
+        as ChatAsymSpec(model="default", ...) except that it loads a fresh engine."""
         from asymagent.engine import Engine
 
         engine_kw = {k: kw.pop(k) for k in ("spec", "compression") if k in kw}
@@ -174,6 +230,7 @@ class ChatAsymSpec(BaseChatModel):
 
     # --- generation -------------------------------------------------------------------------
     def _chat_kwargs(self, messages, stop, kwargs) -> dict:
+        kwargs = {**self.model_kwargs, **kwargs}
         tools = kwargs.pop("tools", None) or None
         choice = kwargs.pop("tool_choice", "auto")
         if choice == "none":
@@ -181,26 +238,41 @@ class ChatAsymSpec(BaseChatModel):
         if tools is None:
             choice = "auto"
         ignored = {k for k in kwargs if k.startswith("ls_") or k in _IGNORED_KWARGS}
-        unknown = set(kwargs) - ignored - {"seed", "temperature", "max_tokens", "top_p", "mode"}
+        unknown = set(kwargs) - ignored - _ENGINE_KWARGS
         if unknown:
             raise ValueError(f"unsupported generation arguments: {sorted(unknown)}")
+
+        def pick(name: str, default=None):
+            value = kwargs.get(name, getattr(self, name))
+            return default if value is None else value
+
         max_new = kwargs.get("max_tokens", self.max_tokens) or 256
+        logprobs = pick("logprobs", False)
         return dict(messages=to_openai_messages(messages), tools=tools, tool_choice=choice,
                     mode=kwargs.get("mode", self.mode), max_new_tokens=int(max_new),
                     temperature=float(kwargs.get("temperature", self.temperature)),
                     seed=kwargs.get("seed", self.seed), top_p=kwargs.get("top_p", self.top_p),
-                    stop=list(stop or self.stop or []) or None, cache_key=self.cache_key)
+                    stop=list(stop or self.stop or []) or None, cache_key=self.cache_key,
+                    response_format=kwargs.get("response_format"), top_k=pick("top_k", 0),
+                    min_p=pick("min_p", 0.0), frequency_penalty=pick("frequency_penalty", 0.0),
+                    presence_penalty=pick("presence_penalty", 0.0),
+                    logit_bias=pick("logit_bias"),
+                    logprobs=pick("top_logprobs", 0) if logprobs else None)
 
     def _metadata(self, r) -> tuple[dict, dict]:
         s = r.stats
         usage = {"input_tokens": int(s.full_context_tokens), "output_tokens": int(s.new_tokens),
                  "total_tokens": int(s.full_context_tokens + s.new_tokens)}
-        reused = max(int(s.full_context_tokens) - int(s.verifier_prefill_tokens), 0)
-        if s.compression_ratio >= 1.0 and reused:
-            usage["input_token_details"] = {"cache_read": reused}
+        # the verifier's prefix reused from its KV cache (OpenAI's cached_tokens)
+        usage["input_token_details"] = {"cache_read": int(s.cached_tokens)}
         finish = "tool_calls" if r.tool_calls else r.finish_reason
         meta = {"model_name": self.model_name, "model_provider": "asymagent", "mode": s.mode,
                 "finish_reason": finish, "step_stats": s.to_dict()}
+        if r.logprobs is not None:
+            from asymagent.integrations.server_logprobs import TokenTexts, chat_content, visible
+
+            entries = visible(r.logprobs, getattr(self.engine, "eos_ids", ()))
+            meta["logprobs"] = {"content": chat_content(TokenTexts(self.engine.tokenizer), entries)}
         return usage, meta
 
     def _no_calls(self, r, no_tools: bool):
@@ -228,6 +300,9 @@ class ChatAsymSpec(BaseChatModel):
                 **kwargs: Any) -> Iterator[ChatGenerationChunk]:
         no_tools = kwargs.get("tool_choice") == "none"
         call = self._chat_kwargs(messages, stop, dict(kwargs))
+        # Output may be a tool call (its chunks come at the end) unless no tool can be called:
+        # an answer under a response_format without tools is JSON text, streamed as it comes.
+        may_call = not no_tools and (call["tools"] or not call["response_format"])
         tok = self.engine.tokenizer
         eos = set(getattr(self.engine, "eos_ids", ()) or ())
         stops = call["stop"] or []
@@ -261,7 +336,7 @@ class ChatAsymSpec(BaseChatModel):
                 if frozen:
                     continue
                 text = tok.decode([t for t in ids if t not in eos], skip_special_tokens=False)
-                if not no_tools and _call_started(text):
+                if may_call and _call_started(text):
                     frozen = True  # a tool call is being written: its chunks come at the end
                     continue
                 safe = text[: len(text) - hold] if hold else text
@@ -278,6 +353,57 @@ class ChatAsymSpec(BaseChatModel):
             cancel.set()
         worker.join()
         yield from self._final_chunks(self._no_calls(result, no_tools), sent, run_manager)
+
+    async def _agenerate(self, messages: list[BaseMessage], stop: list[str] | None = None,
+                         run_manager: AsyncCallbackManagerForLLMRun | None = None,
+                         **kwargs: Any) -> ChatResult:
+        """`_generate` on a worker thread: the event loop keeps running while the engine works."""
+        return await asyncio.to_thread(self._generate, messages, stop, None, **kwargs)
+
+    async def _astream(self, messages: list[BaseMessage], stop: list[str] | None = None,
+                       run_manager: AsyncCallbackManagerForLLMRun | None = None,
+                       **kwargs: Any) -> AsyncIterator[ChatGenerationChunk]:
+        """`_stream` on a worker thread, its chunks handed to the event loop as they come; a
+        consumer that stops early stops the engine at its next round."""
+        loop = asyncio.get_running_loop()
+        chunks: asyncio.Queue = asyncio.Queue()
+        stopped = threading.Event()
+
+        def produce() -> None:
+            try:
+                for chunk in self._stream(messages, stop, None, **kwargs):
+                    loop.call_soon_threadsafe(chunks.put_nowait, ("chunk", chunk))
+                    if stopped.is_set():
+                        break  # closes _stream, which cancels the engine
+            except Exception as exc:  # re-raised on the event loop
+                loop.call_soon_threadsafe(chunks.put_nowait, ("error", exc))
+            else:
+                loop.call_soon_threadsafe(chunks.put_nowait, ("done", None))
+
+        threading.Thread(target=produce, name="asymagent-astream", daemon=True).start()
+        try:
+            while True:
+                kind, value = await chunks.get()
+                if kind == "error":
+                    raise value
+                if kind == "done":
+                    return
+                if run_manager:
+                    await run_manager.on_llm_new_token(value.text, chunk=value)
+                yield value
+        finally:
+            stopped.set()
+
+    def with_structured_output(self, schema: Any = None, *, method: str = "json_schema",
+                               include_raw: bool = False, strict: bool | None = None,
+                               **kwargs: Any) -> Runnable:
+        """ChatOpenAI's methods ("json_schema" default, "json_mode", "function_calling"), each
+        decoded under a grammar, so the output parses for any model
+        (integrations/langchain_structured.py)."""
+        from asymagent.integrations.langchain_structured import structured_output
+
+        return structured_output(self, schema, method=method, include_raw=include_raw,
+                                 strict=strict, **kwargs)
 
     def _final_chunks(self, r, sent: str, run_manager) -> Iterator[ChatGenerationChunk]:
         content = r.text or ""

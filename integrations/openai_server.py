@@ -1,8 +1,10 @@
-"""`asymagent serve`: an OpenAI-compatible chat-completions server (FastAPI + uvicorn) over an Engine.
+"""The OpenAI-compatible app of `asymagent serve` (FastAPI; the command is serve.py) over an Engine.
 
-Endpoints: GET /health, GET /v1/models, GET /v1/models/{id}, POST /v1/chat/completions (tools,
-tool_choice none/auto/required/named, stream with stream_options.include_usage, extension field
-`mode`), GET /metrics (Prometheus, see server_metrics.py). Errors are OpenAI error bodies
+Endpoints: GET /health, GET /version, GET /v1/models, GET /v1/models/{id}, POST
+/v1/chat/completions (tools, tool_choice none/auto/required/named, response_format, logprobs,
+sampling fields (server_fields.py), stream with stream_options.include_usage, extension field
+`mode`), POST /v1/completions (server_completions.py), GET /metrics (Prometheus, see
+server_metrics.py); CORS for the origins given (opt-in). Errors are OpenAI error bodies
 `{"error": {"message", "type", "param", "code"}}`: 400 for invalid input (request validation,
 context over the limit naming both lengths), 401 for a wrong/missing key with --api-key, 404 for
 an unknown model or path, 429 when the queue is full, 504 when a request times out; bad input is
@@ -11,50 +13,18 @@ client that disconnects cancels its generation at the next round. Each conversat
 engine cache session (`cache_key` = hash of the tools, the mode and the messages up to the first
 user message), so an agent resending a growing conversation reuses its KV prefix.
 
-Responses carry the engine's StepStats under the extension key `asymagent` and speculation
-counts as extra `usage` fields (`drafted_tokens`, `accepted_tokens`, `acceptance_rate`,
-`mean_accepted_len`, `compression_ratio`, `verifier_context_tokens`).
+Responses carry the engine's StepStats under the extension key `asymagent`; `usage` has
+`prompt_tokens_details.cached_tokens` (the verifier's prefix reused from its KV cache), the
+speculation counts as OpenAI's predicted-output fields, and extra fields (`drafted_tokens`,
+`accepted_tokens`, `acceptance_rate`, `mean_accepted_len`, `compression_ratio`,
+`verifier_context_tokens`).
 """
 
 
-import argparse
 import hashlib
 import json
 
 DEFAULT_MODEL_NAME = "asymagent"
-
-
-def add_arguments(parser: argparse.ArgumentParser) -> None:
-    """CLI flags of `asymagent serve` (light: no heavy imports here)."""
-    parser.add_argument("--host", default="127.0.0.1", help="bind address (default loopback)")
-    parser.add_argument("--port", type=int, default=8000)
-    parser.add_argument("--verifier", default="default",
-                        help="verifier: 'default' (embedded SmolLM2), a directory, .gguf or "
-                             "cached HF id")
-    parser.add_argument("--drafter", default=None,
-                        help="drafter: a directory/.gguf/HF id, or 'layers:N' for an untrained "
-                             "drafter made of the verifier's first N layers (default: the "
-                             "shipped drafter of the embedded verifier)")
-    parser.add_argument("--config", default=None,
-                        help="JSON/YAML file with 'spec' and/or 'compression' sections")
-    parser.add_argument("--api-key", default=None,
-                        help="require 'Authorization: Bearer KEY' on /v1/* (env: "
-                             "ASYMAGENT_API_KEY)")
-    parser.add_argument("--max-queue", type=int, default=16,
-                        help="requests allowed to wait for the engine (429 beyond)")
-    parser.add_argument("--request-timeout", type=float, default=600.0,
-                        help="seconds from arrival to completion before a request is cut off")
-    parser.add_argument("--mode", default="asym", choices=("full", "compressed", "spec", "asym"),
-                        help="decoding mode when a request does not set `mode`")
-    parser.add_argument("--max-tokens", type=int, default=256,
-                        help="completion tokens when a request sets no max_tokens")
-    parser.add_argument("--temperature", type=float, default=0.0,
-                        help="temperature when a request sets none (0 = greedy, the paper's)")
-    parser.add_argument("--max-sessions", type=int, default=8,
-                        help="conversations whose KV caches the engine keeps (LRU)")
-    parser.add_argument("--model-name", default=DEFAULT_MODEL_NAME,
-                        help="model id served on /v1/models")
-    parser.add_argument("--log-level", default="info")
 
 
 def cache_key_for(messages: list[dict], tools: list | None, mode: str) -> str:
@@ -71,8 +41,12 @@ def cache_key_for(messages: list[dict], tools: list | None, mode: str) -> str:
 
 def create_app(engine, *, model_name: str = DEFAULT_MODEL_NAME, api_key: str | None = None,
                max_queue: int = 16, request_timeout: float = 600.0, default_mode: str = "asym",
-               default_max_tokens: int = 256, default_temperature: float = 0.0):
-    """The FastAPI app serving `engine` (one worker thread, started with the app)."""
+               default_max_tokens: int = 256, default_temperature: float = 0.0,
+               cors_origins: list[str] | None = None, max_model_len: int | None = None):
+    """The FastAPI app serving `engine` (one worker thread, started with the app).
+
+    `cors_origins`: browser origins allowed to call the API (CORS; None: no CORS headers, a
+    preflight is refused). `max_model_len`: a context limit below the model's own."""
     import asyncio
     import contextlib
     import hmac
@@ -84,7 +58,10 @@ def create_app(engine, *, model_name: str = DEFAULT_MODEL_NAME, api_key: str | N
     from fastapi.responses import JSONResponse, Response, StreamingResponse
     from starlette.exceptions import HTTPException as StarletteHTTPException
 
+    from asymagent.decoding.logprobs import LogprobRecorder
     from asymagent.integrations import server_schemas as S
+    from asymagent.integrations.server_completions import register_completions
+    from asymagent.integrations.server_logprobs import TokenTexts, chat_content, visible
     from asymagent.integrations.server_schemas import extension_for, finish_reason_for, usage_for
     from asymagent.integrations.server_metrics import CONTENT_TYPE_LATEST, ServerMetrics
     from asymagent.integrations.server_streaming import DeltaStreamer
@@ -104,7 +81,13 @@ def create_app(engine, *, model_name: str = DEFAULT_MODEL_NAME, api_key: str | N
                         finish_reason=finish_reason_for(result))
 
     worker = EngineWorker(engine, max_queue=max_queue, metrics=metrics, observe=observe)
+    if max_model_len is not None:
+        if max_model_len < 2:
+            raise ValueError(f"max_model_len must be >= 2, got {max_model_len}")
+        worker.max_context = min(worker.max_context or max_model_len, max_model_len)
     created = int(time.time())
+    texts = TokenTexts(engine.tokenizer)
+    stop_ids = tuple(getattr(engine, "eos_ids", ()) or ())
 
     @contextlib.asynccontextmanager
     async def lifespan(app):
@@ -115,6 +98,12 @@ def create_app(engine, *, model_name: str = DEFAULT_MODEL_NAME, api_key: str | N
             worker.stop()
 
     app = FastAPI(title="asymagent OpenAI-compatible server", lifespan=lifespan)
+    if cors_origins:
+        from starlette.middleware.cors import CORSMiddleware
+
+        app.add_middleware(CORSMiddleware, allow_origins=list(cors_origins),
+                           allow_methods=["GET", "POST", "OPTIONS"],
+                           allow_headers=["Authorization", "Content-Type"])
     app.state.worker, app.state.metrics, app.state.engine = worker, metrics, engine
 
     class ApiError(Exception):
@@ -141,9 +130,15 @@ def create_app(engine, *, model_name: str = DEFAULT_MODEL_NAME, api_key: str | N
         first = exc.errors()[0] if exc.errors() else {}
         loc = [str(p) for p in first.get("loc", ()) if p != "body"]
         param = None if first.get("type") == "json_invalid" else (".".join(loc) or None)
-        messages = "; ".join(
-            f"{'.'.join(str(p) for p in e.get('loc', ()) if p != 'body') or 'body'}: "
-            f"{e.get('msg', 'invalid')}" for e in exc.errors()[:5])
+
+        def say(e: dict) -> str:
+            where = ".".join(str(p) for p in e.get("loc", ()) if p != "body") or "body"
+            if e.get("type") == "extra_forbidden":  # OpenAI's words for an unknown field
+                return f"Unrecognized request argument supplied: {where}"
+            msg = str(e.get("msg", "invalid")).removeprefix("Value error, ")
+            return f"{where}: {msg}"
+
+        messages = "; ".join(say(e) for e in exc.errors()[:5])
         return error_response(400, messages or "invalid request", param=param,
                               code="invalid_value")
 
@@ -164,6 +159,12 @@ def create_app(engine, *, model_name: str = DEFAULT_MODEL_NAME, api_key: str | N
     @app.get("/health")
     async def health():
         return {"status": "ok", "model": model_name, "queue_depth": worker.depth}
+
+    @app.get("/version")
+    async def version():
+        from asymagent import __version__
+
+        return {"version": __version__}
 
     @app.get("/metrics")
     async def prometheus():
@@ -205,28 +206,17 @@ def create_app(engine, *, model_name: str = DEFAULT_MODEL_NAME, api_key: str | N
     def failure(ev: Failed) -> JSONResponse:
         return error_response(ev.status, ev.message, ev.type, ev.param, ev.code)
 
-    @app.post("/v1/chat/completions", dependencies=[Depends(check_key)])
-    async def chat_completions(req: S.ChatCompletionRequest, request: Request):
-        if req.model != model_name:
-            raise ApiError(404, f"The model `{req.model}` does not exist.", "not_found_error",
+    def check_model(name: str) -> None:
+        if name != model_name:
+            raise ApiError(404, f"The model `{name}` does not exist.", "not_found_error",
                            param="model", code="model_not_found")
-        mode = req.mode or default_mode
-        messages = [m.to_engine() for m in req.messages]
-        tools = [t.model_dump(exclude_none=True) for t in req.tools] if req.tools else None
-        tool_choice = req.engine_tool_choice()
-        engine_tools = tools if tool_choice != "none" else None
-        temperature = default_temperature if req.temperature is None else req.temperature
-        kwargs = dict(messages=messages, tools=engine_tools, mode=mode,
-                      max_new_tokens=req.max_new_tokens(default_max_tokens),
-                      temperature=temperature, seed=req.seed, top_p=req.top_p, stop=req.stop,
-                      tool_choice=tool_choice if engine_tools else "auto",
-                      cache_key=cache_key_for(messages, engine_tools, mode))
-        job = GenerationJob(kwargs, asyncio.get_running_loop(),
-                            deadline=time.monotonic() + request_timeout)
+
+    async def start(job: GenerationJob, request: Request):
+        """Queue `job`; its Started event, or the Response to answer with instead."""
         try:
             worker.submit(job)
         except QueueFull as exc:
-            raise ApiError(429, str(exc), "rate_limit_error", code="queue_full") from None
+            return error_response(429, str(exc), "rate_limit_error", code="queue_full")
         first = await next_event(job, request)
         if first is None:  # client gone before anything happened
             return Response(status_code=499)
@@ -235,15 +225,10 @@ def create_app(engine, *, model_name: str = DEFAULT_MODEL_NAME, api_key: str | N
         if not isinstance(first, Started):  # the worker always announces before anything else
             return error_response(500, f"internal error: unexpected event {first!r}",
                                   "server_error")
-        prompt_tokens = first.prompt_tokens
-        cid = "chatcmpl-" + uuid.uuid4().hex[:24]
-        if req.stream:
-            include_usage = bool(req.stream_options and req.stream_options.include_usage)
-            return StreamingResponse(
-                stream_chunks(job, request, cid, mode, prompt_tokens, include_usage,
-                              tools_enabled=engine_tools is not None, stop=req.stop),
-                media_type="text/event-stream",
-                headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
+        return first
+
+    async def finished(job: GenerationJob, request: Request):
+        """The job's Finished event (not timed out), or the Response to answer with instead."""
         while True:
             ev = await next_event(job, request)
             if ev is None:
@@ -255,28 +240,81 @@ def create_app(engine, *, model_name: str = DEFAULT_MODEL_NAME, api_key: str | N
         if ev.timed_out:
             return error_response(504, f"request timed out after {request_timeout:g} s",
                                   "timeout_error", code="timeout")
+        return ev
+
+    @app.post("/v1/chat/completions", dependencies=[Depends(check_key)])
+    async def chat_completions(req: S.ChatCompletionRequest, request: Request):
+        check_model(req.model)
+        mode = req.mode or default_mode
+        messages = [m.to_engine() for m in req.messages]
+        tools = [t.model_dump(exclude_none=True) for t in req.tools] if req.tools else None
+        tool_choice = req.engine_tool_choice()
+        engine_tools = tools if tool_choice != "none" else None
+        temperature = default_temperature if req.temperature is None else req.temperature
+        kwargs = dict(messages=messages, tools=engine_tools, mode=mode,
+                      max_new_tokens=req.max_new_tokens(default_max_tokens),
+                      temperature=temperature, seed=req.seed, top_p=req.top_p, stop=req.stop,
+                      tool_choice=tool_choice if engine_tools else "auto",
+                      cache_key=cache_key_for(messages, engine_tools, mode),
+                      response_format=req.response_format.to_engine() if req.response_format
+                      else None, **req.sampling())
+        top = req.top_logprobs_count()
+        recorder = kwargs["logprobs"] = None if top is None else LogprobRecorder(top)
+        max_calls = 1 if req.parallel_tool_calls is False else None
+        job = GenerationJob(kwargs, asyncio.get_running_loop(),
+                            deadline=time.monotonic() + request_timeout)
+        first = await start(job, request)
+        if not isinstance(first, Started):
+            return first
+        prompt_tokens = first.prompt_tokens
+        cid = "chatcmpl-" + uuid.uuid4().hex[:24]
+        if req.stream:
+            include_usage = bool(req.stream_options and req.stream_options.include_usage)
+            return StreamingResponse(
+                stream_chunks(job, request, cid, mode, prompt_tokens, include_usage,
+                              tools_enabled=engine_tools is not None, stop=req.stop,
+                              recorder=recorder, max_calls=max_calls),
+                media_type="text/event-stream",
+                headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
+        ev = await finished(job, request)
+        if not isinstance(ev, Finished):
+            return ev
         result = ev.result
-        calls = [S.ToolCall.model_validate(c) for c in result.tool_calls or []]
+        calls = [S.ToolCall.model_validate(c) for c in (result.tool_calls or [])[:max_calls]]
         message = S.ResponseMessage(content=(result.text or None) if calls else (result.text or ""),
                                     tool_calls=calls or None)
+        logprobs = None if recorder is None else {
+            "content": chat_content(texts, visible(result.logprobs, stop_ids)), "refusal": None}
         body = S.ChatCompletion(
             id=cid, model=model_name, system_fingerprint=f"asymagent-{mode}",
-            choices=[S.Choice(message=message, finish_reason=finish_reason_for(result))],
+            choices=[S.Choice(message=message, finish_reason=finish_reason_for(result),
+                              logprobs=logprobs)],
             usage=S.Usage(**usage_for(result, prompt_tokens)))
         out = body.model_dump(exclude_none=False)
         out["asymagent"] = extension_for(result, mode)
         return JSONResponse(out)
 
     async def stream_chunks(job, request, cid, mode, prompt_tokens, include_usage, *,
-                            tools_enabled, stop):
+                            tools_enabled, stop, recorder=None, max_calls=None):
         created_at = int(time.time())
-        streamer = DeltaStreamer(tools_enabled=tools_enabled, stop=stop)
+        streamer = DeltaStreamer(tools_enabled=tools_enabled, stop=stop, max_calls=max_calls)
+        sent = [0]  # log-prob entries sent so far
+        covered = [0]  # tokens the text sent so far covers
+
+        def take_logprobs(entries: list | None = None) -> dict | None:
+            """Entries not sent yet, up to the tokens covered (all of `entries` at the end)."""
+            if recorder is None:
+                return None
+            pool = recorder.entries[: covered[0]] if entries is None else entries
+            fresh, sent[0] = pool[sent[0]:], max(sent[0], len(pool))
+            return {"content": chat_content(texts, fresh), "refusal": None}
 
         def sse(delta: dict | None, finish: str | None = None, **extra) -> str:
+            lp = take_logprobs(extra.pop("final_logprobs", None)) if delta is not None else None
             chunk = {"id": cid, "object": "chat.completion.chunk", "created": created_at,
                      "model": model_name, "system_fingerprint": f"asymagent-{mode}",
                      "choices": [] if delta is None else [
-                         {"index": 0, "delta": delta, "logprobs": None,
+                         {"index": 0, "delta": delta, "logprobs": lp,
                           "finish_reason": finish}]}
             if include_usage:
                 chunk["usage"] = None
@@ -296,6 +334,7 @@ def create_app(engine, *, model_name: str = DEFAULT_MODEL_NAME, api_key: str | N
                 if ev is None:
                     return  # client left: finally cancels the generation
                 if isinstance(ev, TextDelta):
+                    covered[0] = ev.tokens
                     for delta in streamer.push(ev.text):
                         yield sse(delta)
                 elif isinstance(ev, Failed):
@@ -305,8 +344,9 @@ def create_app(engine, *, model_name: str = DEFAULT_MODEL_NAME, api_key: str | N
                     return
                 elif isinstance(ev, Finished):
                     result = ev.result
+                    final = visible(result.logprobs, stop_ids) if recorder is not None else None
                     for delta in streamer.finish(result):
-                        yield sse(delta)
+                        yield sse(delta, final_logprobs=final)
                     if ev.timed_out:
                         metrics.error(504)
                         yield sse_error(Failed(504, f"request timed out after "
@@ -314,7 +354,8 @@ def create_app(engine, *, model_name: str = DEFAULT_MODEL_NAME, api_key: str | N
                                                code="timeout"))
                     else:
                         reason = finish_reason_for(result, streamer.sent_tool_calls)
-                        yield sse({}, reason, asymagent=extension_for(result, mode))
+                        yield sse({}, reason, asymagent=extension_for(result, mode),
+                                  final_logprobs=final)
                         if include_usage:
                             yield sse(None, usage=usage_for(result, prompt_tokens))
                     yield "data: [DONE]\n\n"
@@ -322,73 +363,9 @@ def create_app(engine, *, model_name: str = DEFAULT_MODEL_NAME, api_key: str | N
         finally:
             job.cancel.set()  # a no-op once finished; stops generation if the client left
 
+    register_completions(app, engine=engine, model_name=model_name, check_key=check_key, check_model=check_model, start=start,
+                         finished=finished, next_event=next_event, error_response=error_response,
+                         texts=texts, defaults=dict(mode=default_mode,
+                                                    temperature=default_temperature),
+                         request_timeout=request_timeout)
     return app
-
-
-def load_engine(args):
-    """Engine for `asymagent serve` from --verifier/--drafter/--config."""
-    from asymagent.engine import Engine
-    from asymagent.spec_config import SpecConfig
-    from asymagent.context.views import CompressionConfig
-
-    spec = compression = None
-    if args.config:
-        import pathlib
-
-        text = pathlib.Path(args.config).read_text()
-        if args.config.endswith((".yaml", ".yml")):
-            import yaml
-
-            data = yaml.safe_load(text) or {}
-        else:
-            data = json.loads(text)
-        if not isinstance(data, dict):
-            raise ValueError(f"{args.config}: expected a mapping with 'spec'/'compression'")
-        spec = SpecConfig(**data["spec"]) if "spec" in data else None
-        compression = CompressionConfig(**data["compression"]) if "compression" in data else None
-    extra = {k: v for k, v in (("spec", spec), ("compression", compression)) if v is not None}
-    extra["max_sessions"] = args.max_sessions
-    drafter = args.drafter
-    if drafter is not None and drafter.startswith("layers:"):
-        # An untrained drafter made of the verifier's first N layers (sharing its embeddings
-        # and head): speculation works without a trained drafter, at lower acceptance.
-        from asymagent.modeling.drafter import build_drafter
-        from asymagent.modeling.loading import load_model
-
-        try:
-            layers = int(drafter.split(":", 1)[1])
-        except ValueError:
-            raise ValueError(f"--drafter layers:N needs an integer N, got {drafter!r}") from None
-        ver = load_model(args.verifier)
-        draft = build_drafter(ver.model, num_layers=layers, init_from_verifier=True).eval()
-        if compression is None:
-            compression = CompressionConfig()
-        return Engine(verifier=ver.model, drafter=draft, tokenizer=ver.tokenizer, spec=spec,
-                      compression=compression, max_sessions=args.max_sessions)
-    if args.verifier == "default" and drafter is None:
-        return Engine.from_default(**extra)
-    if drafter is None and args.mode in ("spec", "asym"):
-        # refuse now rather than answer every default request with a 400
-        raise ValueError(f"--verifier {args.verifier} has no drafter, but --mode is {args.mode!r}: pass "
-                         "--drafter (a trained drafter, or layers:N for an untrained cut of the "
-                         "verifier) or --mode full/compressed")
-    return Engine.from_pretrained(verifier=args.verifier, drafter=drafter, **extra)
-
-
-def main(args) -> int:
-    import logging
-    import os
-
-    import uvicorn
-
-    api_key = args.api_key or os.environ.get("ASYMAGENT_API_KEY")
-    if args.host not in ("127.0.0.1", "localhost", "::1") and not api_key:
-        logging.warning("serving on %s without --api-key: anyone who can reach it can use it",
-                        args.host)
-    engine = load_engine(args)
-    app = create_app(engine, model_name=args.model_name, api_key=api_key,
-                     max_queue=args.max_queue, request_timeout=args.request_timeout,
-                     default_mode=args.mode, default_max_tokens=args.max_tokens,
-                     default_temperature=args.temperature)
-    uvicorn.run(app, host=args.host, port=args.port, log_level=args.log_level)
-    return 0

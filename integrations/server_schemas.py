@@ -2,9 +2,11 @@
 
 Requests are validated here so a bad request becomes a 400 with an OpenAI error body before it
 reaches the engine (the handler in `openai_server.py` maps `RequestValidationError` to 400 and
-names the offending field in `error.param`). Unknown fields that OpenAI clients send and that we
-do not use (`user`, `metadata`, `store`, `parallel_tool_calls`, ...) are accepted and ignored, as
-OpenAI-compatible servers do; fields we do implement are checked strictly.
+names the offending field in `error.param`). Every request field is either implemented, refused
+with a 400 naming it (`REFUSED`: what would change the answer but we cannot do), or, for the
+few that cannot change an answer (`user`, `metadata`, `service_tier`, ...), accepted with no
+effect; an unknown field is a 400 ("Unrecognized request argument"), as OpenAI answers.
+docs/serving.md has the table of every field.
 """
 
 from __future__ import annotations
@@ -15,6 +17,9 @@ import time
 from typing import Any, Literal, Optional, Union
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+
+from asymagent.integrations.server_fields import (  # noqa: F401  (StreamOptions: old import path)
+    ResponseFormat, SamplingFields, StreamOptions, refuse)
 
 MODES = ("full", "compressed", "spec", "asym")  # asymagent.spec_config.MODES (kept light here)
 _TOOL_NAME = re.compile(r"^[A-Za-z0-9_-]{1,64}$")  # OpenAI's rule for function names
@@ -154,45 +159,57 @@ class NamedToolChoice(BaseModel):
     function: NamedToolChoiceFunction
 
 
-class StreamOptions(BaseModel):
-    model_config = ConfigDict(extra="ignore")
-    include_usage: bool = False
+class ChatCompletionRequest(SamplingFields):
+    """POST /v1/chat/completions body (every field checked; docs/serving.md has the table)."""
 
-
-class ChatCompletionRequest(BaseModel):
-    """POST /v1/chat/completions body (the subset we implement, checked strictly)."""
-
-    model_config = ConfigDict(extra="ignore")
-
-    model: str
     messages: list[ChatMessage] = Field(min_length=1)
     max_tokens: Optional[int] = Field(default=None, ge=1)
     max_completion_tokens: Optional[int] = Field(default=None, ge=1)
-    # OpenAI's range; None -> the server's default (greedy 0.0 unless --temperature says otherwise)
-    temperature: Optional[float] = Field(default=None, ge=0.0, le=2.0)
-    top_p: float = Field(default=1.0, gt=0.0, le=1.0)
-    seed: Optional[int] = None
-    stop: Optional[Union[str, list[str]]] = None
-    n: int = Field(default=1, ge=1, le=1)  # one engine stream per request
-    stream: bool = False
-    stream_options: Optional[StreamOptions] = None
     tools: Optional[list[ToolDef]] = None
     tool_choice: Optional[Union[Literal["none", "auto", "required"], NamedToolChoice]] = None
-    mode: Optional[Literal["full", "compressed", "spec", "asym"]] = None  # extension
-    presence_penalty: Optional[float] = Field(default=None, ge=-2.0, le=2.0)
-    frequency_penalty: Optional[float] = Field(default=None, ge=-2.0, le=2.0)
+    parallel_tool_calls: Optional[bool] = None  # false: at most one call is returned
+    response_format: Optional[ResponseFormat] = None
+    logprobs: Optional[bool] = None
+    top_logprobs: Optional[int] = Field(default=None, ge=0, le=20)
+    modalities: Optional[list[Literal["text"]]] = None  # only text
+    store: Optional[bool] = None  # true is refused: nothing is stored
+    # No effect on the answer (accepted so clients that always send them work):
+    metadata: Optional[dict[str, str]] = None  # tags for stored completions; nothing is stored
+    service_tier: Optional[str] = None  # one local tier
+    prompt_cache_key: Optional[str] = None  # prefix caching is automatic (cache_key_for)
+    safety_identifier: Optional[str] = None  # an end-user id for the caller's own records
+    # Refused with a 400 naming the field (REFUSED says why):
+    functions: Optional[Any] = None
+    function_call: Optional[Any] = None
+    audio: Optional[Any] = None
+    prediction: Optional[Any] = None
+    reasoning_effort: Optional[Any] = None
+    verbosity: Optional[Any] = None
+    web_search_options: Optional[Any] = None
 
-    @field_validator("stop")
+    @field_validator("functions", "function_call", "audio", "prediction", "reasoning_effort",
+                     "verbosity", "web_search_options")
     @classmethod
-    def _stop(cls, value):
-        if isinstance(value, str):
-            value = [value]
-        if value is not None:
-            if len(value) > 4:
-                raise ValueError("at most 4 stop sequences")
-            if any(not s for s in value):
-                raise ValueError("stop sequences must be non-empty")
+    def _refused(cls, value, info):
+        return refuse(info.field_name, value)
+
+    @field_validator("store")
+    @classmethod
+    def _store(cls, value):
+        if value:
+            raise ValueError("store=true is not supported: this server stores no completions")
         return value
+
+    @field_validator("top_logprobs")
+    @classmethod
+    def _top_logprobs(cls, value, info):
+        if value is not None and not info.data.get("logprobs"):
+            raise ValueError("top_logprobs needs logprobs=true")
+        return value
+
+    def top_logprobs_count(self) -> int | None:
+        """None without logprobs, else how many alternatives per token."""
+        return (self.top_logprobs or 0) if self.logprobs else None
 
     @model_validator(mode="after")
     def _tools_consistent(self):
@@ -204,8 +221,6 @@ class ChatCompletionRequest(BaseModel):
                              "which is not in 'tools'")
         if self.tool_choice == "required" and not names:
             raise ValueError("tool_choice 'required' needs 'tools'")
-        if self.stream_options is not None and not self.stream:
-            raise ValueError("stream_options is only allowed when stream is true")
         return self
 
     def engine_tool_choice(self):
@@ -242,7 +257,7 @@ class ResponseMessage(BaseModel):
 class Choice(BaseModel):
     index: int = 0
     message: ResponseMessage
-    logprobs: None = None
+    logprobs: Optional[dict[str, Any]] = None  # {"content": [...], "refusal": None}
     finish_reason: Literal["stop", "length", "tool_calls"]
 
 
@@ -260,7 +275,7 @@ class ChatCompletion(BaseModel):
 class ChunkChoice(BaseModel):
     index: int = 0
     delta: dict[str, Any]
-    logprobs: None = None
+    logprobs: Optional[dict[str, Any]] = None
     finish_reason: Optional[Literal["stop", "length", "tool_calls"]] = None
 
 
@@ -316,11 +331,19 @@ def _jsonable(value):
 
 
 def usage_for(result, prompt_tokens: int) -> dict:
+    """OpenAI usage: `prompt_tokens_details.cached_tokens` is the verifier's prefix reused from
+    its KV cache; speculation appears as OpenAI's predicted-output counts (accepted / rejected
+    draft tokens) and as our extension fields."""
     stats = result.stats
     completion = len(result.token_ids)
     return {
         "prompt_tokens": prompt_tokens, "completion_tokens": completion,
         "total_tokens": prompt_tokens + completion,
+        "prompt_tokens_details": {"cached_tokens": int(stats.cached_tokens), "audio_tokens": 0},
+        "completion_tokens_details": {
+            "reasoning_tokens": 0, "audio_tokens": 0,
+            "accepted_prediction_tokens": int(stats.accepted),
+            "rejected_prediction_tokens": int(stats.drafted - stats.accepted)},
         "drafted_tokens": int(stats.drafted), "accepted_tokens": int(stats.accepted),
         "acceptance_rate": stats.accepted / stats.drafted if stats.drafted else 0.0,
         "mean_accepted_len": float(stats.mean_accepted_len),
@@ -331,13 +354,13 @@ def usage_for(result, prompt_tokens: int) -> dict:
 
 def extension_for(result, mode: str) -> dict:
     return {"mode": mode, "stats": _jsonable(result.stats.to_dict()),
-            "invalid_tool_calls": _jsonable(list(result.invalid_tool_calls or []))}
+            "invalid_tool_calls": _jsonable(list(getattr(result, "invalid_tool_calls", None) or []))}
 
 
 def finish_reason_for(result, streamed_calls: bool = False) -> str:
     """OpenAI finish_reason: tool_calls for parsed calls, length when cut by max_tokens, else stop
     (a stream that already sent a call's name reports tool_calls, as the client saw one)."""
-    if result.tool_calls:
+    if getattr(result, "tool_calls", None):  # a GenerationResult (/v1/completions) has none
         return "tool_calls"
     if result.finish_reason == "length":
         return "length"

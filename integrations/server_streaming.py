@@ -53,8 +53,10 @@ class _Call:
 class DeltaStreamer:
     """Feed raw text with `push(text)`; close with `finish(result)`; both return delta dicts."""
 
-    def __init__(self, *, tools_enabled: bool, stop: list[str] | None = None):
+    def __init__(self, *, tools_enabled: bool, stop: list[str] | None = None,
+                 max_calls: int | None = None):
         self.tools_enabled = tools_enabled
+        self.max_calls = max_calls  # parallel_tool_calls=false: 1 (later calls are dropped)
         self.stop = list(stop or [])
         self.text = ""
         self.mode = "undecided" if tools_enabled else "content"
@@ -112,6 +114,8 @@ class DeltaStreamer:
                     return out
                 self.scan = self._after_call(call.value_end)
                 continue
+            if self.max_calls is not None and len(self.calls) >= self.max_calls:
+                return out
             pos = self._skip_to_object(self.scan)
             if pos is None:
                 return out
@@ -176,7 +180,7 @@ class DeltaStreamer:
         if len(text) > len(self.content_sent) and text.startswith(self.content_sent):
             out.append({"content": text[len(self.content_sent):]})
             self.content_sent = text
-        final_calls = list(result.tool_calls or [])
+        final_calls = list(result.tool_calls or [])[: self.max_calls]
         for i, tc in enumerate(final_calls):
             args = tc["function"]["arguments"]
             if not isinstance(args, str):

@@ -45,6 +45,7 @@ class Started:
 @dataclass
 class TextDelta:
     text: str
+    tokens: int = 0  # tokens generated so far (the text covers them, minus held-back bytes)
 
 
 @dataclass
@@ -64,7 +65,11 @@ class Failed:
 
 @dataclass
 class GenerationJob:
-    """One request for the worker: `engine.chat` keyword arguments plus bookkeeping."""
+    """One request for the worker: `engine.chat` keyword arguments plus bookkeeping.
+
+    A `task` (`/v1/completions`) replaces `engine.chat`: an object with `max_new_tokens`,
+    `prompt_tokens(engine) -> int` and `run(engine, callback) -> GenerationResult`, called on
+    the worker thread like everything else that touches the engine or its tokenizer."""
 
     chat_kwargs: dict
     loop: asyncio.AbstractEventLoop
@@ -76,6 +81,7 @@ class GenerationJob:
     first_token: float | None = None
     finished: float | None = None
     checked_at: float = 0.0  # last client-disconnect check (asyncio side)
+    task: Any = None
 
     def emit(self, event) -> None:
         """Thread-safe: hand an event to the asyncio side (ignored once the loop is gone)."""
@@ -216,27 +222,34 @@ class EngineWorker:
                             "timeout_error", code="timeout"))
             return
         kw = job.chat_kwargs
+        where = "prompt" if job.task is not None else "messages"
         try:
             if self._chat_format is None:
                 from asymagent.chat.chat_format import ChatFormat
 
                 self._chat_format = getattr(self.engine, "chat_format", None) or \
                     ChatFormat(self.engine.tokenizer)
-            prompt_tokens = count_prompt_tokens(self._chat_format, kw["messages"],
-                                                kw.get("tools"))
+            if job.task is not None:
+                prompt_tokens = job.task.prompt_tokens(self.engine)
+                max_new = job.task.max_new_tokens
+            else:
+                prompt_tokens = count_prompt_tokens(self._chat_format, kw["messages"],
+                                                    kw.get("tools"))
+                max_new = kw["max_new_tokens"]
             if self.max_context is not None:
-                requested = prompt_tokens + kw["max_new_tokens"]
+                requested = prompt_tokens + max_new
                 if requested > self.max_context:
                     raise ContextTooLong(
                         f"This model's maximum context length is {self.max_context} tokens. "
                         f"However, you requested {requested} tokens ({prompt_tokens} in the "
-                        f"messages, {kw['max_new_tokens']} in the completion). Please reduce "
-                        "the length of the messages or completion.")
+                        f"{where}, {max_new} in the completion). Please reduce "
+                        f"the length of the {where} or completion.")
         except ContextTooLong as exc:
-            job.emit(Failed(400, str(exc), param="messages", code="context_length_exceeded"))
+            job.emit(Failed(400, str(exc), param=where, code="context_length_exceeded"))
             return
         except (ValueError, TypeError, KeyError) as exc:  # the chat format refused the input
-            job.emit(Failed(400, f"invalid messages or tools: {exc}", param="messages"))
+            what = "prompt" if job.task is not None else "messages or tools"
+            job.emit(Failed(400, f"invalid {what}: {exc}", param=where))
             return
         detok = IncrementalDetokenizer(self.engine.tokenizer)
         timed_out = False
@@ -257,7 +270,7 @@ class EngineWorker:
                 job.first_token = time.monotonic()
             text = detok.feed(list(new_ids))
             if text:
-                job.emit(TextDelta(text))
+                job.emit(TextDelta(text, tokens=len(detok.ids)))
             if job.cancel.is_set():
                 return False
             if time.monotonic() > job.deadline:
@@ -268,9 +281,14 @@ class EngineWorker:
         if self.metrics is not None:
             self.metrics.running.labels(self.metrics.model_name).set(1)
         try:
-            result = self.engine.chat(**kw, callback=callback)
+            if job.task is not None:
+                result = job.task.run(self.engine, callback)
+            else:
+                result = self.engine.chat(**kw, callback=callback)
         except ValueError as exc:  # bad input the engine found (e.g. an uncompilable schema)
-            job.emit(Failed(400, str(exc)))
+            message = str(exc)
+            param = next((f for f in ("response_format", "logit_bias") if f in message), None)
+            job.emit(Failed(400, message, param=param))
             return
         except RuntimeError as exc:
             if not started and kw.get("tools") and kw.get("tool_choice") not in ("auto", "none"):

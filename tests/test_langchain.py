@@ -140,8 +140,8 @@ def test_tool_messages_round_trip():
 
 
 def test_bad_input():
-    with pytest.raises(ValueError, match="needs engine"):
-        ChatAsymSpec()
+    with pytest.raises(ValueError, match="no such file"):
+        ChatAsymSpec(model="./no-such-model-dir")
     with pytest.raises(ValueError, match="mode"):
         ChatAsymSpec(engine=tiny_engine(), mode="fast")
     with pytest.raises(ValueError, match="not among the bound tools"):

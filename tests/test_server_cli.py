@@ -62,7 +62,7 @@ def test_serve_cli_and_loadtest_end_to_end(tmp_path, smollm_tokenizer):
 def test_load_engine_reads_config_and_layers_drafter(tmp_path, smollm_tokenizer):
     import argparse
 
-    from asymagent.integrations.openai_server import add_arguments, load_engine
+    from asymagent.integrations.serve import add_arguments, load_engine
 
     vdir = tmp_path / "verifier"
     make_tiny_llama(vocab_size=VOCAB, seed=0).save_pretrained(vdir)

@@ -1,7 +1,7 @@
 """Chat layer over `Engine.generate`: messages -> both views -> generate -> text + tool calls.
 
 `run_chat` is what `Engine.chat` does (docs/architecture.md §4): validate the OpenAI-style messages, turn
-`tool_choice` into a `ToolCallConstraint`, build the full and compressed views with the
+`tool_choice` into a `ToolCallConstraint` (or `response_format` into a `ResponseFormatConstraint`), build the full and compressed views with the
 conversation's append-stable `ContextViews` (one per `cache_key`, kept in the engine's cache
 session), offer the drafter's log-probs to surprisal compression (computed while prefilling the
 drafter's full-view cache, so `generate` finds it warm), generate, and parse the output into a
@@ -14,6 +14,7 @@ from typing import Callable
 
 import torch
 
+from asymagent.chat.response_format import ResponseFormatConstraint, format_schema, split_output
 from asymagent.context.views import ContextViews
 from asymagent.kv.cache import common_prefix_len
 from asymagent.results import ChatResult
@@ -78,18 +79,31 @@ def _check_request(engine, messages, tools, mode: str, tool_choice) -> None:
         raise ValueError(f"tool_choice={tool_choice!r} needs tools")
 
 
+def build_constraint(engine, tools: list | None, tool_choice, response_format):
+    """The request's constraint: a forced call (tool_choice required/named) is decoded under
+    ToolCallConstraint; else a JSON response_format under ResponseFormatConstraint (which admits
+    one call instead when tools are offered); else None. xgrammar is imported only when asked."""
+    if tool_choice not in (None, "auto", "none"):
+        from asymagent.chat.tool_constraint import ToolCallConstraint
+
+        return ToolCallConstraint(engine.tokenizer, tools, tool_choice,
+                                  vocab_size=engine.vocab_size)
+    if format_schema(response_format) is None:
+        return None
+    return ResponseFormatConstraint(engine.tokenizer, response_format,
+                                    tools=tools if tool_choice != "none" else None,
+                                    vocab_size=engine.vocab_size)
+
+
 def run_chat(engine, messages: list, tools: list | None = None, mode: str = "asym",
              max_new_tokens: int = 256, temperature: float = 0.0, seed: int | None = None,
              top_p: float = 1.0, stop=None, tool_choice="auto", callback=None,
-             cache_key: str = "default") -> ChatResult:
-    """`Engine.chat` (same arguments): render both views, generate, parse text and tool calls."""
+             cache_key: str = "default", response_format: dict | None = None,
+             sampling: dict | None = None) -> ChatResult:
+    """`Engine.chat` (same arguments; `sampling` holds generate's sampling keywords): render
+    both views, generate, parse text and tool calls."""
     _check_request(engine, messages, tools, mode, tool_choice)
-    constraint = None
-    if tool_choice not in (None, "auto", "none"):
-        from asymagent.chat.tool_constraint import ToolCallConstraint  # xgrammar: only when asked
-
-        constraint = ToolCallConstraint(engine.tokenizer, tools, tool_choice,
-                                        vocab_size=engine.vocab_size)
+    constraint = build_constraint(engine, tools, tool_choice, response_format)
     views = conversation_views(engine, cache_key)
     counter = [0]
     # the drafter's log-probs feed surprisal compression (only called when one is configured
@@ -102,15 +116,18 @@ def run_chat(engine, messages: list, tools: list | None = None, mode: str = "asy
     result = engine.generate(pair.full_ids, mode=mode, max_new_tokens=max_new_tokens,
                              temperature=temperature, seed=seed, top_p=top_p,
                              compressed_prompt_ids=compressed, stop=stop, constraint=constraint,
-                             callback=callback, cache_key=cache_key)
+                             callback=callback, cache_key=cache_key, **(sampling or {}))
     stats = result.stats
     stats.rewrites += pair.rewrites
     stats.drafter_prefill_tokens += counter[0]
-    parsed = engine.chat_format.parse_output(result.text)
+    if isinstance(constraint, ResponseFormatConstraint):
+        parsed = split_output(result.text, [f["name"] for f in constraint.functions])
+    else:
+        parsed = engine.chat_format.parse_output(result.text)
     finish = result.finish_reason
     if parsed.tool_calls and finish == "stop":
         finish = "tool_calls"
     stats.finish_reason = finish
     return ChatResult(token_ids=result.token_ids, text=parsed.content, stats=stats,
                       finish_reason=finish, tool_calls=parsed.tool_calls,
-                      invalid_tool_calls=parsed.invalid_tool_calls)
+                      invalid_tool_calls=parsed.invalid_tool_calls, logprobs=result.logprobs)

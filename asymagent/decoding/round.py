@@ -24,8 +24,10 @@ import torch
 
 from asymagent.decoding.drafts import Drafts, RoundOutcome
 from asymagent.decoding.flops import FlopCounter
+from asymagent.decoding.logit_processors import LogitProcessors
+from asymagent.decoding.logprobs import LogprobRecorder
 from asymagent.decoding.model_drafter import DraftHead
-from asymagent.decoding.sampling import NEG_INF, apply_mask, mask_rows, sample_token, top_p_filter
+from asymagent.decoding.sampling import NEG_INF, mask_rows, sample_token, top_p_filter
 from asymagent.kernels import fused_gate
 from asymagent.kv.cache import ViewCache
 
@@ -37,13 +39,17 @@ class Decoder:
     (copied continuations first, then the drafter model) and `drafter` is the drafter model's
     cache on the full view; `fused` (mode asym) adds the drafter's rows to the gate, with `base`
     the drafter's cache on the compressed view (None when the two views are the same).
+    `processors` (penalties, logit bias, top-k, min-p) adjust the verifier's rows; `logprobs`
+    records the verifier's raw row of every emitted token (asymagent/decoding/logprobs.py).
     """
 
     def __init__(self, verifier: ViewCache, flops: FlopCounter, *, temperature: float = 0.0,
                  top_p: float = 1.0, generator: torch.Generator | None = None, constraint=None,
                  drafters: tuple = (), drafter: ViewCache | None = None,
                  base: ViewCache | None = None, head: DraftHead | None = None,
-                 fused: bool = False, verifier_flops: float = 0.0) -> None:
+                 fused: bool = False, verifier_flops: float = 0.0,
+                 processors: LogitProcessors | None = None,
+                 logprobs: LogprobRecorder | None = None) -> None:
         self.verifier, self.flops = verifier, flops
         self.temperature, self.top_p, self.generator = temperature, top_p, generator
         self.constraint = constraint
@@ -51,22 +57,57 @@ class Decoder:
         self.drafter, self.base, self.head, self.fused = drafter, base, head, fused
         self.verifier_flops = verifier_flops  # prefill + every verifier forward of the request
         self.verifier_tokens_fed = 0
+        self.processors = processors if processors is not None else LogitProcessors()
+        self.logprobs = logprobs
 
     def _verify(self, tokens: list, keep: int) -> torch.Tensor:
-        """Feed the verifier's pending tokens + `tokens`; logits of the last `keep` rows [keep, V]."""
-        fed = len(self.verifier.pending()) + len(tokens)
+        """Feed the verifier's pending tokens + `tokens`; logits of the last `keep` rows [keep, V].
+
+        Recording log-probs, the rows of pending tokens nobody scored yet (jump-forward tokens)
+        are kept too and recorded: the forward computes them anyway."""
+        pending = self.verifier.pending()
+        fed = len(pending) + len(tokens)
         self.verifier_flops += self.flops.forward(fed, len(self.verifier.cache))
         self.verifier_tokens_fed += fed
-        return self.verifier.logits(tokens, keep)
+        if self.logprobs is None:
+            return self.verifier.logits(tokens, keep)
+        generated = self.verifier.view.generated
+        unscored = max(len(generated) - self.logprobs.scored, 0)
+        if unscored > len(pending) - 1:
+            raise RuntimeError(f"{unscored} emitted tokens have no verifier row left to score them")
+        rows = self.verifier.logits(tokens, keep + unscored)  # [unscored + keep, V]
+        self.logprobs.record(rows[:unscored], generated[len(generated) - unscored:])
+        return rows[unscored:]
+
+    def _target(self, rows: torch.Tensor, drafts: list, masks) -> torch.Tensor:
+        """The verifier's rows [R, V] as the gate's target: penalties and logit bias, the
+        constraint masks, then the nucleus / top-k / min-p of softmax(rows / T)."""
+        rows = self.processors.penalise(rows, self.verifier.view.generated, drafts)
+        rows = top_p_filter(mask_rows(rows, masks), self.temperature, self.top_p)
+        return self.processors.truncate(rows, self.temperature)
+
+    def score_pending(self) -> None:
+        """Record log-probs of emitted tokens no forward scored yet (jump-forward tokens at the
+        end of a response, or before an escalation): one more verifier forward."""
+        if self.logprobs is None:
+            return
+        view = self.verifier.view
+        unscored = len(view.generated) - self.logprobs.scored
+        if unscored <= 0:
+            return
+        cache = self.verifier.cache
+        cache.crop(min(len(cache), len(view) - 1 - unscored))  # their rows must be recomputed
+        self._verify([], keep=1)
 
     def plain_step(self) -> RoundOutcome:
         """One verifier forward, one token (modes full/compressed, escalation, speculation off)."""
         t0 = time.perf_counter()
-        logits = self._verify([], keep=1)[0]  # [V]
+        raw = self._verify([], keep=1)  # [1, V]
         c = self.constraint
-        logits = apply_mask(logits, None if c is None else c.allowed_mask())
-        logits = top_p_filter(logits, self.temperature, self.top_p)
+        logits = self._target(raw, [], None if c is None else [c.allowed_mask()])[0]  # [V]
         token = sample_token(logits, self.temperature, self.generator)
+        if self.logprobs is not None:
+            self.logprobs.record(raw, [token])
         return RoundOutcome(tokens=[token], verify_s=time.perf_counter() - t0)
 
     def _proposal(self, drafts: Drafts, like: torch.Tensor) -> torch.Tensor:
@@ -103,8 +144,8 @@ class Decoder:
         t1 = time.perf_counter()
 
         # 2. Verify: the verifier scores K+1 positions in ONE forward on its (compressed) view.
-        v = self._verify(tokens, keep=k + 1)  # [K+1, V]
-        v = top_p_filter(mask_rows(v, masks), self.temperature, self.top_p)  # the nucleus of v
+        raw = self._verify(tokens, keep=k + 1)  # [K+1, V]
+        v = self._target(raw, tokens, masks)  # [K+1, V]
         proposal = self._proposal(drafts, v)  # [K, V]
 
         # 3. Base pass: the drafter on the compressed view scores the same K tokens (O(K)).
@@ -132,6 +173,8 @@ class Decoder:
         for reader in (self.verifier, self.drafter, self.base):
             if reader is not None:
                 reader.commit(n)
+        if self.logprobs is not None:
+            self.logprobs.record(raw[: n + 1], tokens[:n] + [token])
         outcome = RoundOutcome(tokens=tokens[:n] + [token], drafted=k, accepted=n,
                                jsd=float(result.jsd[0, : n + 1].mean()) if self.fused else 0.0,
                                draft_s=t1 - t0, verify_s=time.perf_counter() - t1,
@@ -141,4 +184,5 @@ class Decoder:
 
     def escalate(self, verifier: ViewCache) -> None:
         """Finish the response with `verifier` (the verifier on the full context): plain steps only."""
+        self.score_pending()  # tokens the old verifier would have scored at its next forward
         self.verifier = verifier

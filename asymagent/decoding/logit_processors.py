@@ -1,0 +1,84 @@
+"""Logit processors of a request: frequency/presence penalties, logit bias, top-k, min-p.
+
+OpenAI's definitions, applied to the verifier's rows (the target the gate accepts against):
+  logits[j] += logit_bias[j] - frequency_penalty * count[j] - presence_penalty * (count[j] > 0)
+with count[j] how often token j occurs in the tokens generated so far (the prompt does not
+count). Under speculation row i of a round (i = 0..K) also counts the drafts d_1..d_i before
+it, so each row sees exactly the prefix it would see decoding one token at a time. top-k and
+min-p truncate softmax(logits / T) like top-p (only at temperature > 0; greedy picks the argmax,
+which both keep). The drafter's proposals are left unpenalised: a draft the penalised target
+does not want is rejected by the gate, so the output follows the penalised target either way.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+
+NEG_INF = float("-inf")
+
+
+@dataclass
+class LogitProcessors:
+    frequency_penalty: float = 0.0  # OpenAI range -2..2
+    presence_penalty: float = 0.0  # OpenAI range -2..2
+    logit_bias: dict = field(default_factory=dict)  # {token_id: bias}, OpenAI range -100..100
+    top_k: int = 0  # 0: off
+    min_p: float = 0.0  # 0: off; keep tokens with p >= min_p * p_max
+
+    def validate(self, vocab_size: int) -> "LogitProcessors":
+        """Raise a ValueError naming the bad field; returns self."""
+        for name in ("frequency_penalty", "presence_penalty"):
+            value = getattr(self, name)
+            if not -2.0 <= value <= 2.0:
+                raise ValueError(f"{name} must be in [-2, 2], got {value!r}")
+        if not isinstance(self.top_k, int) or self.top_k < 0:
+            raise ValueError(f"top_k must be an integer >= 0 (0: off), got {self.top_k!r}")
+        if not 0.0 <= self.min_p <= 1.0:
+            raise ValueError(f"min_p must be in [0, 1], got {self.min_p!r}")
+        for token, bias in self.logit_bias.items():
+            if not isinstance(token, int) or not 0 <= token < vocab_size:
+                raise ValueError(f"logit_bias token {token!r} is not a token id in "
+                                 f"[0, {vocab_size})")
+            if not -100.0 <= bias <= 100.0:
+                raise ValueError(f"logit_bias for token {token} must be in [-100, 100], got {bias!r}")
+        return self
+
+    @property
+    def penalises(self) -> bool:
+        return bool(self.frequency_penalty or self.presence_penalty or self.logit_bias)
+
+    @property
+    def truncates(self) -> bool:
+        return bool(self.top_k or self.min_p)
+
+    def penalise(self, rows: torch.Tensor, generated: list, drafts: list) -> torch.Tensor:
+        """rows [R, V]: row i continues generated + drafts[:i]. Returns the adjusted rows."""
+        if not self.penalises:
+            return rows
+        r, v = rows.shape
+        out = rows.clone()
+        if self.logit_bias:
+            ids = torch.tensor(list(self.logit_bias), device=rows.device)
+            out[:, ids] += torch.tensor(list(self.logit_bias.values()), device=rows.device,
+                                        dtype=out.dtype)
+        if self.frequency_penalty or self.presence_penalty:
+            base = torch.bincount(torch.tensor(generated, dtype=torch.long), minlength=v)[:v]  # [V]
+            counts = base.to(rows.device, out.dtype).expand(r, v).clone()  # [R, V]
+            for i, d in enumerate(drafts[: r - 1]):  # draft d_{i+1} is in the prefix of rows > i
+                counts[i + 1:, int(d)] += 1
+            out -= self.frequency_penalty * counts + self.presence_penalty * (counts > 0).to(out.dtype)
+        return out
+
+    def truncate(self, logits: torch.Tensor, temperature: float) -> torch.Tensor:
+        """[..., V] with tokens outside top-k / under min-p of softmax(logits / T) at -inf."""
+        if not self.truncates or temperature <= 0.0:
+            return logits
+        if self.top_k and self.top_k < logits.shape[-1]:
+            kth = logits.topk(self.top_k, dim=-1).values[..., -1:]  # [..., 1]
+            logits = logits.masked_fill(logits < kth, NEG_INF)
+        if self.min_p:
+            probs = torch.softmax(logits / temperature, dim=-1)  # [..., V]
+            logits = logits.masked_fill(probs < self.min_p * probs.amax(-1, keepdim=True), NEG_INF)
+        return logits

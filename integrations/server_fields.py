@@ -1,0 +1,150 @@
+"""Request fields shared by /v1/chat/completions and /v1/completions: sampling, stream options,
+response_format, and the fields we refuse.
+
+The policy (docs/serving.md has the table of every field): a field is implemented, or refused
+with a 400 naming it (`REFUSED`, the reason in the message), or, where it cannot change an
+answer, accepted with no effect; unknown fields are a 400 (`extra="forbid"`).
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal, Optional, Union
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+
+
+class StreamOptions(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    include_usage: bool = False
+    include_obfuscation: Optional[bool] = None  # no effect: nothing pads our chunks
+
+
+class JsonSchemaFormat(BaseModel):
+    model_config = ConfigDict(extra="forbid", populate_by_name=True)
+    name: str = Field(min_length=1, max_length=64, pattern=r"^[A-Za-z0-9_-]+$")
+    description: Optional[str] = None
+    schema_: dict[str, Any] = Field(default_factory=dict, alias="schema")
+    strict: Optional[bool] = None
+
+
+class ResponseFormat(BaseModel):
+    """OpenAI response_format: text, json_object, or json_schema (decoded under a grammar)."""
+
+    model_config = ConfigDict(extra="forbid")
+    type: Literal["text", "json_object", "json_schema"]
+    json_schema: Optional[JsonSchemaFormat] = None
+
+    @model_validator(mode="after")
+    def _needs_schema(self):
+        if (self.type == "json_schema") != (self.json_schema is not None):
+            raise ValueError("'json_schema' is required with type 'json_schema' and only then")
+        return self
+
+    def to_engine(self) -> dict | None:
+        """The engine's response_format dict (None for text)."""
+        if self.type == "text":
+            return None
+        if self.type == "json_object":
+            return {"type": "json_object"}
+        return {"type": "json_schema", "json_schema": self.json_schema.model_dump(by_alias=True)}
+
+
+# Fields OpenAI defines that would change the answer but that we do not implement: a 400 naming
+# the field (never accepted and ignored). Value: why.
+REFUSED = {
+    "functions": "the legacy 'functions' API is not supported; use 'tools'",
+    "function_call": "the legacy 'function_call' is not supported; use 'tool_choice'",
+    "audio": "audio output is not supported (text only)",
+    "prediction": "predicted outputs are not supported (speculation drafts are the engine's own)",
+    "reasoning_effort": "the served model has no reasoning mode",
+    "verbosity": "the served model has no verbosity setting",
+    "web_search_options": "web search is not supported",
+    "best_of": "best_of > 1 is not supported: one completion per request",
+    "suffix": "suffix (insertion) is not supported",
+}
+
+
+def refuse(name: str, value):
+    """Raise the 400 of a REFUSED field that was given a value that would matter."""
+    if value is not None:
+        raise ValueError(REFUSED[name])
+    return value
+
+
+def token_bias(value: dict | None) -> dict | None:
+    """logit_bias keys are token ids as strings (OpenAI); values in [-100, 100]."""
+    if value is None:
+        return None
+    out = {}
+    for key, bias in value.items():
+        try:
+            token = int(key)
+        except (TypeError, ValueError):
+            raise ValueError(f"logit_bias keys must be token ids, got {key!r}") from None
+        if token < 0 or not -100.0 <= float(bias) <= 100.0:
+            raise ValueError(f"logit_bias {key!r}: {bias!r} needs a token id >= 0 and a bias "
+                             "in [-100, 100]")
+        out[token] = float(bias)
+    return out
+
+
+class SamplingFields(BaseModel):
+    """Sampling fields shared by /v1/chat/completions and /v1/completions (see docs/serving.md)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    model: str
+    # OpenAI's range; None -> the server's default (greedy 0.0 unless --temperature says otherwise)
+    temperature: Optional[float] = Field(default=None, ge=0.0, le=2.0)
+    top_p: float = Field(default=1.0, gt=0.0, le=1.0)
+    top_k: Optional[int] = Field(default=None, ge=-1)  # vLLM extension; -1 or 0: off
+    min_p: Optional[float] = Field(default=None, ge=0.0, le=1.0)  # vLLM extension
+    seed: Optional[int] = None
+    stop: Optional[Union[str, list[str]]] = None
+    n: int = 1
+    stream: bool = False
+    stream_options: Optional[StreamOptions] = None
+    presence_penalty: float = Field(default=0.0, ge=-2.0, le=2.0)
+    frequency_penalty: float = Field(default=0.0, ge=-2.0, le=2.0)
+    logit_bias: Optional[dict[str, float]] = None
+    mode: Optional[Literal["full", "compressed", "spec", "asym"]] = None  # extension
+    user: Optional[str] = None  # no effect: an end-user id for the caller's own records
+
+    @field_validator("n")
+    @classmethod
+    def _one(cls, value: int) -> int:
+        if value != 1:
+            raise ValueError("only n=1 is supported: one completion per request (send n "
+                             "requests, with different seeds when sampling)")
+        return value
+
+    @field_validator("stop")
+    @classmethod
+    def _stop(cls, value):
+        if isinstance(value, str):
+            value = [value]
+        if value is not None:
+            if len(value) > 4:
+                raise ValueError("at most 4 stop sequences")
+            if any(not s for s in value):
+                raise ValueError("stop sequences must be non-empty")
+        return value
+
+    @field_validator("logit_bias")
+    @classmethod
+    def _bias(cls, value):
+        token_bias(value)
+        return value
+
+    @model_validator(mode="after")
+    def _stream_options(self):
+        if self.stream_options is not None and not self.stream:
+            raise ValueError("stream_options is only allowed when stream is true")
+        return self
+
+    def sampling(self) -> dict:
+        """The engine's sampling keywords (penalties, bias, top-k, min-p)."""
+        return dict(top_k=max(self.top_k or 0, 0), min_p=self.min_p or 0.0,
+                    frequency_penalty=self.frequency_penalty,
+                    presence_penalty=self.presence_penalty,
+                    logit_bias=token_bias(self.logit_bias))
