@@ -64,7 +64,7 @@ def create_app(engine, *, model_name: str = DEFAULT_MODEL_NAME, api_key: str | N
     from asymagent.integrations.server_logprobs import TokenTexts, chat_content, visible
     from asymagent.integrations.server_schemas import extension_for, finish_reason_for, usage_for
     from asymagent.integrations.server_metrics import CONTENT_TYPE_LATEST, ServerMetrics
-    from asymagent.integrations.server_streaming import DeltaStreamer
+    from asymagent.integrations.server_streaming import DeltaStreamer, sse_error
     from asymagent.integrations.server_worker import (
         EngineWorker, Failed, Finished, GenerationJob, QueueFull, Started, TextDelta)
 
@@ -320,11 +320,6 @@ def create_app(engine, *, model_name: str = DEFAULT_MODEL_NAME, api_key: str | N
                 chunk["usage"] = None
             chunk.update(extra)
             return f"data: {json.dumps(chunk, ensure_ascii=False)}\n\n"
-
-        def sse_error(ev: Failed) -> str:
-            body = {"error": {"message": ev.message, "type": ev.type, "param": ev.param,
-                              "code": ev.code}}
-            return f"data: {json.dumps(body)}\n\n"
 
         try:
             # OpenAI opens with content "" for text and null when the answer may be a tool call.

@@ -29,7 +29,7 @@ from asymagent.decoding.logprobs import LogprobRecorder
 from asymagent.integrations.server_fields import SamplingFields, refuse
 from asymagent.integrations.server_logprobs import completion_logprobs, visible
 from asymagent.integrations.server_schemas import extension_for, finish_reason_for, usage_for
-from asymagent.integrations.server_streaming import DeltaStreamer
+from asymagent.integrations.server_streaming import DeltaStreamer, sse_error
 from asymagent.integrations.server_worker import Failed, Finished, GenerationJob, Started, TextDelta
 
 MAX_PROMPTS = 64  # prompts per request (served one after another)
@@ -210,9 +210,7 @@ def register_completions(app, *, engine, model_name: str, check_key, check_model
             return f"data: {json.dumps(chunk, ensure_ascii=False)}\n\n"
 
         def error(ev: Failed) -> str:
-            body = {"error": {"message": ev.message, "type": ev.type, "param": ev.param,
-                              "code": ev.code}}
-            return f"data: {json.dumps(body)}\n\ndata: [DONE]\n\n"
+            return sse_error(ev) + "data: [DONE]\n\n"
 
         usages = []
         try:

@@ -28,6 +28,13 @@ _CALL_HEAD = re.compile(r'\{\s*"name"\s*:\s*"((?:[^"\\]|\\.)*)"\s*,\s*"arguments
 _DECODER = json.JSONDecoder()
 
 
+def sse_error(ev) -> str:
+    """A server-sent event carrying an OpenAI error body (`ev`: server_worker.Failed), sent
+    when an error happens after a stream has started."""
+    body = {"error": {"message": ev.message, "type": ev.type, "param": ev.param, "code": ev.code}}
+    return f"data: {json.dumps(body)}\n\n"
+
+
 def new_call_id() -> str:
     return "call_" + uuid.uuid4().hex[:24]
 
