@@ -22,7 +22,6 @@ import sys
 import time
 from pathlib import Path
 
-
 DEFAULT_MODES = "full,compressed,spec,asym"
 # the relaxed (paper) gate, with and without strict acceptance for the first 16 tokens: the
 # default gate (greedy) cannot accept a token the fused target would not emit

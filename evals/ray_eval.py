@@ -64,7 +64,8 @@ def run_episodes_ray(spec: EngineSpec, plan: EpisodePlan, seeds: list, *, addres
                      max_restarts: int = 1, max_attempts: int = 3, worker_cls=EpisodeWorker) -> dict:
     """Run the episodes of `seeds` not already in `log` on Ray; returns {seed: record} for all
     of `seeds` (logged ones included). Uses the Ray instance already initialised in this process
-    if there is one, else `ray.init(address)` (None: start a local one) and shuts it down after.
+    if there is one, else `ray.init(address)` (None: start a new local one; "auto", HOST:PORT,
+    ray://HOST:10001: join that cluster) and shuts it down after.
 
     `workers`: actors to start (default: the cluster's CPUs / `worker_cpus`, at most one per
     episode); each gets `worker_cpus` CPUs and as many torch threads.
@@ -76,8 +77,10 @@ def run_episodes_ray(spec: EngineSpec, plan: EpisodePlan, seeds: list, *, addres
         return {s: done[s] for s in seeds}
     started = not ray.is_initialized()
     if started:
-        local = {"include_dashboard": False} if address is None else {}  # a laptop needs no dashboard
-        ray.init(address=address, logging_level=logging.WARNING, **local)
+        if address is None:  # a new Ray on this machine (not one `ray start` left running: `auto`)
+            ray.init(address="local", include_dashboard=False, logging_level=logging.WARNING)
+        else:
+            ray.init(address=address, logging_level=logging.WARNING)
     try:
         if workers is None:
             workers = int(ray.cluster_resources().get("CPU", 1) // worker_cpus)
