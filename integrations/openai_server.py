@@ -237,6 +237,11 @@ def create_app(engine, *, model_name: str = DEFAULT_MODEL_NAME, api_key: str | N
         if req.model != model_name:
             raise ApiError(404, f"The model `{req.model}` does not exist.", "not_found_error",
                            param="model", code="model_not_found")
+        bad_text = S.lone_surrogate_at(req.model_dump(exclude_none=True))
+        if bad_text is not None:
+            raise ApiError(400, f"{bad_text}: the text holds a lone UTF-16 surrogate escape "
+                                "(e.g. \\ud800), which is not valid Unicode", param=bad_text,
+                           code="invalid_value")
         mode = req.mode or default_mode
         messages = [m.to_engine() for m in req.messages]
         tools = [t.model_dump(exclude_none=True) for t in req.tools] if req.tools else None

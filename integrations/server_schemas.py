@@ -20,6 +20,8 @@ from pydantic import (BaseModel, ConfigDict, Field, ValidationInfo, field_valida
 from asymagent.chat.schema_refs import check_refs
 
 MODES = ("full", "compressed", "spec", "asym")  # asymagent.spec_config.MODES (kept light here)
+MIN_SAMPLING_TEMPERATURE = 1e-4  # smaller positive temperatures decode greedily (see below)
+MIN_TOP_P = 1e-6
 _TOOL_NAME = re.compile(r"^[A-Za-z0-9_-]{1,64}$")  # OpenAI's rule for function names
 _JSON_TYPES = ("object", "array", "string", "number", "integer", "boolean", "null")
 # What a dependency's error text may carry that a client must not see: log timestamps and
@@ -193,6 +195,20 @@ class ChatCompletionRequest(BaseModel):
     presence_penalty: Optional[float] = Field(default=None, ge=-2.0, le=2.0)
     frequency_penalty: Optional[float] = Field(default=None, ge=-2.0, le=2.0)
 
+    @field_validator("temperature")
+    @classmethod
+    def _tiny_temperature_is_greedy(cls, value):
+        # Below 1e-4 softmax(logits / T) is the argmax to float precision, and dividing by T
+        # overflows float32 (NaN probabilities): decode greedily, the same distribution.
+        return 0.0 if value is not None and value < MIN_SAMPLING_TEMPERATURE else value
+
+    @field_validator("top_p")
+    @classmethod
+    def _tiny_top_p_keeps_the_top_token(cls, value):
+        # A nucleus of mass 1e-6 is already the top token alone; smaller values round to 0 in
+        # float32, and a zero nucleus would drop every token.
+        return max(value, MIN_TOP_P)
+
     @field_validator("stop")
     @classmethod
     def _stop(cls, value):
@@ -322,6 +338,23 @@ class ErrorDetail(BaseModel):
     def _no_internals(cls, value: str) -> str:
         """Strip log stamps and source paths a dependency's error text may carry."""
         return _SOURCE_PATH.sub("", _LOG_STAMP.sub("", value)).strip() or "error"
+
+
+def lone_surrogate_at(value, path: str = "") -> str | None:
+    """Dotted path of the first string holding a lone UTF-16 surrogate (JSON allows the escape
+    `\\ud800`, but it is not Unicode text: it cannot be encoded, tokenised or hashed), else None."""
+    stack = [(value, path)]
+    while stack:
+        item, where = stack.pop()
+        if isinstance(item, str):
+            if any("\ud800" <= ch <= "\udfff" for ch in item):
+                return where or "body"
+        elif isinstance(item, dict):
+            stack += [(v, f"{where}.{k}" if where else str(k)) for k, v in item.items()]
+            stack += [(k, where or "body") for k in item if isinstance(k, str)]
+        elif isinstance(item, (list, tuple)):
+            stack += [(v, f"{where}.{i}" if where else str(i)) for i, v in enumerate(item)]
+    return None
 
 
 def body_parse_error(cause: BaseException) -> str:

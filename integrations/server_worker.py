@@ -245,7 +245,7 @@ class EngineWorker:
         except ContextTooLong as exc:
             job.emit(Failed(400, str(exc), param="messages", code="context_length_exceeded"))
             return
-        except (ValueError, TypeError, KeyError) as exc:  # the chat format refused the input
+        except (ValueError, TypeError, KeyError, RecursionError) as exc:  # the chat format refused it
             job.emit(Failed(400, f"invalid messages or tools: {exc}", param="messages"))
             return
         detok = IncrementalDetokenizer(self.engine.tokenizer)
