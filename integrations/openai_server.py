@@ -23,6 +23,8 @@ import argparse
 import hashlib
 import json
 
+from asymagent.integrations.serve_setup import check_args, load_engine  # noqa: F401  (the verb's)
+
 DEFAULT_MODEL_NAME = "asymagent"
 DEFAULT_MAX_BODY_BYTES = 8 * 2**20
 
@@ -356,56 +358,6 @@ def create_app(engine, *, model_name: str = DEFAULT_MODEL_NAME, api_key: str | N
             job.cancel.set()  # a no-op once finished; stops generation if the client left
 
     return app
-
-
-def load_engine(args):
-    """Engine for `asymagent serve` from --verifier/--drafter/--config."""
-    from asymagent.engine import Engine
-    from asymagent.spec_config import SpecConfig
-    from asymagent.context.views import CompressionConfig
-
-    spec = compression = None
-    if args.config:
-        import pathlib
-
-        text = pathlib.Path(args.config).read_text()
-        if args.config.endswith((".yaml", ".yml")):
-            import yaml
-
-            data = yaml.safe_load(text) or {}
-        else:
-            data = json.loads(text)
-        if not isinstance(data, dict):
-            raise ValueError(f"{args.config}: expected a mapping with 'spec'/'compression'")
-        spec = SpecConfig(**data["spec"]) if "spec" in data else None
-        compression = CompressionConfig(**data["compression"]) if "compression" in data else None
-    extra = {k: v for k, v in (("spec", spec), ("compression", compression)) if v is not None}
-    extra["max_sessions"] = args.max_sessions
-    drafter = args.drafter
-    if drafter is not None and drafter.startswith("layers:"):
-        # An untrained drafter made of the verifier's first N layers (sharing its embeddings
-        # and head): speculation works without a trained drafter, at lower acceptance.
-        from asymagent.modeling.drafter import build_drafter
-        from asymagent.modeling.loading import load_model
-
-        try:
-            layers = int(drafter.split(":", 1)[1])
-        except ValueError:
-            raise ValueError(f"--drafter layers:N needs an integer N, got {drafter!r}") from None
-        ver = load_model(args.verifier)
-        draft = build_drafter(ver.model, num_layers=layers, init_from_verifier=True).eval()
-        if compression is None:
-            compression = CompressionConfig()
-        return Engine(verifier=ver.model, drafter=draft, tokenizer=ver.tokenizer, spec=spec,
-                      compression=compression, max_sessions=args.max_sessions)
-    if args.verifier == "default" and drafter is None:
-        return Engine.from_default(**extra)
-    if drafter is None and args.mode in ("spec", "asym"):
-        # refuse now rather than answer every default request with a 400
-        raise ValueError(f"--verifier {args.verifier} has no drafter, but --mode is {args.mode!r}: pass "
-                         "--drafter (a trained drafter, or layers:N for an untrained cut of the "
-                         "verifier) or --mode full/compressed")
-    return Engine.from_pretrained(verifier=args.verifier, drafter=drafter, **extra)
 
 
 def main(args) -> int:

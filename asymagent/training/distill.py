@@ -386,10 +386,28 @@ def run(cfg: TrainConfig, loaded=None) -> dict:
     return card
 
 
-def main(args) -> int:
+def config_from_args(args) -> TrainConfig:
     fields = TrainConfig.__dataclass_fields__
-    cfg = TrainConfig(**{k: v for k, v in vars(args).items() if k in fields})
-    run(cfg)
+    return TrainConfig(**{k: v for k, v in vars(args).items() if k in fields})
+
+
+def check_args(args) -> None:
+    """Refuse mistakes before any model loads (`asymagent` prints them on one line, exit 2)."""
+    from asymagent.modeling.loading import check_model_source
+    from asymagent.training.data import parse_mix
+
+    cfg = config_from_args(args)
+    cfg.validate()
+    parse_mix(cfg.data_mix)
+    check_model_source(cfg.verifier)
+    if cfg.init_from and not Path(cfg.init_from).expanduser().exists():
+        raise FileNotFoundError(f"--init-from: no such file: {cfg.init_from}")
+    if Path(cfg.out).expanduser().is_file():
+        raise ValueError(f"--out {cfg.out} is a file; it must be a directory (created if missing)")
+
+
+def main(args) -> int:
+    run(config_from_args(args))
     return 0
 
 
