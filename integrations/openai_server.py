@@ -319,9 +319,9 @@ def create_app(engine, *, model_name: str = DEFAULT_MODEL_NAME, api_key: str | N
             return f"data: {json.dumps(chunk, ensure_ascii=False)}\n\n"
 
         def sse_error(ev: Failed) -> str:
-            body = {"error": {"message": ev.message, "type": ev.type, "param": ev.param,
-                              "code": ev.code}}
-            return f"data: {json.dumps(body)}\n\n"
+            body = S.ErrorBody(error=S.ErrorDetail(message=ev.message, type=ev.type,
+                                                   param=ev.param, code=ev.code))
+            return f"data: {json.dumps(body.model_dump())}\n\n"
 
         try:
             # OpenAI opens with content "" for text and null when the answer may be a tool call.
