@@ -294,9 +294,31 @@ def run(cfg: TrainConfig, loaded=None) -> dict:
     return card
 
 
-def main(args) -> int:
+def config_from_args(args) -> TrainConfig:
     fields = TrainConfig.__dataclass_fields__
-    cfg = TrainConfig(**{k: v for k, v in vars(args).items() if k in fields})
+    return TrainConfig(**{k: v for k, v in vars(args).items() if k in fields})
+
+
+def check_args(args) -> None:
+    """Refuse mistakes before any model loads (`asymagent` prints them on one line, exit 2)."""
+    from asymagent.modeling.loading import check_model_source
+    from asymagent.training.data import parse_mix
+
+    cfg = config_from_args(args)
+    cfg.validate()
+    parse_mix(cfg.data_mix)
+    check_model_source(cfg.verifier)
+    if cfg.init_from and not Path(cfg.init_from).expanduser().exists():
+        raise FileNotFoundError(f"--init-from: no such file: {cfg.init_from}")
+    missing = [t for t in cfg.traces if not Path(t).expanduser().is_file()]
+    if missing:
+        raise FileNotFoundError(f"--traces: no such file: {missing[0]}")
+    if Path(cfg.out).expanduser().is_file():
+        raise ValueError(f"--out {cfg.out} is a file; it must be a directory (created if missing)")
+
+
+def main(args) -> int:
+    cfg = config_from_args(args)
     if cfg.objective == "fusion":
         from asymagent.training import fusion_train
 
