@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import sys
 import time
 from pathlib import Path
 
@@ -64,6 +63,75 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                         "JSON path with .episodes.jsonl)")
     p.add_argument("--resume", action="store_true",
                    help="keep the episodes already in the episode log and run only the missing ones")
+
+
+def mode_labels(args) -> list:
+    """The mode labels to run: --modes, or the defaults (plus the gate variants for injection)."""
+    from asymagent.evals.runner import split_mode_labels
+
+    modes = args.modes or (DEFAULT_MODES + ("," + INJECTION_EXTRA if args.suite == "injection" else ""))
+    return split_mode_labels(modes)
+
+
+def check_args(args) -> None:
+    """Refuse mistakes before any model loads (`asymagent` prints them on one line, exit 2)."""
+    import os
+
+    from asymagent.evals.environments import SUITES
+    from asymagent.evals.runner import parse_mode
+    from asymagent.modeling.loading import check_drafter_source, check_model_source
+
+    if args.suite.endswith(".jsonl"):
+        if not os.path.isfile(args.suite):
+            raise FileNotFoundError(f"trace file not found: {args.suite}")
+    elif args.suite not in SUITES and args.suite != "fusion":
+        raise ValueError(f"unknown suite {args.suite!r}; use one of {', '.join(SUITES)}, fusion or a "
+                         ".jsonl trace file")
+    if args.suite != "fusion":  # eval fusion reads --suites/--variants, not --modes
+        for label in mode_labels(args):
+            parse_mode(label)
+    pick_seeds(args.split, args.episodes, args.seeds)
+    if args.no_free_running and args.no_teacher_forced:
+        raise ValueError("nothing to run: both --no-free-running and --no-teacher-forced are set")
+    if args.max_new_tokens < 1:
+        raise ValueError(f"--max-new-tokens must be >= 1, got {args.max_new_tokens}")
+    if args.compression:
+        from asymagent.context.views import CompressionConfig
+
+        CompressionConfig.from_file(args.compression)
+    check_model_source(args.verifier)
+    if args.drafter:
+        check_drafter_source(args.drafter)
+    check_episode_args(args)
+
+
+def check_episode_args(args) -> None:
+    """--ray / --workers / --jsonl / --resume: suites only, sane numbers, Ray installed."""
+    from asymagent.evals.environments import SUITES
+
+    if args.suite not in SUITES and (args.ray is not None or args.jsonl or args.resume):
+        raise ValueError("--ray, --jsonl and --resume run suite episodes; use them with "
+                         f"{', '.join(SUITES)}")
+    if args.workers is not None and args.workers < 1:
+        raise ValueError(f"--workers must be >= 1, got {args.workers}")
+    if args.worker_cpus <= 0:
+        raise ValueError(f"--worker-cpus must be > 0, got {args.worker_cpus}")
+    if args.resume and not log_path(args):
+        raise ValueError("--resume needs the episode log: give --jsonl PATH (or --json with --ray)")
+    if args.ray is not None:
+        from asymagent.evals.ray_eval import RayMissing, import_ray
+
+        try:
+            import_ray()
+        except RayMissing as exc:
+            raise ValueError(str(exc)) from None
+
+
+def log_path(args) -> str | None:
+    """--jsonl, or with --ray and --json the JSON path with .episodes.jsonl."""
+    if args.jsonl is None and args.ray is not None and args.json:
+        return str(Path(args.json).with_suffix(".episodes.jsonl"))
+    return args.jsonl
 
 
 def run_eval(engine, suite: str, labels: list, seeds: list, *, max_steps=None, max_new_tokens: int = 96,
@@ -147,16 +215,11 @@ def main(args) -> int:
     if args.suite == "fusion":
         from asymagent.evals import fusion
 
-        if args.ray is not None or args.jsonl or args.resume:
-            raise ValueError("--ray, --jsonl and --resume run suite episodes; eval fusion runs locally")
-
         args.suites = args.suites or fusion.DEFAULT_SUITES
         return fusion.main(args)
     from asymagent.evals.engine_setup import EngineSpec
-    from asymagent.evals.runner import split_mode_labels
 
-    modes = args.modes or (DEFAULT_MODES + ("," + INJECTION_EXTRA if args.suite == "injection" else ""))
-    labels = split_mode_labels(modes)
+    labels = mode_labels(args)
     seeds = pick_seeds(args.split, args.episodes, args.seeds)
     compression = None
     if args.compression:
@@ -164,22 +227,11 @@ def main(args) -> int:
 
         compression = CompressionConfig.from_file(args.compression).model_dump(mode="json")
     spec = EngineSpec(args.verifier, args.drafter, compression)
-    jsonl = args.jsonl
-    if jsonl is None and args.ray is not None and args.json:
-        jsonl = str(Path(args.json).with_suffix(".episodes.jsonl"))
-    try:
-        result = evaluate(spec, args.suite, labels, seeds, max_steps=args.max_steps,
-                          max_new_tokens=args.max_new_tokens, free=not args.no_free_running,
-                          forced=not args.no_teacher_forced, ray=args.ray is not None, address=args.ray or None,
-                          workers=args.workers, worker_cpus=args.worker_cpus, jsonl=jsonl, resume=args.resume,
-                          progress=not args.quiet)
-    except ImportError as exc:
-        from asymagent.evals.ray_eval import RayMissing
-
-        if not isinstance(exc, RayMissing):
-            raise
-        print(f"asymagent eval: {exc}", file=sys.stderr)
-        return 2
+    result = evaluate(spec, args.suite, labels, seeds, max_steps=args.max_steps,
+                      max_new_tokens=args.max_new_tokens, free=not args.no_free_running,
+                      forced=not args.no_teacher_forced, ray=args.ray is not None, address=args.ray or None,
+                      workers=args.workers, worker_cpus=args.worker_cpus, jsonl=log_path(args),
+                      resume=args.resume, progress=not args.quiet)
     if args.json:
         with open(args.json, "w") as f:
             json.dump(result, f, indent=2, default=str)

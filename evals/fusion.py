@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import random
 import sys
 import time
@@ -375,11 +376,18 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--drafter", default=None, help="drafter .safetensors (default: the shipped one)")
     p.add_argument("--compression", metavar="FILE", default=None)
     p.add_argument("--quiet", action="store_true")
+    p.add_argument("--resume", action="store_true",
+                   help="keep the conversations already in --json (written after each one) and measure the rest")
 
 
 def run(engine, suites: list, variants: list, *, split: str = "test", episodes: int = 2, seeds=None,
-        max_steps=None, max_new_tokens: int = 48, progress: bool = True) -> tuple[list, dict]:
-    """(positions, timing) over every conversation of `suites`."""
+        max_steps=None, max_new_tokens: int = 48, progress: bool = True, done: list | None = None,
+        on_conversation=None) -> tuple[list, dict]:
+    """(positions, timing) over every conversation of `suites`.
+
+    `done`: positions of an earlier, interrupted run (its conversations are not measured again);
+    `on_conversation(positions)` is called after each conversation (main saves a partial JSON).
+    """
     from tqdm.auto import tqdm
 
     from asymagent.evals.environments import pick_seeds
@@ -387,11 +395,29 @@ def run(engine, suites: list, variants: list, *, split: str = "test", episodes: 
     # eval suites and synthetic domains alike: DEV_SEEDS (0..) or TEST_SEEDS (100000..); drafter
     # training draws its episodes from dev seeds only
     convs = [c for s in suites for c in conversations(s, pick_seeds(split, episodes, seeds))]
-    positions, t0 = [], time.perf_counter()
+    positions = list(done or [])
+    measured = {(p.suite, p.seed) for p in positions}
+    t0 = time.perf_counter()
     for conv in tqdm(convs, desc="fusion", unit="conv", disable=not progress):
+        if (conv.suite, conv.seed) in measured:
+            continue
         positions += measure_conversation(engine, conv, variants, max_new_tokens=max_new_tokens,
                                           max_steps=max_steps)
+        if on_conversation is not None:
+            on_conversation(positions)
     return positions, {"conversations": len(convs), "wall_s": round(time.perf_counter() - t0, 1)}
+
+
+def _load_done(path, variants: list) -> list:
+    """Positions of an interrupted run's JSON (same variants), for --resume."""
+    from pathlib import Path
+
+    if not path or not Path(path).is_file():
+        return []
+    data = json.loads(Path(path).read_text())
+    if data.get("settings", {}).get("variants") != [v.name for v in variants]:
+        raise SystemExit(f"--resume: {path} was measured with other variants")
+    return [Position(**p) for p in data.get("positions", [])]
 
 
 def main(args) -> int:
@@ -410,20 +436,32 @@ def main(args) -> int:
 
         compression = CompressionConfig.from_file(args.compression)
     setup = build_engine(args.verifier, args.drafter, compression=compression)
+    done = _load_done(args.json, variants) if getattr(args, "resume", False) else []
+
+    def document(positions: list, timing: dict, partial: bool) -> dict:
+        return {"verifier": setup.verifier, "drafter": setup.drafter,
+                "settings": {"suites": suites, "variants": [v.name for v in variants], "split": args.split,
+                             "episodes": args.episodes, "seeds": args.seeds, "max_steps": args.max_steps,
+                             "max_new_tokens": args.max_new_tokens, **timing, "partial": partial,
+                             "command": (" ".join(["asymagent"] + sys.argv[1:]) if sys.argv[1:2] == ["eval"]
+                                         else " ".join(["python -m asymagent.evals.fusion"] + sys.argv[1:])),
+                             "compression": setup.engine.compression.model_dump(mode="json")},
+                **report(positions, variants)}
+
+    def save(positions: list, timing: dict, partial: bool) -> dict:
+        doc = document(positions, timing, partial)
+        if args.json:
+            tmp = args.json + ".tmp"
+            with open(tmp, "w") as f:
+                json.dump({**doc, "positions": [asdict(p) for p in positions]}, f)
+            os.replace(tmp, args.json)
+        return doc
+
     positions, timing = run(setup.engine, suites, variants, split=args.split, episodes=args.episodes,
                             seeds=args.seeds, max_steps=args.max_steps, max_new_tokens=args.max_new_tokens,
-                            progress=not args.quiet)
-    result = {"verifier": setup.verifier, "drafter": setup.drafter,
-              "settings": {"suites": suites, "variants": [v.name for v in variants], "split": args.split,
-                           "episodes": args.episodes, "seeds": args.seeds, "max_steps": args.max_steps,
-                           "max_new_tokens": args.max_new_tokens, **timing,
-                           "command": (" ".join(["asymagent"] + sys.argv[1:]) if sys.argv[1:2] == ["eval"]
-                                       else " ".join(["python -m asymagent.evals.fusion"] + sys.argv[1:])),
-                           "compression": setup.engine.compression.model_dump(mode="json")},
-              **report(positions, variants)}
-    if args.json:
-        with open(args.json, "w") as f:
-            json.dump({**result, "positions": [asdict(p) for p in positions]}, f)
+                            progress=not args.quiet, done=done,
+                            on_conversation=lambda ps: save(ps, {}, partial=True))
+    result = save(positions, timing, partial=False)
     text = markdown(result)
     if args.report:
         from pathlib import Path

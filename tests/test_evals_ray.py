@@ -115,18 +115,36 @@ def test_local_log_streams_and_resume_skips_written_episodes(tiny_spec, local_re
 
 
 def test_eval_ray_without_ray_is_one_line(monkeypatch, capsys, tiny_spec):
+    from asymagent.integrations import cli
+
+    monkeypatch.setitem(sys.modules, "ray", None)  # import ray -> ImportError
+    with pytest.raises(SystemExit) as exit_info:
+        cli.main(["eval", "records", "--ray", "--quiet", "--verifier", tiny_spec.verifier,
+                  "--drafter", tiny_spec.drafter, "--max-steps", "1"])
+    assert exit_info.value.code == 2
+    err = capsys.readouterr().err
+    assert err == ("asymagent eval: error: --ray needs Ray, which is not installed: "
+                   "pip install 'asymagent[ray]'\n")
+
+
+def test_episode_flags_are_checked_before_any_model_loads(tmp_path):
     import argparse
 
     from asymagent.evals import cli
 
-    monkeypatch.setitem(sys.modules, "ray", None)  # import ray -> ImportError
     p = argparse.ArgumentParser()
     cli.add_arguments(p)
-    args = p.parse_args(["records", "--ray", "--quiet", "--verifier", tiny_spec.verifier,
-                         "--drafter", tiny_spec.drafter, "--max-steps", "1"])
-    assert cli.main(args) == 2
-    err = capsys.readouterr().err.strip()
-    assert err == "asymagent eval: --ray needs Ray, which is not installed: pip install 'asymagent[ray]'"
+    traces = tmp_path / "t.jsonl"
+    traces.write_text("")
+    for argv, message in [([str(traces), "--ray"], "suite episodes"),
+                          (["fusion", "--resume", "--jsonl", "x.jsonl"], "suite episodes"),
+                          (["records", "--resume"], "--resume needs the episode log"),
+                          (["records", "--ray", "--workers", "0"], "--workers"),
+                          (["records", "--worker-cpus", "0"], "--worker-cpus")]:
+        with pytest.raises(ValueError, match=message):
+            cli.check_episode_args(p.parse_args(argv))
+    assert cli.log_path(p.parse_args(["records", "--ray", "--json", "runs/r.json"])) == "runs/r.episodes.jsonl"
+    assert cli.log_path(p.parse_args(["records", "--json", "runs/r.json"])) is None  # local: only --jsonl
 
 
 # ------------------------------------------------------------------------------------ Ray
