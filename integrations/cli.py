@@ -1,10 +1,11 @@
 """The `asymagent` console script: demo, bench, eval, serve, train-drafter (docs/architecture.md §4).
 
-Each verb lives in its own module exposing `add_arguments(parser)` and `main(args) -> int`, and
-optionally `check_args(args)`, which raises ValueError for arguments that cannot work; it runs
-before `main`, so a bad argument is reported (exit code 2, with the usage line) before any model
-loads. This file only wires them, importing a verb's module when that verb runs. Every `--help`
-shows each option's default. `python -m asymagent` runs the same command.
+Each verb lives in its own module exposing `add_arguments(parser)` and `main(args) -> int`,
+and optionally `check_args(args)`, which refuses a mistake (unknown suite, bad config key,
+missing model path, an unavailable device) with a ValueError/OSError before any model loads;
+this file turns that into one line on stderr and exit status 2, as argparse does for its own
+errors. It imports a verb's module when that verb runs. Every `--help` shows each option's
+default; `asymagent --version`; `python -m asymagent` runs the same command.
 """
 
 from __future__ import annotations
@@ -77,15 +78,16 @@ def build_parser() -> tuple[argparse.ArgumentParser, dict]:
 
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
-    parser, verbs = build_parser()
+    parser, _ = build_parser()
     args = parser.parse_args(argv)
     module = importlib.import_module(args.verb_module)
     check = getattr(module, "check_args", None)
     if check is not None:
         try:
             check(args)
-        except ValueError as exc:
-            verbs[args.verb].error(str(exc))  # exit code 2, before any model loads
+        except (ValueError, OSError) as exc:  # ModelNotFoundError is an OSError
+            message = " ".join(str(exc).split())  # one line, whatever the exception held
+            parser.exit(2, f"asymagent {args.verb}: error: {message}\n")
     return int(module.main(args) or 0)
 
 

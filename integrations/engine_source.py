@@ -9,31 +9,25 @@ work before anything loads; `open_engine` loads.
 
 from __future__ import annotations
 
-from pathlib import Path
-
 DEFAULT_NAMES = ("default", "embedded", "smollm2")
 
 
-def _missing_path(name: str) -> bool:
-    """A name that is meant as a path (by its look) and does not exist."""
-    return not Path(name).exists() and (
-        name.endswith((".gguf", ".safetensors")) or name.startswith((".", "/", "~")))
-
-
 def check_source(verifier: str, drafter: str | None, mode: str = "asym") -> None:
-    """Raise a ValueError naming the argument for a verifier/drafter pair that cannot work."""
+    """Refuse a verifier/drafter pair that cannot work, reading no weights: a ValueError or
+    ModelNotFoundError (an OSError) naming the argument."""
+    from asymagent.modeling.loading import check_drafter_source, check_model_source
+
+    check_model_source(verifier)
     if drafter is not None and drafter.startswith("layers:"):
         n = drafter.split(":", 1)[1]
         if not n.isdigit() or int(n) < 1:
-            raise ValueError(f"drafter layers:N needs an integer N >= 1, got {drafter!r}")
-    elif drafter is not None and _missing_path(drafter):
-        raise ValueError(f"drafter {drafter}: no such file or directory")
-    if verifier not in DEFAULT_NAMES and _missing_path(verifier):
-        raise ValueError(f"verifier {verifier}: no such file or directory")
-    if verifier not in DEFAULT_NAMES and drafter is None and mode in ("spec", "asym"):
-        raise ValueError(f"verifier {verifier} has no drafter, but mode is {mode!r}: pass a "
-                         "drafter (--drafter / drafter=: a trained one, or layers:N for an "
-                         "untrained cut of the verifier) or use mode full/compressed")
+            raise ValueError(f"--drafter layers:N needs an integer N >= 1, got {drafter!r}")
+    elif drafter is not None:
+        check_drafter_source(drafter)
+    elif verifier not in DEFAULT_NAMES and mode in ("spec", "asym"):
+        raise ValueError(f"the verifier {verifier} has no drafter, but the mode is {mode!r}: "
+                         "pass a drafter (--drafter / drafter=: a trained one, or layers:N for "
+                         "an untrained cut of the verifier) or use mode full/compressed")
 
 
 def open_engine(verifier: str = "default", drafter: str | None = None, *, mode: str = "asym",

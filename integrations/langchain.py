@@ -283,11 +283,20 @@ class ChatAsymSpec(BaseChatModel):
             r.text, r.tool_calls, r.invalid_tool_calls = text, [], []
         return r
 
+    def _chat(self, **call):
+        """engine.chat; a call cut short by an exception leaves its cache session in an unknown
+        state, so the session is dropped (as the server does) and the next call starts clean."""
+        try:
+            return self.engine.chat(**call)
+        except BaseException:
+            self.engine.caches.drop(call["cache_key"])
+            raise
+
     def _generate(self, messages: list[BaseMessage], stop: list[str] | None = None,
                   run_manager: CallbackManagerForLLMRun | None = None,
                   **kwargs: Any) -> ChatResult:
         no_tools = kwargs.get("tool_choice") == "none"
-        r = self._no_calls(self.engine.chat(**self._chat_kwargs(messages, stop, dict(kwargs))),
+        r = self._no_calls(self._chat(**self._chat_kwargs(messages, stop, dict(kwargs))),
                            no_tools)
         usage, meta = self._metadata(r)
         msg = AIMessage(content=r.text or "", tool_calls=_lc_tool_calls(r.tool_calls),
@@ -315,7 +324,7 @@ class ChatAsymSpec(BaseChatModel):
 
         def work():
             try:
-                events.put(("done", self.engine.chat(callback=on_tokens, **call)))
+                events.put(("done", self._chat(callback=on_tokens, **call)))
             except Exception as exc:  # re-raised in the consumer thread
                 events.put(("error", exc))
 
@@ -350,8 +359,8 @@ class ChatAsymSpec(BaseChatModel):
                         run_manager.on_llm_new_token(chunk.text, chunk=chunk)
                     yield chunk
         finally:
-            cancel.set()
-        worker.join()
+            cancel.set()  # a consumer gone early (or an error here) stops the engine ...
+            worker.join()  # ... at its next round: no generation outlives this call
         yield from self._final_chunks(self._no_calls(result, no_tools), sent, run_manager)
 
     async def _agenerate(self, messages: list[BaseMessage], stop: list[str] | None = None,

@@ -7,9 +7,11 @@ sampling fields (server_fields.py), stream with stream_options.include_usage, ex
 server_metrics.py); CORS for the origins given (opt-in). Errors are OpenAI error bodies
 `{"error": {"message", "type", "param", "code"}}`: 400 for invalid input (request validation,
 context over the limit naming both lengths), 401 for a wrong/missing key with --api-key, 404 for
-an unknown model or path, 429 when the queue is full, 504 when a request times out; bad input is
-never a 500. One engine worker thread serves a bounded queue (server_worker.py); a streaming
-client that disconnects cancels its generation at the next round. Each conversation gets its own
+an unknown model or path, 413 for a body over --max-body-bytes (server_body_limit.py), 429 with
+Retry-After when the queue is full, 504 when a request times out; bad input is never a 500, and
+no error message carries a dependency's file paths. One engine worker thread serves a bounded
+queue (server_worker.py); a streaming client that disconnects cancels its generation at the
+next round and its conversation's caches are dropped. Each conversation gets its own
 engine cache session (`cache_key` = hash of the tools, the mode and the messages up to the first
 user message), so an agent resending a growing conversation reuses its KV prefix.
 
@@ -24,7 +26,10 @@ speculation counts as OpenAI's predicted-output fields, and extra fields (`draft
 import hashlib
 import json
 
+from asymagent.integrations.serve_setup import check_args, load_engine  # noqa: F401  (old paths)
+
 DEFAULT_MODEL_NAME = "asymagent"
+DEFAULT_MAX_BODY_BYTES = 8 * 2**20
 
 
 def cache_key_for(messages: list[dict], tools: list | None, mode: str) -> str:
@@ -42,6 +47,7 @@ def cache_key_for(messages: list[dict], tools: list | None, mode: str) -> str:
 def create_app(engine, *, model_name: str = DEFAULT_MODEL_NAME, api_key: str | None = None,
                max_queue: int = 16, request_timeout: float = 600.0, default_mode: str = "asym",
                default_max_tokens: int = 256, default_temperature: float = 0.0,
+               max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
                cors_origins: list[str] | None = None, max_model_len: int | None = None):
     """The FastAPI app serving `engine` (one worker thread, started with the app).
 
@@ -50,6 +56,7 @@ def create_app(engine, *, model_name: str = DEFAULT_MODEL_NAME, api_key: str | N
     import asyncio
     import contextlib
     import hmac
+    import logging
     import time
     import uuid
 
@@ -62,6 +69,7 @@ def create_app(engine, *, model_name: str = DEFAULT_MODEL_NAME, api_key: str | N
     from asymagent.integrations import server_schemas as S
     from asymagent.integrations.server_completions import register_completions
     from asymagent.integrations.server_logprobs import TokenTexts, chat_content, visible
+    from asymagent.integrations.server_body_limit import BodyLimit
     from asymagent.integrations.server_schemas import extension_for, finish_reason_for, usage_for
     from asymagent.integrations.server_metrics import CONTENT_TYPE_LATEST, ServerMetrics
     from asymagent.integrations.server_streaming import DeltaStreamer, sse_error
@@ -70,8 +78,9 @@ def create_app(engine, *, model_name: str = DEFAULT_MODEL_NAME, api_key: str | N
 
     if default_mode not in S.MODES:
         raise ValueError(f"default_mode must be one of {S.MODES}, got {default_mode!r}")
-    if request_timeout <= 0 or default_max_tokens < 1:
-        raise ValueError("request_timeout must be > 0 and default_max_tokens >= 1")
+    if request_timeout <= 0 or default_max_tokens < 1 or max_body_bytes < 1:
+        raise ValueError("request_timeout must be > 0, default_max_tokens and max_body_bytes "
+                         ">= 1")
     metrics = ServerMetrics(model_name)
 
     def observe(job: GenerationJob, result) -> None:
@@ -98,7 +107,8 @@ def create_app(engine, *, model_name: str = DEFAULT_MODEL_NAME, api_key: str | N
             worker.stop()
 
     app = FastAPI(title="asymagent OpenAI-compatible server", lifespan=lifespan)
-    if cors_origins:
+    app.add_middleware(BodyLimit, max_body_bytes=max_body_bytes, on_refused=metrics.error)
+    if cors_origins:  # added last: the outermost layer answers a preflight first
         from starlette.middleware.cors import CORSMiddleware
 
         app.add_middleware(CORSMiddleware, allow_origins=list(cors_origins),
@@ -108,28 +118,34 @@ def create_app(engine, *, model_name: str = DEFAULT_MODEL_NAME, api_key: str | N
 
     class ApiError(Exception):
         def __init__(self, status: int, message: str, type_: str = "invalid_request_error",
-                     param: str | None = None, code: str | None = None):
+                     param: str | None = None, code: str | None = None,
+                     headers: dict | None = None):
             super().__init__(message)
-            self.status, self.body = status, S.ErrorBody(error=S.ErrorDetail(
-                message=message, type=type_, param=param, code=code))
+            self.status, self.headers = status, headers
+            self.args_ = (message, type_, param, code)
 
     def error_response(status: int, message: str, type_: str = "invalid_request_error",
-                       param: str | None = None, code: str | None = None) -> JSONResponse:
+                       param: str | None = None, code: str | None = None,
+                       headers: dict | None = None) -> JSONResponse:
         metrics.error(status)
         body = S.ErrorBody(error=S.ErrorDetail(message=message, type=type_, param=param,
                                                code=code))
-        return JSONResponse(body.model_dump(), status_code=status)
+        return JSONResponse(body.model_dump(), status_code=status, headers=headers)
 
     @app.exception_handler(ApiError)
     async def _api_error(request, exc: ApiError):
-        metrics.error(exc.status)
-        return JSONResponse(exc.body.model_dump(), status_code=exc.status)
+        return error_response(exc.status, *exc.args_, headers=exc.headers)
 
     @app.exception_handler(RequestValidationError)
     async def _validation_error(request, exc: RequestValidationError):
-        first = exc.errors()[0] if exc.errors() else {}
+        errors = exc.errors()
+        first = errors[0] if errors else {}
+        if first.get("type") == "json_invalid":  # FastAPI's loc is ("body", character offset)
+            pos = first.get("loc", ("body", "?"))[-1]
+            reason = (first.get("ctx") or {}).get("error", "invalid JSON")
+            return error_response(400, f"the request body is not valid JSON: {reason} at "
+                                       f"character {pos}", code="invalid_json")
         loc = [str(p) for p in first.get("loc", ()) if p != "body"]
-        param = None if first.get("type") == "json_invalid" else (".".join(loc) or None)
 
         def say(e: dict) -> str:
             where = ".".join(str(p) for p in e.get("loc", ()) if p != "body") or "body"
@@ -138,14 +154,24 @@ def create_app(engine, *, model_name: str = DEFAULT_MODEL_NAME, api_key: str | N
             msg = str(e.get("msg", "invalid")).removeprefix("Value error, ")
             return f"{where}: {msg}"
 
-        messages = "; ".join(say(e) for e in exc.errors()[:5])
-        return error_response(400, messages or "invalid request", param=param,
+        messages = "; ".join(say(e) for e in errors[:5])
+        return error_response(400, messages or "invalid request", param=".".join(loc) or None,
                               code="invalid_value")
 
     @app.exception_handler(StarletteHTTPException)
     async def _http_error(request, exc: StarletteHTTPException):
+        if exc.status_code == 413:  # BodyTooLarge: a body without Content-Length ran over
+            return error_response(413, str(exc.detail), code="request_too_large")
+        if exc.status_code == 400 and exc.__cause__ is not None:  # FastAPI could not read JSON
+            return error_response(400, S.body_parse_error(exc.__cause__), code="invalid_json")
         kind = "not_found_error" if exc.status_code == 404 else "invalid_request_error"
         return error_response(exc.status_code, str(exc.detail), kind)
+
+    @app.exception_handler(Exception)
+    async def _unexpected(request, exc: Exception):  # a bug of ours: an error body, no internals
+        logging.getLogger("asymagent.server").error("unhandled error", exc_info=exc)
+        return error_response(500, f"internal error ({type(exc).__name__}); the server log "
+                                   "has the details", "server_error")
 
     async def check_key(request: Request) -> None:
         if api_key is None:
@@ -206,17 +232,24 @@ def create_app(engine, *, model_name: str = DEFAULT_MODEL_NAME, api_key: str | N
     def failure(ev: Failed) -> JSONResponse:
         return error_response(ev.status, ev.message, ev.type, ev.param, ev.code)
 
-    def check_model(name: str) -> None:
-        if name != model_name:
-            raise ApiError(404, f"The model `{name}` does not exist.", "not_found_error",
+    def check_request(req) -> None:
+        """404 for another model's name; 400 for text holding a lone UTF-16 surrogate."""
+        if req.model != model_name:
+            raise ApiError(404, f"The model `{req.model}` does not exist.", "not_found_error",
                            param="model", code="model_not_found")
+        bad_text = S.lone_surrogate_at(req.model_dump(exclude_none=True))
+        if bad_text is not None:
+            raise ApiError(400, f"{bad_text}: the text holds a lone UTF-16 surrogate escape "
+                                "(e.g. \\ud800), which is not valid Unicode", param=bad_text,
+                           code="invalid_value")
 
     async def start(job: GenerationJob, request: Request):
         """Queue `job`; its Started event, or the Response to answer with instead."""
         try:
             worker.submit(job)
         except QueueFull as exc:
-            return error_response(429, str(exc), "rate_limit_error", code="queue_full")
+            return error_response(429, str(exc), "rate_limit_error", code="queue_full",
+                                  headers={"Retry-After": str(worker.retry_after_s())})
         first = await next_event(job, request)
         if first is None:  # client gone before anything happened
             return Response(status_code=499)
@@ -244,7 +277,7 @@ def create_app(engine, *, model_name: str = DEFAULT_MODEL_NAME, api_key: str | N
 
     @app.post("/v1/chat/completions", dependencies=[Depends(check_key)])
     async def chat_completions(req: S.ChatCompletionRequest, request: Request):
-        check_model(req.model)
+        check_request(req)
         mode = req.mode or default_mode
         messages = [m.to_engine() for m in req.messages]
         tools = [t.model_dump(exclude_none=True) for t in req.tools] if req.tools else None
@@ -358,7 +391,8 @@ def create_app(engine, *, model_name: str = DEFAULT_MODEL_NAME, api_key: str | N
         finally:
             job.cancel.set()  # a no-op once finished; stops generation if the client left
 
-    register_completions(app, engine=engine, model_name=model_name, check_key=check_key, check_model=check_model, start=start,
+    register_completions(app, engine=engine, model_name=model_name, check_key=check_key,
+                         check_request=check_request, start=start,
                          finished=finished, next_event=next_event, error_response=error_response,
                          texts=texts, defaults=dict(mode=default_mode,
                                                     temperature=default_temperature),

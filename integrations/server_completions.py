@@ -90,6 +90,10 @@ class CompletionTask:
     prompt_text: str = ""
     prompt_logprobs: list = field(default_factory=list)
 
+    @property
+    def cache_key(self) -> str:
+        return self.generate_kwargs["cache_key"]
+
     def prompt_tokens(self, engine) -> int:
         if isinstance(self.prompt, str):
             self.ids = list(engine.tokenizer.encode(self.prompt))
@@ -132,7 +136,7 @@ def _sum_usage(usages: list[dict]) -> dict:
     return usages[0] if len(usages) == 1 else out
 
 
-def register_completions(app, *, engine, model_name: str, check_key, check_model, start,
+def register_completions(app, *, engine, model_name: str, check_key, check_request, start,
                          finished, next_event, error_response, texts, defaults: dict,
                          request_timeout: float) -> None:
     """Add POST /v1/completions to `app` (the helpers are openai_server.create_app's)."""
@@ -155,7 +159,7 @@ def register_completions(app, *, engine, model_name: str, check_key, check_model
 
     @app.post("/v1/completions", dependencies=[Depends(check_key)])
     async def completions(req: CompletionRequest, request: Request):
-        check_model(req.model)
+        check_request(req)
         mode = req.mode or defaults["mode"]
         cid = "cmpl-" + uuid.uuid4().hex[:24]
         prompts = req.prompts()

@@ -10,7 +10,10 @@ from __future__ import annotations
 
 from typing import Any, Literal, Optional, Union
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator, model_validator
+
+MIN_SAMPLING_TEMPERATURE = 1e-4  # smaller positive temperatures decode greedily (see below)
+MIN_TOP_P = 1e-6
 
 
 class StreamOptions(BaseModel):
@@ -110,6 +113,20 @@ class SamplingFields(BaseModel):
     mode: Optional[Literal["full", "compressed", "spec", "asym"]] = None  # extension
     user: Optional[str] = None  # no effect: an end-user id for the caller's own records
 
+    @field_validator("temperature")
+    @classmethod
+    def _tiny_temperature_is_greedy(cls, value):
+        # Below 1e-4 softmax(logits / T) is the argmax to float precision, and dividing by T
+        # overflows float32 (NaN probabilities): decode greedily, the same distribution.
+        return 0.0 if value is not None and value < MIN_SAMPLING_TEMPERATURE else value
+
+    @field_validator("top_p")
+    @classmethod
+    def _tiny_top_p_keeps_the_top_token(cls, value):
+        # A nucleus of mass 1e-6 is already the top token alone; smaller values round to 0 in
+        # float32, and a zero nucleus would drop every token.
+        return max(value, MIN_TOP_P)
+
     @field_validator("n")
     @classmethod
     def _one(cls, value: int) -> int:
@@ -136,11 +153,13 @@ class SamplingFields(BaseModel):
         token_bias(value)
         return value
 
-    @model_validator(mode="after")
-    def _stream_options(self):
-        if self.stream_options is not None and not self.stream:
+    @field_validator("stream_options")
+    @classmethod
+    def _options_need_stream(cls, value, info: ValidationInfo):
+        # a field validator (after `stream`), so that the error's `param` names the field
+        if value is not None and not info.data.get("stream", False):
             raise ValueError("stream_options is only allowed when stream is true")
-        return self
+        return value
 
     def sampling(self) -> dict:
         """The engine's sampling keywords (penalties, bias, top-k, min-p)."""

@@ -140,7 +140,9 @@ def test_tool_messages_round_trip():
 
 
 def test_bad_input():
-    with pytest.raises(ValueError, match="no such file"):
+    from asymagent.modeling.loading import ModelNotFoundError
+
+    with pytest.raises(ModelNotFoundError, match="not found"):  # before any weights load
         ChatAsymSpec(model="./no-such-model-dir")
     with pytest.raises(ValueError, match="mode"):
         ChatAsymSpec(engine=tiny_engine(), mode="fast")

@@ -26,6 +26,7 @@ token-identical to the verifier alone.
 from __future__ import annotations
 
 import json
+import re
 import time
 from dataclasses import dataclass
 from functools import lru_cache
@@ -35,6 +36,12 @@ import torch
 
 _LOOSE_CHARS = r'[^\"\\\r\n]'  # EBNF char class xgrammar uses for bounded strings
 _STRICT_CHARS = r'[^\0-\x1f\"\\\r\n]'  # the same without control characters
+_XGRAMMAR_LOG_HEAD = re.compile(r"\[[0-9:]+\] \S+:[0-9]+: ")  # "[10:27:10] /project/cpp/x.cc:88: "
+
+
+def xgrammar_error(exc: Exception) -> str:
+    """xgrammar's error text without its log stamp and C++ source path (a client sees it)."""
+    return _XGRAMMAR_LOG_HEAD.sub("", str(exc)).strip()
 
 
 def json_schema_grammar(schema: dict, strict: bool = True):

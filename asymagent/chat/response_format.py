@@ -17,8 +17,10 @@ from __future__ import annotations
 
 import json
 
-from asymagent.chat.grammar_constraint import GrammarConstraint, json_schema_grammar, uses_hermes_format
+from asymagent.chat.grammar_constraint import (GrammarConstraint, json_schema_grammar,
+                                               uses_hermes_format, xgrammar_error)
 from asymagent.chat.output_parsing import ParsedOutput, parse_output
+from asymagent.chat.schema_refs import ToolSchemaError, check_refs
 from asymagent.chat.tool_constraint import selected_tools, tool_call_grammar, tool_call_schema
 
 FORMAT_TYPES = ("text", "json_object", "json_schema")
@@ -71,6 +73,10 @@ class ResponseFormatConstraint(GrammarConstraint):
         schema = format_schema(response_format)
         if schema is None:
             raise ValueError("response_format type 'text' needs no constraint")
+        try:  # refs that resolve, a finite instance: xgrammar loops forever on some others
+            check_refs(schema, "response_format schema")
+        except ToolSchemaError as exc:  # the format's fault, not a tool's
+            raise ValueError(str(exc)) from None
         self.schema = schema
         # json_object is any object (xgrammar's non-strict mode); a given schema is strict
         strict = schema is not _ANY_OBJECT
@@ -82,7 +88,7 @@ class ResponseFormatConstraint(GrammarConstraint):
                              vocab_size=vocab_size)
         except RuntimeError as exc:  # xgrammar's error for a schema it cannot compile
             raise ValueError(f"response_format schema cannot be compiled into a grammar: "
-                             f"{str(exc).strip()}"[:500]) from None
+                             f"{xgrammar_error(exc)}"[:500]) from None
 
 
 def split_output(text: str, tool_names: list[str]) -> ParsedOutput:

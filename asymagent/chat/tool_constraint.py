@@ -16,7 +16,8 @@ import json
 import torch
 
 from asymagent.chat.grammar_constraint import (  # noqa: F401  (re-exported: old import paths)
-    GrammarConstraint, json_schema_grammar, stop_token_ids, uses_hermes_format)
+    GrammarConstraint, json_schema_grammar, stop_token_ids, uses_hermes_format, xgrammar_error)
+from asymagent.chat.schema_refs import ToolSchemaError, check_refs, has_refs, rebase_refs
 
 TOOL_CHOICES = ("required", "any")
 
@@ -31,6 +32,7 @@ def _tool_function(tool: dict) -> dict:
     params = fn.get("parameters") or {"type": "object", "properties": {}}
     if not isinstance(params, dict):
         raise ValueError(f"tool {fn['name']!r}: parameters must be a JSON schema object")
+    check_refs(params, f"tool {fn['name']!r} parameters")
     return {"name": fn["name"], "parameters": params}
 
 
@@ -59,17 +61,27 @@ def selected_tools(tools: list, tool_choice) -> list[dict]:
 
 
 def tool_call_schema(functions: list[dict]) -> dict:
-    """JSON schema of one call object, anyOf over the functions."""
-    branches = [
-        {
+    """JSON schema of one call object, anyOf over the functions.
+
+    Parameters that use `$ref` (pydantic's `$defs`, recursion) move whole under the call
+    schema's `$defs` with their pointers re-rooted there (asymagent/chat/schema_refs.py), so
+    `#/$defs/Name` written for the parameters' root still finds its target."""
+    defs: dict = {}
+    branches = []
+    for i, f in enumerate(functions):
+        arguments = f["parameters"]
+        if has_refs(arguments):
+            key = f"asymagent_args_{i}"
+            defs[key] = rebase_refs(arguments, f"#/$defs/{key}")
+            arguments = {"$ref": f"#/$defs/{key}"}
+        branches.append({
             "type": "object",
-            "properties": {"name": {"const": f["name"]}, "arguments": f["parameters"]},
+            "properties": {"name": {"const": f["name"]}, "arguments": arguments},
             "required": ["name", "arguments"],
             "additionalProperties": False,
-        }
-        for f in functions
-    ]
-    return branches[0] if len(branches) == 1 else {"anyOf": branches}
+        })
+    schema = branches[0] if len(branches) == 1 else {"anyOf": branches}
+    return {**schema, "$defs": defs} if defs else schema
 
 
 def hermes_wrapped(body):
@@ -104,7 +116,12 @@ class ToolCallConstraint(GrammarConstraint):
         self.functions = selected_tools(tools, tool_choice)
         self.hermes = uses_hermes_format(tokenizer) if hermes is None else bool(hermes)
         self.schema = tool_call_schema(self.functions)
-        super().__init__(tokenizer, (json.dumps(self.schema), self.hermes), vocab_size=vocab_size)
+        try:
+            super().__init__(tokenizer, (json.dumps(self.schema), self.hermes),
+                             vocab_size=vocab_size)
+        except RuntimeError as exc:  # xgrammar refuses the schema (e.g. a `pattern` it cannot parse)
+            raise ToolSchemaError(f"a tool's parameters schema cannot be compiled into a "
+                                  f"grammar: {xgrammar_error(exc)}") from None
 
 
 def parse_call(text: str, hermes: bool = False) -> dict:

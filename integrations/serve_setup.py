@@ -1,0 +1,120 @@
+"""Setting up `asymagent serve` from its flags: the --config file, checks before any model loads, the engine.
+
+`check_args` refuses mistakes (a missing model path, an unknown config key, a bad --drafter
+layers:N, out-of-range numbers, an unavailable --device, a malformed origin) with a
+ValueError/OSError that `asymagent` prints on one line (integrations/cli.py); `load_engine`
+builds the Engine from --verifier/--drafter/--config/--dtype/--device (integrations/engine_source.py).
+"""
+
+from __future__ import annotations
+
+import json
+
+
+def read_config(path: str):
+    """(SpecConfig | None, CompressionConfig | None) from a --config file; ValueError naming the
+    file and the section for anything unknown or invalid."""
+    import dataclasses
+    import pathlib
+
+    from asymagent.context.views import CompressionConfig
+    from asymagent.spec_config import SpecConfig
+
+    text = pathlib.Path(path).read_text()
+    try:
+        if path.endswith((".yaml", ".yml")):
+            import yaml
+
+            data = yaml.safe_load(text) or {}
+        else:
+            data = json.loads(text)
+    except Exception as exc:  # yaml.YAMLError / json.JSONDecodeError
+        raise ValueError(f"{path}: not valid {'YAML' if path.endswith(('.yaml', '.yml')) else 'JSON'}"
+                         f": {exc}") from None
+    if not isinstance(data, dict) or set(data) - {"spec", "compression"}:
+        raise ValueError(f"{path}: expected a mapping with 'spec' and/or 'compression', got "
+                         f"{sorted(data) if isinstance(data, dict) else type(data).__name__}")
+    spec = compression = None
+    if "spec" in data:
+        fields = {f.name for f in dataclasses.fields(SpecConfig)}
+        if not isinstance(data["spec"], dict) or set(data["spec"]) - fields:
+            unknown = sorted(set(data["spec"]) - fields) if isinstance(data["spec"], dict) else []
+            raise ValueError(f"{path}: spec: unknown key(s) {unknown}; SpecConfig has "
+                             f"{', '.join(sorted(fields))}")
+        try:
+            spec = SpecConfig(**data["spec"])
+            spec.validate()
+        except (TypeError, ValueError) as exc:  # a value of the wrong type or out of range
+            raise ValueError(f"{path}: spec: {exc}") from None
+    if "compression" in data:
+        try:
+            compression = CompressionConfig.model_validate(data["compression"])
+        except ValueError as exc:  # pydantic's ValidationError
+            raise ValueError(f"{path}: compression: {exc}") from None
+    return spec, compression
+
+
+def resolve_device(name: str) -> str:
+    """--device -> a torch device name; ValueError when it is not there."""
+    import torch
+
+    if name == "auto":
+        return "cuda" if torch.cuda.is_available() else "cpu"
+    if name == "cpu":
+        return name
+    if name == "cuda" or name.startswith("cuda:"):
+        if not torch.cuda.is_available():
+            raise ValueError(f"--device {name}: CUDA is not available on this machine")
+        index = name.partition(":")[2]
+        if index and (not index.isdigit() or int(index) >= torch.cuda.device_count()):
+            raise ValueError(f"--device {name}: this machine has {torch.cuda.device_count()} "
+                             "CUDA device(s)")
+        return name
+    raise ValueError(f"--device must be cpu, cuda, cuda:N or auto, got {name!r}")
+
+
+def resolve_dtype(name: str, device: str):
+    import torch
+
+    if name == "auto":
+        return torch.bfloat16 if device.startswith("cuda") else torch.float32
+    return getattr(torch, name)
+
+
+def check_args(args) -> None:
+    """Refuse mistakes before any model loads (integrations/cli.py prints them on one line)."""
+    from asymagent.integrations.engine_source import check_source
+
+    if not 0 <= args.port <= 65535:
+        raise ValueError(f"--port must be in 0..65535, got {args.port}")
+    for flag, value, low in (("--max-queue", args.max_queue, 1), ("--max-tokens", args.max_tokens, 1),
+                             ("--max-sessions", args.max_sessions, 1),
+                             ("--max-body-bytes", args.max_body_bytes, 1),
+                             ("--max-model-len", args.max_model_len, 2),
+                             ("--threads", args.threads, 1)):
+        if value is not None and value < low:
+            raise ValueError(f"{flag} must be >= {low}, got {value}")
+    if not args.request_timeout > 0:
+        raise ValueError(f"--request-timeout must be > 0, got {args.request_timeout}")
+    if not 0.0 <= args.temperature <= 2.0:
+        raise ValueError(f"--temperature must be in 0..2, got {args.temperature}")
+    if args.config:
+        read_config(args.config)
+    check_source(args.verifier, args.drafter, args.mode)
+    resolve_device(args.device)
+    for origin in args.allowed_origins or ():
+        if origin != "*" and not origin.startswith(("http://", "https://")):
+            raise ValueError(f"--allowed-origins: {origin!r} is not an origin "
+                             "(scheme://host[:port]) or *")
+
+
+def load_engine(args):
+    """Engine for `asymagent serve` from --verifier/--drafter/--config/--dtype/--device."""
+    from asymagent.integrations.engine_source import open_engine
+
+    check_args(args)
+    spec, compression = read_config(args.config) if args.config else (None, None)
+    device = resolve_device(args.device)
+    return open_engine(args.verifier, args.drafter, mode=args.mode, spec=spec,
+                       compression=compression, dtype=resolve_dtype(args.dtype, device),
+                       device=device, max_sessions=args.max_sessions)
