@@ -7,6 +7,9 @@
 - asym: context-asymmetric speculation (docs/architecture.md, "The algorithm"): drafter on the
   full view, verifier and base pass on the compressed view (three caches), delta-fusion and the
   JSD-aware gate.
+Thread safety: `generate` and `chat` hold the engine's FairLock (asymagent/fair_lock.py), so
+requests from many threads (or `asyncio.to_thread`) run one at a time in arrival order and each
+sees its conversation's caches and views as its predecessor left them.
 Caches live in per-`cache_key` sessions (bounded LRU) and are reused up to the longest common
 prefix with the next prompt (asymagent/kv/cache.py). `generate` prefills the caches its mode
 reads and runs the decode loop (asymagent/decoding/loop.py) over one speculative round at a time
@@ -17,6 +20,7 @@ generate -> ChatResult).
 from __future__ import annotations
 
 import secrets
+import threading
 import time
 
 import torch
@@ -27,8 +31,10 @@ from asymagent.decoding.flops import FlopCounter
 from asymagent.decoding.lookup_drafter import LookupDrafter
 from asymagent.decoding.loop import decode_loop
 from asymagent.decoding.model_drafter import DraftHead, ModelDrafter
+from asymagent.decoding.noise import KeyedNoise
 from asymagent.decoding.round import Decoder
 from asymagent.decoding.stopping import StopChecker, eos_ids
+from asymagent.fair_lock import FairLock
 from asymagent.kv.attention import use_gqa_attention
 from asymagent.kv.cache import CacheStore, View, ViewCache
 from asymagent.results import ChatResult, GenerationResult  # noqa: F401  (old import path)
@@ -80,12 +86,17 @@ class Engine:
             roles.update(drafter_full=self.drafter, drafter_compressed=self.drafter)
         self.caches = CacheStore(roles, max_sessions=max_sessions)
         self._chat_format: ChatFormat | None = None  # built on first use (`chat_format`)
+        self._format_lock = threading.Lock()  # builds chat_format once (not the request lock)
+        # one request at a time, first come first served: sessions, caches and views are shared
+        self.lock = FairLock()
 
     @property
     def chat_format(self) -> ChatFormat:
         """How messages and tools render to tokens and how output parses (built once, lazily)."""
         if self._chat_format is None:
-            self._chat_format = ChatFormat(self.tokenizer)
+            with self._format_lock:
+                if self._chat_format is None:
+                    self._chat_format = ChatFormat(self.tokenizer)
         return self._chat_format
 
     # ------------------------------------------------------------------ constructors
@@ -182,14 +193,24 @@ class Engine:
                  temperature: float = 0.0, seed: int | None = None, top_p: float = 1.0,
                  compressed_prompt_ids=None, stop=None, constraint=None, callback=None,
                  cache_key: str = "default") -> GenerationResult:
-        """Generate up to `max_new_tokens` new tokens after `prompt_ids` (see module docstring)."""
+        """Generate up to `max_new_tokens` new tokens after `prompt_ids` (see module docstring).
+
+        Thread-safe: requests to one engine run one at a time, in arrival order (`self.lock`).
+        `callback` runs while the request holds the lock; it must not wait for another request."""
+        with self.lock:
+            return self._generate(prompt_ids, mode, max_new_tokens, temperature, seed, top_p,
+                                  compressed_prompt_ids, stop, constraint, callback, cache_key)
+
+    def _generate(self, prompt_ids, mode, max_new_tokens, temperature, seed, top_p,
+                  compressed_prompt_ids, stop, constraint, callback, cache_key) -> GenerationResult:
         prompt, compressed, stops = self._validate(prompt_ids, mode, max_new_tokens,
                                                    float(temperature), float(top_p),
                                                    compressed_prompt_ids, stop)
         t_start = time.perf_counter()
         m = mode_of(mode)
-        generator = torch.Generator(device=self.device)
-        generator.manual_seed(int(seed) if seed is not None else secrets.randbits(63))
+        # every random number is keyed by (seed, output position, purpose), never by draw order
+        noise = KeyedNoise(int(seed) if seed is not None else secrets.randbits(63),
+                           self.vocab_size, self.device)
         session = self.caches.session(cache_key)
         generated: list = []  # the new tokens, shared by every view of the request
         full_view = View(prompt, generated)
@@ -216,7 +237,7 @@ class Engine:
         verifier, stats.verifier_prefill_tokens, prefill_flops = prefill(ver_role, ver_view)
         drafter = base = None
         drafters: list = []
-        sampler = dict(temperature=float(temperature), generator=generator, constraint=constraint)
+        sampler = dict(temperature=float(temperature), noise=noise, constraint=constraint)
         if m.speculative:
             drafter, stats.drafter_prefill_tokens, _ = prefill("drafter_full", full_view)
             if m.fused and compressed != prompt:
@@ -266,7 +287,9 @@ class Engine:
         The chat layer lives in asymagent/chat/session.py (`run_chat`): message validation,
         tool_choice -> ToolCallConstraint, the conversation's ContextViews (per `cache_key`), the
         drafter's log-probs for surprisal compression, and output parsing into a ChatResult.
+        Thread-safe like `generate`: the whole call (views, caches, decoding) holds `self.lock`.
         """
-        return run_chat(self, messages, tools=tools, mode=mode, max_new_tokens=max_new_tokens,
-                        temperature=temperature, seed=seed, top_p=top_p, stop=stop,
-                        tool_choice=tool_choice, callback=callback, cache_key=cache_key)
+        with self.lock:
+            return run_chat(self, messages, tools=tools, mode=mode, max_new_tokens=max_new_tokens,
+                            temperature=temperature, seed=seed, top_p=top_p, stop=stop,
+                            tool_choice=tool_choice, callback=callback, cache_key=cache_key)

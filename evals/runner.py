@@ -48,6 +48,9 @@ def split_mode_labels(text: str) -> list:
     return labels
 
 
+PY_LITERALS = {"True": True, "False": False, "None": None}
+
+
 def parse_mode(label: str) -> tuple[str, dict]:
     """'asym:k=4,strict_prefix=8' -> ('asym', {'k': 4, 'strict_prefix': 8}); ValueError if bad."""
     mode, _, rest = label.strip().partition(":")
@@ -61,8 +64,8 @@ def parse_mode(label: str) -> tuple[str, dict]:
             raise ValueError(f"bad override {item!r} in {label!r}; use SpecConfig fields, e.g. k=4")
         try:
             overrides[key] = json.loads(value)
-        except json.JSONDecodeError:
-            overrides[key] = value  # bare strings such as acceptance=greedy
+        except json.JSONDecodeError:  # Python spellings True/False/None, else a bare string
+            overrides[key] = PY_LITERALS.get(value, value)  # such as acceptance=greedy
     if overrides:
         SpecConfig(**overrides)  # validates the values now, before any compute
     return mode, overrides

@@ -43,6 +43,9 @@ def decode_loop(decoder: Decoder, generated: list, *, mode: Mode, spec: SpecConf
     adaptive = AdaptiveK(k=spec.k, k_min=spec.k_min, k_max=spec.k_max)
     speculating = mode.speculative
     jsd_window: deque = deque(maxlen=spec.escalate_window)
+    # asym fuses plain steps too (with the bonus row's beta), so a token never depends on
+    # whether a round or a plain step emitted it (adaptive K, probes, the last token)
+    plain_beta = spec.beta if mode.fused and spec.fuse_bonus else 0.0
     result = LoopResult(finish="length", ttft_s=None)
     while len(generated) < max_new_tokens:
         remaining = max_new_tokens - len(generated)
@@ -62,7 +65,7 @@ def decode_loop(decoder: Decoder, generated: list, *, mode: Mode, spec: SpecConf
             k = min(adaptive.k if spec.adaptive_k else spec.k, remaining - 1, left - 1)
             probe = spec.adaptive_k and speculating and adaptive.want_probe()
             if not speculating or k < 1 or probe or not adaptive.enabled:
-                out = decoder.plain_step()
+                out = decoder.plain_step(plain_beta)
                 if probe:
                     adaptive.record_plain(out.verify_s)
             else:
