@@ -112,13 +112,12 @@ def test_spec_matches_verifier_distribution(samples, position):
     assert p > 1e-3
 
 
+@pytest.mark.parametrize("samples", ["coupled"], indirect=True)
 def test_coupled_sampler_fits_the_verifier_exactly(samples):
     """The first two tokens of coupled spec against p(x0) p(x1 | x0) from the verifier itself.
 
     All 800 samples, 256 x 256 joint outcomes, cells under 10 expected pooled (~40 cells).
     Tolerance as above: p > 1e-3 (a correct sampler fails for < 1 in 1000 seed sets)."""
-    if samples["rule"] != "coupled":
-        pytest.skip("exact is compared with mode full's samples above")
     verifier = samples["verifier"]
     with torch.no_grad():
         p0 = verifier(torch.tensor([PROMPT])).logits[0, -1].softmax(-1)  # [V], T = 1
