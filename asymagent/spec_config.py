@@ -59,10 +59,9 @@ class SpecConfig:
     coupled rule (Gumbel-max coupling), so the output is the target's sample under the seed
     whatever K is (`position_invariant`). Adaptive K is on (also chosen on measurements,
     docs/results.md "Tuning"): it switches speculation off within a request when it
-    measurably loses, which it does on short chat with nothing to copy. In spec that changes
-    speed only; in asym the plain steps skip delta-fusion (the verifier alone on the compressed
-    view), which left every output unchanged where it was measured. `SpecConfig.paper()` is the paper's setting (cda, gamma=0.5, no
-    lookup, fixed K).
+    measurably loses, which it does on short chat with nothing to copy. It changes speed only:
+    asym fuses its plain steps too, and rules whose output depends on K keep K fixed.
+    `SpecConfig.paper()` is the paper's setting (cda, gamma=0.5, no lookup, fixed K).
     """
 
     k: int = 2  # draft tokens per round; the verifier scores K+1 positions in one forward
@@ -76,7 +75,10 @@ class SpecConfig:
     strict_prefix: int = 0  # first N tokens of each response use exact/greedy instead of cda
     escalate_jsd: float | None = None  # running-mean JSD above this -> finish with full verifier
     escalate_window: int = 4  # rounds in the running mean used by escalate_jsd
-    adaptive_k: bool = True  # tune K from observed acceptance; turn speculation off if it loses
+    # tune K from observed acceptance and timings; turn speculation off if it loses. Applied
+    # only where K cannot change the output (`position_invariant`: the defaults); with cda,
+    # exact at T > 0, fuse_bonus=False or escalate_jsd K stays fixed (same seed, same output)
+    adaptive_k: bool = True
     k_min: int = 1  # adaptive K lower bound
     k_max: int = 8  # adaptive K upper bound
     fuse_bonus: bool = True  # fuse at K+1 when every draft passes (False = official code)
@@ -147,7 +149,7 @@ class SpecConfig:
         prompt lookup or which positions plain steps took: same seed, same output, whatever
         the timings. cda and exact decide per round (the round's layout is part of the rule),
         fuse_bonus=False treats the bonus position differently and escalate_jsd switches on
-        a per-round mean; with those, set adaptive_k=False for timing-free reproducibility.
+        a per-round mean; with those the decode loop keeps K fixed even when adaptive_k is on.
         """
         if not mode.speculative:
             return True

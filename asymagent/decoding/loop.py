@@ -41,6 +41,10 @@ def decode_loop(decoder: Decoder, generated: list, *, mode: Mode, spec: SpecConf
     `escalate()` switches the decoder to the verifier on the full view (mode asym).
     """
     adaptive = AdaptiveK(k=spec.k, k_min=spec.k_min, k_max=spec.k_max)
+    # Adaptive K reads wall-clock timings, so it only runs where K cannot change the output
+    # (every token the target's argmax / Gumbel-max at its position); cda, exact at T > 0,
+    # fuse_bonus=False and escalate_jsd decide per round and keep K fixed: same seed, same output.
+    tune = spec.adaptive_k and spec.position_invariant(mode, temperature)
     speculating = mode.speculative
     jsd_window: deque = deque(maxlen=spec.escalate_window)
     # asym fuses plain steps too (with the bonus row's beta), so a token never depends on
@@ -62,8 +66,8 @@ def decode_loop(decoder: Decoder, generated: list, *, mode: Mode, spec: SpecConf
             [int(t) for t in constraint.forced_tokens()[: min(remaining, left)]]
         jumped = bool(new)
         if not jumped:
-            k = min(adaptive.k if spec.adaptive_k else spec.k, remaining - 1, left - 1)
-            probe = spec.adaptive_k and speculating and adaptive.want_probe()
+            k = min(adaptive.k if tune else spec.k, remaining - 1, left - 1)
+            probe = tune and speculating and adaptive.want_probe()
             if not speculating or k < 1 or probe or not adaptive.enabled:
                 out = decoder.plain_step(plain_beta)
                 if probe:
@@ -74,7 +78,7 @@ def decode_loop(decoder: Decoder, generated: list, *, mode: Mode, spec: SpecConf
                                          beta=spec.beta, gamma=spec.gamma, fuse_bonus=spec.fuse_bonus)
                 if out.drafted:  # 0: the constraint left nothing to draft, a plain step ran
                     result.tally.record(out)
-                    if not out.lookup:  # adaptive K tunes the drafter's K only
+                    if tune and not out.lookup:  # adaptive K tunes the drafter's K only
                         adaptive.record_round(out.drafted, out.accepted, out.draft_s, out.verify_s)
                     if mode.fused:
                         jsd_window.append(out.jsd)
@@ -104,5 +108,5 @@ def decode_loop(decoder: Decoder, generated: list, *, mode: Mode, spec: SpecConf
                 and sum(jsd_window) / len(jsd_window) > spec.escalate_jsd):
             stats.escalated, speculating = True, False
             escalate()
-    result.speculation_off = spec.adaptive_k and not adaptive.enabled
+    result.speculation_off = tune and not adaptive.enabled
     return result
