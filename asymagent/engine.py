@@ -29,6 +29,8 @@ from asymagent.decoding.loop import decode_loop
 from asymagent.decoding.model_drafter import DraftHead, ModelDrafter
 from asymagent.decoding.round import Decoder
 from asymagent.decoding.stopping import StopChecker, eos_ids
+from asymagent.decoding.suffix_drafter import SuffixDrafter
+from asymagent.decoding.suffix_store import SuffixStore
 from asymagent.kv.attention import use_gqa_attention
 from asymagent.kv.cache import CacheStore, View, ViewCache
 from asymagent.results import ChatResult, GenerationResult  # noqa: F401  (old import path)
@@ -45,7 +47,7 @@ class Engine:
 
     def __init__(self, verifier, drafter=None, tokenizer=None, spec: SpecConfig | None = None,
                  compression=None, draft_vocab: torch.Tensor | None = None,
-                 max_sessions: int = 4) -> None:
+                 max_sessions: int = 4, suffix_store: SuffixStore | None = None) -> None:
         self.verifier = verifier.eval()
         self.drafter = drafter.eval() if drafter is not None else None
         for model in (self.verifier, self.drafter):  # verify forwards read grouped KV in place
@@ -80,6 +82,8 @@ class Engine:
             roles.update(drafter_full=self.drafter, drafter_compressed=self.drafter)
         self.caches = CacheStore(roles, max_sessions=max_sessions)
         self._chat_format: ChatFormat | None = None  # built on first use (`chat_format`)
+        # earlier responses for suffix drafting (SuffixStore(path=...) keeps them across runs)
+        self.suffix_store = suffix_store if suffix_store is not None else SuffixStore()
 
     @property
     def chat_format(self) -> ChatFormat:
@@ -222,8 +226,14 @@ class Engine:
             if m.fused and compressed != prompt:
                 base, tokens, _ = prefill("drafter_compressed", View(compressed, generated))
                 stats.drafter_prefill_tokens += tokens
-            if self.spec.lookup_ngram:
-                drafters.append(LookupDrafter(full_view, self.spec.lookup_ngram, constraint))
+            sp = self.spec
+            if sp.lookup_ngram and sp.suffix:
+                drafters.append(SuffixDrafter(full_view, self.suffix_store, constraint,
+                                              factor=sp.suffix_factor, min_prob=sp.suffix_min_prob,
+                                              max_depth=sp.suffix_max_depth,
+                                              min_match=min(2, sp.lookup_ngram)))
+            elif sp.lookup_ngram:
+                drafters.append(LookupDrafter(full_view, sp.lookup_ngram, constraint))
             drafters.append(ModelDrafter(drafter, self.head, bonus_row=m.fused, **sampler))
         decoder = Decoder(verifier, self.flops, top_p=float(top_p), drafters=drafters,
                           drafter=drafter, base=base, head=self.head, fused=m.fused,
@@ -253,6 +263,7 @@ class Engine:
             stats.k = 0  # speculation switched off for this request
         stats.verifier_flops = decoder.verifier_flops
         stats.finish_reason = loop.finish
+        self.suffix_store.add(generated)  # later requests may copy from this response
         return GenerationResult(token_ids=list(generated), text=checker.text(generated),
                                 stats=stats, finish_reason=loop.finish)
 
