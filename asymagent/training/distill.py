@@ -17,7 +17,7 @@ import argparse
 import json
 import math
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 
@@ -50,6 +50,21 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--install", action="store_true",
                    help="also copy the result into asymagent/assets/ as the default drafter (embedded verifier only)")
     p.add_argument("--no-progress", action="store_true")
+    f = p.add_argument_group("fusion objective (--objective fusion, training/fusion_train.py)")
+    f.add_argument("--objective", choices=("distill", "fusion"), default="distill",
+                   help="distill: KL to the verifier on a token stream; fusion: make delta-fusion reproduce "
+                        "the full-context verifier on long agent conversations (+ draft KL)")
+    f.add_argument("--conversations", type=int, default=360,
+                   help="long-context synthetic episodes per epoch (cycled over the training domains)")
+    f.add_argument("--traces", action="append", default=[], metavar="JSONL",
+                   help="agent traces to mix in (asymagent/traces.py format; repeatable)")
+    f.add_argument("--traces-weight", type=float, default=0.3, help="share of trace conversations per epoch")
+    f.add_argument("--fusion-beta", type=float, default=1.0, help="beta of the fused target being trained")
+    f.add_argument("--draft-weight", type=float, default=0.5, help="weight of KL(v_f || drafter) (drafting)")
+    f.add_argument("--teacher-topk", type=int, default=64, help="top-k of v_f and of v_c cached per position")
+    f.add_argument("--teacher-cache", default="", help="teacher rows directory (default OUT/teacher)")
+    f.add_argument("--max-context", type=int, default=6144, help="full-view tokens read per conversation")
+    f.add_argument("--compression", default="", help="CompressionConfig file for the compressed view (default: the engine's)")
 
 
 @dataclass
@@ -80,6 +95,16 @@ class TrainConfig:
     no_progress: bool = False
     warmup_steps: int = 20
     loss_chunk: int = 512  # positions per loss chunk: [512, V] fp32 logits = 100 MB at V=49k
+    objective: str = "distill"  # "fusion": training/fusion_train.py
+    conversations: int = 360
+    traces: list = field(default_factory=list)
+    traces_weight: float = 0.3
+    fusion_beta: float = 1.0
+    draft_weight: float = 0.5
+    teacher_topk: int = 64
+    teacher_cache: str = ""
+    max_context: int = 6144
+    compression: str = ""
 
     def validate(self) -> None:
         if self.layers < 1:
@@ -90,6 +115,18 @@ class TrainConfig:
             raise ValueError("give --max-minutes > 0 or --max-steps > 0")
         if self.lr <= 0 or self.batch_size < 1:
             raise ValueError("--lr must be > 0 and --batch-size >= 1")
+        if self.objective not in ("distill", "fusion"):
+            raise ValueError(f"--objective must be distill or fusion, got {self.objective!r}")
+        if self.objective == "fusion":
+            if self.conversations < 1 and not self.traces:
+                raise ValueError("--objective fusion needs --conversations >= 1 or --traces")
+            if not 0.0 <= self.traces_weight <= 1.0 or self.fusion_beta < 0 or self.draft_weight < 0:
+                raise ValueError("--traces-weight must be in [0, 1]; --fusion-beta and --draft-weight >= 0")
+            if self.teacher_topk < 1 or self.max_context < 16:
+                raise ValueError("--teacher-topk must be >= 1 and --max-context >= 16")
+            for path in self.traces:
+                if not Path(path).is_file():
+                    raise ValueError(f"--traces {path}: no such file")
 
 
 def lr_at(cfg: TrainConfig, step: int, progress: float) -> float:
@@ -389,7 +426,12 @@ def run(cfg: TrainConfig, loaded=None) -> dict:
 def main(args) -> int:
     fields = TrainConfig.__dataclass_fields__
     cfg = TrainConfig(**{k: v for k, v in vars(args).items() if k in fields})
-    run(cfg)
+    if cfg.objective == "fusion":
+        from asymagent.training import fusion_train
+
+        fusion_train.run(cfg)
+    else:
+        run(cfg)
     return 0
 
 
