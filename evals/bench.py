@@ -57,6 +57,22 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--quiet", action="store_true", help="no progress bar or table")
 
 
+def add_workload_arguments(p: argparse.ArgumentParser, steps: int) -> None:
+    """The bench workload's options for probes on it (suffix_drafts, plain_profile)."""
+    p.add_argument("--suite", default="records")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--steps", type=int, default=steps)
+    p.add_argument("--max-new-tokens", type=int, default=32)
+    p.add_argument("--json", metavar="PATH")
+
+
+def write_json(path: str | None, doc: dict) -> None:
+    """Write `doc` to `path` (nothing without a path)."""
+    if path:
+        with open(path, "w") as f:
+            json.dump(doc, f, indent=2)
+
+
 def workload(suite: str, seed: int, steps: int) -> dict:
     """{"name", "steps", "histories": [messages], "tools", ...} from one oracle episode."""
     from asymagent.evals.environments import is_test_seed, make_env, oracle_episode

@@ -20,13 +20,11 @@ import time
 
 
 def main(argv=None) -> int:
+    from asymagent.evals.bench import add_workload_arguments, write_json
+
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--suite", default="records")
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--steps", type=int, default=6)
+    add_workload_arguments(p, steps=6)
     p.add_argument("--repeats", type=int, default=2)
-    p.add_argument("--max-new-tokens", type=int, default=32)
-    p.add_argument("--json", metavar="PATH")
     args = p.parse_args(argv)
 
     from asymagent.context.views import ContextViews
@@ -80,9 +78,7 @@ def main(argv=None) -> int:
            "profile_top": buf.getvalue().splitlines()[:60]}
     print(json.dumps({k: v for k, v in doc.items() if k != "profile_top"}, indent=1))
     print("\n".join(doc["profile_top"]))
-    if args.json:
-        with open(args.json, "w") as f:
-            json.dump(doc, f, indent=2)
+    write_json(args.json, doc)
     return 0
 
 

@@ -80,16 +80,14 @@ def arctic_drafter(factor: float, min_prob: float, max_depth: int):
 
 
 def main(argv=None) -> int:
+    from asymagent.evals.bench import add_workload_arguments, write_json
+
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--suite", default="records")
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--steps", type=int, default=12)
-    p.add_argument("--max-new-tokens", type=int, default=32)
+    add_workload_arguments(p, steps=12)
     p.add_argument("--k", type=int, default=16, help="draft budget per round")
-    p.add_argument("--factor", type=float, default=1.0)
+    p.add_argument("--factor", type=float, default=4.0)
     p.add_argument("--min-prob", type=float, default=0.1)
     p.add_argument("--max-depth", type=int, default=32)
-    p.add_argument("--json", metavar="PATH")
     p.add_argument("--outputs", metavar="PATH",
                    help="reference outputs: read from PATH when it exists, else decoded and written there")
     args = p.parse_args(argv)
@@ -161,9 +159,7 @@ def main(argv=None) -> int:
         print(f"{name:12s} tok/fwd {d['tokens_per_forward']:.2f}  rounds {d['rounds']:4d}  "
               f"drafted {d['drafted']:5d}  accepted {d['accepted']:4d}  "
               f"propose {d['propose_ms_median']:.3f} ms (p90 {d['propose_ms_p90']:.3f})")
-    if args.json:
-        with open(args.json, "w") as f:
-            json.dump(doc, f, indent=2)
+    write_json(args.json, doc)
     return 0
 
 
