@@ -89,6 +89,41 @@ def workload(suite: str, seed: int, steps: int) -> dict:
             "histories": [history[:i] for i in cut[:steps]], "tools": task.tools}
 
 
+def check_modes(modes: list, repeats: int) -> None:
+    """ValueError for a bad mode label, a missing 'full' or repeats < 1."""
+    from asymagent.evals.bench_peers import PEERS
+    from asymagent.evals.runner import parse_mode
+
+    if repeats < 1:
+        raise ValueError(f"--repeats must be >= 1, got {repeats}")
+    for m in modes:
+        if m not in PEERS:
+            parse_mode(m)
+    if "full" not in modes:
+        raise ValueError("the bench needs mode 'full' (speedup and fidelity are relative to it)")
+
+
+def check_args(args) -> None:
+    """Refuse mistakes before any model loads (`asymagent` prints them on one line, exit 2)."""
+    from asymagent.evals.environments import SUITES
+    from asymagent.evals.runner import split_mode_labels
+    from asymagent.modeling.loading import check_drafter_source, check_model_source
+
+    if args.suite not in SUITES:
+        raise ValueError(f"unknown suite {args.suite!r}; use one of {', '.join(SUITES)}")
+    check_modes(split_mode_labels(args.modes), args.repeats)
+    if args.max_new_tokens < 1:
+        raise ValueError(f"--max-new-tokens must be >= 1, got {args.max_new_tokens}")
+    workload(args.suite, args.seed, args.steps)  # seed and steps fit the episode
+    if args.compression:
+        from asymagent.context.views import CompressionConfig
+
+        CompressionConfig.from_file(args.compression)
+    check_model_source(args.verifier)
+    if args.drafter:
+        check_drafter_source(args.drafter)
+
+
 def run_bench(engine, work: dict, modes: list, *, repeats: int = 2, max_new_tokens: int = 48,
               tool_choice: str = "auto", prompt_lookup_tokens: int = 10, progress: bool = True,
               on_step=None, slow_peer_repeats: int | None = None) -> dict:
@@ -104,13 +139,7 @@ def run_bench(engine, work: dict, modes: list, *, repeats: int = 2, max_new_toke
     from asymagent.decoding.suffix_store import SuffixStore
     from asymagent.evals.runner import parse_mode, spec_overrides
 
-    if repeats < 1:
-        raise ValueError(f"--repeats must be >= 1, got {repeats}")
-    for m in modes:
-        if m not in PEERS:
-            parse_mode(m)
-    if "full" not in modes:
-        raise ValueError("the bench needs mode 'full' (speedup and fidelity are relative to it)")
+    check_modes(modes, repeats)
     histories, tools = work["histories"], work["tools"]
     views = ContextViews(tokenizer=engine.tokenizer, compression=engine.compression)
     prompts = [views.build(h, tools).full_ids for h in histories]  # [steps][P_i] full view ids

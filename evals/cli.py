@@ -47,6 +47,45 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--variants", default="beta=1", help="eval fusion only: ';'-separated fusion variants")
 
 
+def mode_labels(args) -> list:
+    """The mode labels to run: --modes, or the defaults (plus the gate variants for injection)."""
+    from asymagent.evals.runner import split_mode_labels
+
+    modes = args.modes or (DEFAULT_MODES + ("," + INJECTION_EXTRA if args.suite == "injection" else ""))
+    return split_mode_labels(modes)
+
+
+def check_args(args) -> None:
+    """Refuse mistakes before any model loads (`asymagent` prints them on one line, exit 2)."""
+    import os
+
+    from asymagent.evals.environments import SUITES
+    from asymagent.evals.runner import parse_mode
+    from asymagent.modeling.loading import check_drafter_source, check_model_source
+
+    if args.suite.endswith(".jsonl"):
+        if not os.path.isfile(args.suite):
+            raise FileNotFoundError(f"trace file not found: {args.suite}")
+    elif args.suite not in SUITES and args.suite != "fusion":
+        raise ValueError(f"unknown suite {args.suite!r}; use one of {', '.join(SUITES)}, fusion or a "
+                         ".jsonl trace file")
+    if args.suite != "fusion":  # eval fusion reads --suites/--variants, not --modes
+        for label in mode_labels(args):
+            parse_mode(label)
+    pick_seeds(args.split, args.episodes, args.seeds)
+    if args.no_free_running and args.no_teacher_forced:
+        raise ValueError("nothing to run: both --no-free-running and --no-teacher-forced are set")
+    if args.max_new_tokens < 1:
+        raise ValueError(f"--max-new-tokens must be >= 1, got {args.max_new_tokens}")
+    if args.compression:
+        from asymagent.context.views import CompressionConfig
+
+        CompressionConfig.from_file(args.compression)
+    check_model_source(args.verifier)
+    if args.drafter:
+        check_drafter_source(args.drafter)
+
+
 def run_eval(engine, suite: str, labels: list, seeds: list, *, max_steps=None, max_new_tokens: int = 96,
              free: bool = True, forced: bool = True, progress: bool = True) -> dict:
     """{"suite", "seeds", "modes": {label: summary}} for a suite name or a traces path."""
@@ -84,10 +123,9 @@ def main(args) -> int:
     from asymagent.evals.engine_setup import build_engine
     from asymagent.evals.environments import is_test_seed
 
-    modes = args.modes or (DEFAULT_MODES + ("," + INJECTION_EXTRA if args.suite == "injection" else ""))
-    from asymagent.evals.runner import parse_mode, split_mode_labels
+    from asymagent.evals.runner import parse_mode
 
-    labels = split_mode_labels(modes)
+    labels = mode_labels(args)
     seeds = pick_seeds(args.split, args.episodes, args.seeds)
 
     for label in labels:

@@ -23,6 +23,16 @@ NOTE = ("Teacher-forced run: at every step the model's own action is decoded (to
         "same history.")
 
 
+def check_args(args) -> None:
+    """Refuse mistakes before any model loads (`asymagent` prints them on one line, exit 2)."""
+    from asymagent.evals.environments import SUITES
+
+    if args.suite not in SUITES:
+        raise ValueError(f"unknown suite {args.suite!r}; use one of {', '.join(SUITES)}")
+    if args.max_new_tokens < 1 or (args.k is not None and args.k < 1):
+        raise ValueError("--max-new-tokens and --k must be >= 1")
+
+
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--suite", default="records", help="evals environment (records, fs_audit, tickets)")
     p.add_argument("--seed", type=int, default=0, help="episode seed (dev seeds: 0-999)")

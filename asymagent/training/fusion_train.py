@@ -147,7 +147,7 @@ def run(cfg, loaded=None) -> dict:
     from asymagent.modeling.drafter import (DEFAULT_DRAFTER_FILE, build_drafter, load_drafter, save_drafter,
                                             trainable_parameters, trainable_state_dict)
     from asymagent.modeling.loading import EMBEDDED_VERIFIER_ID, load_model
-    from asymagent.training.distill import lr_at
+    from asymagent.training.config import lr_at
     from asymagent.training.domains import HELD_OUT_DOMAIN, TRAIN_DOMAINS, domain_by_name
     from asymagent.training.long_episodes import long_episode
 
@@ -290,7 +290,7 @@ def run(cfg, loaded=None) -> dict:
     }
     save_drafter(drafter, out / "drafter.safetensors", draft_vocab, card)
     if cfg.install:
-        from asymagent.training.distill import install_default
+        from asymagent.modeling.drafter import install_default
 
         install_default(out / "drafter.safetensors")
     (out / "history.json").write_text(json.dumps(history))

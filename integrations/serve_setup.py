@@ -1,0 +1,118 @@
+"""Setting up `asymagent serve` from its flags: the --config file, checks before any model loads, the engine.
+
+`check_args` refuses mistakes (a missing model path, an unknown config key, a bad --drafter
+layers:N, out-of-range numbers) with a ValueError/OSError that `asymagent` prints on one line
+(integrations/cli.py); `load_engine` builds the Engine from --verifier/--drafter/--config.
+"""
+
+from __future__ import annotations
+
+import json
+
+
+def read_config(path: str):
+    """(SpecConfig | None, CompressionConfig | None) from a --config file; ValueError naming the
+    file and the section for anything unknown or invalid."""
+    import dataclasses
+    import pathlib
+
+    from asymagent.context.views import CompressionConfig
+    from asymagent.spec_config import SpecConfig
+
+    text = pathlib.Path(path).read_text()
+    try:
+        if path.endswith((".yaml", ".yml")):
+            import yaml
+
+            data = yaml.safe_load(text) or {}
+        else:
+            data = json.loads(text)
+    except Exception as exc:  # yaml.YAMLError / json.JSONDecodeError
+        raise ValueError(f"{path}: not valid {'YAML' if path.endswith(('.yaml', '.yml')) else 'JSON'}"
+                         f": {exc}") from None
+    if not isinstance(data, dict) or set(data) - {"spec", "compression"}:
+        raise ValueError(f"{path}: expected a mapping with 'spec' and/or 'compression', got "
+                         f"{sorted(data) if isinstance(data, dict) else type(data).__name__}")
+    spec = compression = None
+    if "spec" in data:
+        fields = {f.name for f in dataclasses.fields(SpecConfig)}
+        if not isinstance(data["spec"], dict) or set(data["spec"]) - fields:
+            unknown = sorted(set(data["spec"]) - fields) if isinstance(data["spec"], dict) else []
+            raise ValueError(f"{path}: spec: unknown key(s) {unknown}; SpecConfig has "
+                             f"{', '.join(sorted(fields))}")
+        try:
+            spec = SpecConfig(**data["spec"])
+            spec.validate()
+        except (TypeError, ValueError) as exc:  # a value of the wrong type or out of range
+            raise ValueError(f"{path}: spec: {exc}") from None
+    if "compression" in data:
+        try:
+            compression = CompressionConfig.model_validate(data["compression"])
+        except ValueError as exc:  # pydantic's ValidationError
+            raise ValueError(f"{path}: compression: {exc}") from None
+    return spec, compression
+
+
+def check_args(args) -> None:
+    """Refuse mistakes before any model loads (integrations/cli.py prints them on one line)."""
+    from asymagent.modeling.loading import check_drafter_source, check_model_source
+
+    if not 0 <= args.port <= 65535:
+        raise ValueError(f"--port must be in 0..65535, got {args.port}")
+    for flag, value, low in (("--max-queue", args.max_queue, 1), ("--max-tokens", args.max_tokens, 1),
+                             ("--max-sessions", args.max_sessions, 1),
+                             ("--max-body-bytes", args.max_body_bytes, 1)):
+        if value < low:
+            raise ValueError(f"{flag} must be >= {low}, got {value}")
+    if not args.request_timeout > 0:
+        raise ValueError(f"--request-timeout must be > 0, got {args.request_timeout}")
+    if args.config:
+        read_config(args.config)
+    check_model_source(args.verifier)
+    drafter = args.drafter
+    if drafter is not None and drafter.startswith("layers:"):
+        layers = drafter.split(":", 1)[1]
+        if not layers.isdigit() or int(layers) < 1:
+            raise ValueError(f"--drafter layers:N needs an integer N >= 1, got {drafter!r}")
+    elif drafter is not None:
+        check_drafter_source(drafter)
+    elif args.verifier != "default" and args.mode in ("spec", "asym"):
+        raise ValueError(NO_DRAFTER.format(verifier=args.verifier, mode=args.mode))
+
+
+NO_DRAFTER = ("--verifier {verifier} has no drafter, but --mode is {mode!r}: pass --drafter (a "
+              "trained drafter, or layers:N for an untrained cut of the verifier) or --mode "
+              "full/compressed")
+
+
+def load_engine(args):
+    """Engine for `asymagent serve` from --verifier/--drafter/--config."""
+    from asymagent.engine import Engine
+    from asymagent.context.views import CompressionConfig
+
+    spec, compression = read_config(args.config) if args.config else (None, None)
+    extra = {k: v for k, v in (("spec", spec), ("compression", compression)) if v is not None}
+    extra["max_sessions"] = args.max_sessions
+    drafter = args.drafter
+    if drafter is not None and drafter.startswith("layers:"):
+        # An untrained drafter made of the verifier's first N layers (sharing its embeddings
+        # and head): speculation works without a trained drafter, at lower acceptance.
+        from asymagent.modeling.drafter import build_drafter
+        from asymagent.modeling.loading import load_model
+
+        try:
+            layers = int(drafter.split(":", 1)[1])
+        except ValueError:
+            raise ValueError(f"--drafter layers:N needs an integer N, got {drafter!r}") from None
+        ver = load_model(args.verifier)
+        draft = build_drafter(ver.model, num_layers=layers, init_from_verifier=True).eval()
+        if compression is None:
+            compression = CompressionConfig()
+        return Engine(verifier=ver.model, drafter=draft, tokenizer=ver.tokenizer, spec=spec,
+                      compression=compression, max_sessions=args.max_sessions)
+    if args.verifier == "default" and drafter is None:
+        return Engine.from_default(**extra)
+    if drafter is None and args.mode in ("spec", "asym"):
+        # refuse now rather than answer every default request with a 400
+        raise ValueError(NO_DRAFTER.format(verifier=args.verifier, mode=args.mode))
+    return Engine.from_pretrained(verifier=args.verifier, drafter=drafter, **extra)
