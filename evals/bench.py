@@ -136,7 +136,7 @@ def run_bench(engine, work: dict, modes: list, *, repeats: int = 2, max_new_toke
 
     from asymagent.evals.bench_peers import PEERS, PeerPrefix, run_peer
     from asymagent.context.views import ContextViews
-    from asymagent.decoding.suffix_store import SuffixStore
+    from asymagent.evals.engine_setup import use_suffix_store
     from asymagent.evals.runner import parse_mode, spec_overrides
 
     check_modes(modes, repeats)
@@ -158,9 +158,6 @@ def run_bench(engine, work: dict, modes: list, *, repeats: int = 2, max_new_toke
         order = modes[r % len(modes):] + modes[: r % len(modes)]  # rotate who goes first
         order = [m for m in order if r < runs[m]]
         prefixes = {"hf_generate": PeerPrefix()}  # cold per repeat, like the modes' cache_key
-        # earlier responses for suffix drafts: one store per mode and repeat, cold like the
-        # cache sessions, so no mode copies another mode's (or an earlier repeat's) output
-        stores = {m: SuffixStore() for m in order}
         for i in range(n):
             for m in order:
                 if m in PEERS:
@@ -170,7 +167,9 @@ def run_bench(engine, work: dict, modes: list, *, repeats: int = 2, max_new_toke
                     times[m][r][i] = rec.wall_s
                 else:
                     mode, overrides = parse_mode(m)
-                    engine.suffix_store = stores[m]
+                    # earlier responses for suffix drafts: one store per mode and repeat, cold like
+                    # the cache sessions, so no mode copies another mode's (or repeat's) output
+                    use_suffix_store(engine, f"bench-{m}-{r}")
                     with spec_overrides(engine, overrides):
                         t0 = time.perf_counter()
                         rec = engine.chat(histories[i], tools=tools, mode=mode,

@@ -166,7 +166,10 @@ def _progress(total: int, desc: str, enabled: bool):
 
 
 def _chat(engine, label: str, history: list, tools: list, tool_choice, max_new_tokens: int, cache_key: str):
+    from asymagent.evals.engine_setup import use_suffix_store
+
     mode, overrides = parse_mode(label)
+    use_suffix_store(engine, label)  # each label copies only from its own earlier responses
     with spec_overrides(engine, overrides):
         t0 = time.perf_counter()
         r = engine.chat(history, tools=tools, mode=mode, max_new_tokens=max_new_tokens,
