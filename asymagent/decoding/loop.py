@@ -29,7 +29,7 @@ class LoopResult:
     finish: str  # stop | length | cancelled
     ttft_s: float | None  # call start -> first new token, None when nothing was emitted
     tally: Tally = field(default_factory=Tally)
-    speculation_off: bool = False  # adaptive K switched speculation off during the request
+    speculation_off: bool = False  # adaptive K switched the drafter model off during the request
 
 
 def decode_loop(decoder: Decoder, generated: list, *, mode: Mode, spec: SpecConfig,
@@ -105,5 +105,6 @@ def decode_loop(decoder: Decoder, generated: list, *, mode: Mode, spec: SpecConf
                 and sum(jsd_window) / len(jsd_window) > spec.escalate_jsd):
             stats.escalated, speculating = True, False
             escalate()
-    result.speculation_off = spec.adaptive_k and not choice.enabled
+    # the drafter model was switched off (copied drafts compete on their own, DraftChoice)
+    result.speculation_off = spec.adaptive_k and not adaptive.enabled
     return result
