@@ -260,7 +260,7 @@ class Engine:
         stats.new_tokens = len(generated)
         loop.tally.fill(stats, m.fused)
         if loop.speculation_off:
-            stats.k = 0  # speculation switched off for this request
+            stats.k = 0  # the drafter model was switched off for this request
         stats.verifier_flops = decoder.verifier_flops
         stats.finish_reason = loop.finish
         self.suffix_store.add(generated)  # later requests may copy from this response
