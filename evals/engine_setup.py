@@ -6,6 +6,9 @@ Order of preference for the drafter:
   3. fallback while no drafter is shipped: a 2-layer drafter made of the verifier's first two
      layers, untrained, no reduced vocabulary. Its acceptance is poor; the JSON's "drafter"
      field says so, so no number is mistaken for the trained drafter's.
+
+`EngineSpec` is the recipe (model paths and settings, never weights): what `asymagent eval
+--ray` sends to each worker, which builds its own engine from it once.
 """
 
 from __future__ import annotations
@@ -20,6 +23,32 @@ class EngineSetup:
     verifier: str  # description for the JSON "verifier" field
     drafter: str  # description for the JSON "drafter" field
     fallback: bool  # True when the untrained fallback drafter is in use
+
+    def describe(self) -> dict:
+        """The engine fields of the eval JSON: verifier, drafter, drafter_fallback, spec."""
+        return {"verifier": self.verifier, "drafter": self.drafter, "drafter_fallback": self.fallback,
+                "spec": self.engine.spec.to_dict()}
+
+
+@dataclass(frozen=True)
+class EngineSpec:
+    """How to build the eval engine: model names/paths and settings (a few hundred bytes).
+
+    `verifier`: "default" or anything `load_model` takes (HF id, directory, GGUF); `drafter`: a
+    drafter .safetensors path or None; `compression`: a CompressionConfig as a dict (None: the
+    default). Paths must exist where the engine is built (on every Ray node)."""
+
+    verifier: str = "default"
+    drafter: str | None = None
+    compression: dict | None = None
+    max_sessions: int = 8
+
+    def build(self) -> EngineSetup:
+        from asymagent.context.views import CompressionConfig
+
+        compression = None if self.compression is None else CompressionConfig.model_validate(self.compression)
+        return build_engine(self.verifier, self.drafter, compression=compression,
+                            max_sessions=self.max_sessions)
 
 
 def build_engine(verifier: str = "default", drafter: str | None = None, *, spec=None,

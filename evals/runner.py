@@ -106,6 +106,11 @@ class StepRecord:
         d["stats"] = self.stats.to_dict()
         return d
 
+    @classmethod
+    def from_dict(cls, data: dict) -> "StepRecord":
+        """Inverse of `to_dict` (episode logs, results sent back by Ray workers)."""
+        return cls(**{**data, "stats": StepStats.from_dict(data["stats"])})
+
 
 @dataclass
 class ModeResult:
@@ -159,6 +164,13 @@ def _cumsum(xs: list) -> list:
     return out
 
 
+def _cold_sessions(engine, keys: list) -> None:
+    """Drop the cache sessions an episode uses, so every episode starts cold: its numbers
+    (prefill tokens, outputs) never depend on which episode the engine ran before it."""
+    for key in keys:
+        engine.caches.drop(key)
+
+
 def _progress(total: int, desc: str, enabled: bool):
     from tqdm.auto import tqdm
 
@@ -183,13 +195,16 @@ def teacher_forced(engine, suite: str, seeds, labels: list, *, max_new_tokens: i
     """Score every label on the oracle's histories; returns {label: ModeResult}.
 
     Labels run interleaved at every step (same history, same moment), `full` first when present
-    so fidelity can be computed. `max_steps` caps the assistant turns scored per episode.
+    so fidelity can be computed. `max_steps` caps the assistant turns scored per episode. Every
+    episode starts on cold cache sessions (no prefix reuse from the previous seed).
     """
     labels = _ordered(labels)
     results = results if results is not None else {}
     for label in labels:
         results.setdefault(label, ModeResult(label))
+    keys = [f"tf-{label}" for label in labels]
     for seed in seeds:
+        _cold_sessions(engine, keys)
         env = make_env(suite)
         task = env.reset(seed)
         history = task.messages()
@@ -226,18 +241,21 @@ def teacher_forced(engine, suite: str, seeds, labels: list, *, max_new_tokens: i
                                  tool_result_message(call_id, oracle["name"],
                                                      env.step(oracle["name"], oracle["arguments"]))]
         bar.close()
+    _cold_sessions(engine, keys)  # frees the episode's KV caches
     return results
 
 
 def free_running(engine, suite: str, seeds, labels: list, *, max_new_tokens: int = 96,
                  results: dict | None = None, progress: bool = True) -> dict:
-    """Let each label act until it answers (or task.max_steps calls); records task success."""
+    """Let each label act until it answers (or task.max_steps calls); records task success.
+    Every episode starts on a cold cache session, like `teacher_forced`."""
     labels = _ordered(labels)
     results = results if results is not None else {}
     for label in labels:
         results.setdefault(label, ModeResult(label))
     for seed in seeds:
         for label in labels:
+            _cold_sessions(engine, [f"fr-{label}"])
             env = make_env(suite)
             task = env.reset(seed)
             history = task.messages()
@@ -259,6 +277,7 @@ def free_running(engine, suite: str, seeds, labels: list, *, max_new_tokens: int
             bar.close()
             results[label].episodes.append({"seed": seed, "success": env.check_success(answer),
                                             "tool_calls": calls, "answer": answer, "wall_s": wall})
+            _cold_sessions(engine, [f"fr-{label}"])
     return results
 
 
