@@ -108,3 +108,9 @@ def use_suffix_store(engine, label: str) -> None:
     if label not in stores:
         stores[label] = SuffixStore()
     engine.suffix_store = stores[label]
+
+
+def reset_suffix_stores(engine) -> None:
+    """Empty every label's store of earlier responses (an eval episode starts with none)."""
+    for store in _SUFFIX_STORES.get(engine, {}).values():
+        store.clear()

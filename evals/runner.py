@@ -165,10 +165,14 @@ def _cumsum(xs: list) -> list:
 
 
 def _cold_sessions(engine, keys: list) -> None:
-    """Drop the cache sessions an episode uses, so every episode starts cold: its numbers
-    (prefill tokens, outputs) never depend on which episode the engine ran before it."""
+    """Drop the cache sessions and the suffix stores an episode uses, so every episode starts
+    cold: its numbers (prefill tokens, outputs, drafts) never depend on which episode the engine
+    ran before it, and a run fanned out over workers equals a local one (evals/ray_eval.py)."""
+    from asymagent.evals.engine_setup import reset_suffix_stores
+
     for key in keys:
         engine.caches.drop(key)
+    reset_suffix_stores(engine)
 
 
 def _progress(total: int, desc: str, enabled: bool):
