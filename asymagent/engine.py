@@ -34,6 +34,8 @@ from asymagent.decoding.model_drafter import DraftHead, ModelDrafter
 from asymagent.decoding.noise import KeyedNoise
 from asymagent.decoding.round import Decoder
 from asymagent.decoding.stopping import StopChecker, eos_ids
+from asymagent.decoding.suffix_drafter import SuffixDrafter
+from asymagent.decoding.suffix_store import SuffixStore
 from asymagent.fair_lock import FairLock
 from asymagent.kv.attention import use_gqa_attention
 from asymagent.kv.cache import CacheStore, View, ViewCache
@@ -51,7 +53,7 @@ class Engine:
 
     def __init__(self, verifier, drafter=None, tokenizer=None, spec: SpecConfig | None = None,
                  compression=None, draft_vocab: torch.Tensor | None = None,
-                 max_sessions: int = 4) -> None:
+                 max_sessions: int = 4, suffix_store: SuffixStore | None = None) -> None:
         self.verifier = verifier.eval()
         self.drafter = drafter.eval() if drafter is not None else None
         for model in (self.verifier, self.drafter):  # verify forwards read grouped KV in place
@@ -89,6 +91,8 @@ class Engine:
         self._format_lock = threading.Lock()  # builds chat_format once (not the request lock)
         # one request at a time, first come first served: sessions, caches and views are shared
         self.lock = FairLock()
+        # earlier responses for suffix drafting (SuffixStore(path=...) keeps them across runs)
+        self.suffix_store = suffix_store if suffix_store is not None else SuffixStore()
 
     @property
     def chat_format(self) -> ChatFormat:
@@ -243,8 +247,14 @@ class Engine:
             if m.fused and compressed != prompt:
                 base, tokens, _ = prefill("drafter_compressed", View(compressed, generated))
                 stats.drafter_prefill_tokens += tokens
-            if self.spec.lookup_ngram:
-                drafters.append(LookupDrafter(full_view, self.spec.lookup_ngram, constraint))
+            sp = self.spec
+            if sp.lookup_ngram and sp.suffix:
+                drafters.append(SuffixDrafter(full_view, self.suffix_store, constraint,
+                                              factor=sp.suffix_factor, min_prob=sp.suffix_min_prob,
+                                              max_depth=sp.suffix_max_depth,
+                                              min_match=min(2, sp.lookup_ngram)))
+            elif sp.lookup_ngram:
+                drafters.append(LookupDrafter(full_view, sp.lookup_ngram, constraint))
             drafters.append(ModelDrafter(drafter, self.head, bonus_row=m.fused, **sampler))
         decoder = Decoder(verifier, self.flops, top_p=float(top_p), drafters=drafters,
                           drafter=drafter, base=base, head=self.head, fused=m.fused,
@@ -271,9 +281,10 @@ class Engine:
         stats.new_tokens = len(generated)
         loop.tally.fill(stats, m.fused)
         if loop.speculation_off:
-            stats.k = 0  # speculation switched off for this request
+            stats.k = 0  # the drafter model was switched off for this request
         stats.verifier_flops = decoder.verifier_flops
         stats.finish_reason = loop.finish
+        self.suffix_store.add(generated)  # later requests may copy from this response
         return GenerationResult(token_ids=list(generated), text=checker.text(generated),
                                 stats=stats, finish_reason=loop.finish)
 

@@ -83,8 +83,16 @@ class SpecConfig:
     k_max: int = 8  # adaptive K upper bound
     fuse_bonus: bool = True  # fuse at K+1 when every draft passes (False = official code)
     spec_acceptance: str = "greedy"  # rule of mode `spec` (lossless against the verifier): SPEC_RULES
-    lookup_ngram: int = 3  # >0: try prompt-lookup drafts first (suffix n-grams of this size..2)
-    lookup_k: int = 8  # max prompt-lookup drafts per round (verified in the same single forward)
+    # Copied drafts (tried before the drafter model each round): lookup_ngram > 0 turns them on;
+    # `suffix` picks SuffixDecoding (asymagent/decoding/suffix_drafter.py: the full view and the
+    # engine's store of earlier responses, frequency-scored, draft length adaptive to the match)
+    # over plain prompt lookup (the latest earlier occurrence of the last lookup_ngram..2 tokens)
+    lookup_ngram: int = 3  # >0: copied drafts on; prompt lookup's longest suffix n-gram
+    lookup_k: int = 16  # max copied drafts per round (verified in the same single forward)
+    suffix: bool = True  # copied drafts by suffix matching (False: prompt lookup)
+    suffix_factor: float = 4.0  # a match of m tokens drafts at most suffix_factor * m tokens
+    suffix_min_prob: float = 0.1  # stop a path where its estimated probability falls below this
+    suffix_max_depth: int = 32  # longest context suffix matched
 
     @classmethod
     def paper(cls, **overrides) -> "SpecConfig":
@@ -123,6 +131,9 @@ class SpecConfig:
         for name in ("adaptive_k", "fuse_bonus"):  # a string "False" would be truthy
             if not isinstance(getattr(self, name), bool):
                 raise ValueError(f"SpecConfig.{name} must be True or False, got {getattr(self, name)!r}")
+        if self.suffix_factor <= 0 or not (0.0 <= self.suffix_min_prob <= 1.0) or self.suffix_max_depth < 2:
+            raise ValueError("SpecConfig needs suffix_factor > 0, 0 <= suffix_min_prob <= 1, "
+                             "suffix_max_depth >= 2")
         if not (1 <= self.k_min <= self.k_max):
             raise ValueError("SpecConfig needs 1 <= k_min <= k_max")
 

@@ -86,7 +86,16 @@ NO_DRAFTER = ("--verifier {verifier} has no drafter, but --mode is {mode!r}: pas
 
 
 def load_engine(args):
-    """Engine for `asymagent serve` from --verifier/--drafter/--config."""
+    """Engine for `asymagent serve` from --verifier/--drafter/--config (+ --suffix-store)."""
+    engine = _build_engine(args)
+    if getattr(args, "suffix_store", None):
+        from asymagent.decoding.suffix_store import SuffixStore
+
+        engine.suffix_store = SuffixStore(path=args.suffix_store)
+    return engine
+
+
+def _build_engine(args):
     from asymagent.engine import Engine
     from asymagent.context.views import CompressionConfig
 

@@ -2,7 +2,8 @@
 
 Each iteration emits tokens one of three ways: tokens the constraint alone determines
 (jump-forward, no model forward), a speculative round (`Decoder.spec_round`), or a plain verifier
-step (no drafter, K < 1, an adaptive-K probe, or speculation switched off). The new tokens are then
+step (no drafter, K < 1, an adaptive-K probe, or speculation switched off). Which drafters a round
+may use is measured per request (`DraftChoice`: copied drafts, the drafter model, plain). The new tokens are then
 cut at EOS / a stop string, walked through the constraint, handed to the callback (streaming), and
 the running JSD decides whether the verifier finishes on the full context (`escalate_jsd`).
 """
@@ -14,7 +15,7 @@ from collections import deque
 from dataclasses import dataclass, field
 from typing import Callable
 
-from asymagent.decoding.adaptive_k import AdaptiveK
+from asymagent.decoding.adaptive_k import AdaptiveK, DraftChoice
 from asymagent.decoding.constraint import advance_constraint
 from asymagent.decoding.round import Decoder
 from asymagent.decoding.stopping import StopChecker
@@ -28,7 +29,7 @@ class LoopResult:
     finish: str  # stop | length | cancelled
     ttft_s: float | None  # call start -> first new token, None when nothing was emitted
     tally: Tally = field(default_factory=Tally)
-    speculation_off: bool = False  # adaptive K switched speculation off during the request
+    speculation_off: bool = False  # adaptive K switched the drafter model off during the request
 
 
 def decode_loop(decoder: Decoder, generated: list, *, mode: Mode, spec: SpecConfig,
@@ -45,6 +46,7 @@ def decode_loop(decoder: Decoder, generated: list, *, mode: Mode, spec: SpecConf
     # (every token the target's argmax / Gumbel-max at its position); cda, exact at T > 0,
     # fuse_bonus=False and escalate_jsd decide per round and keep K fixed: same seed, same output.
     tune = spec.adaptive_k and spec.position_invariant(mode, temperature)
+    choice = DraftChoice(adaptive)  # copied drafts, the drafter model or plain, by measurement
     speculating = mode.speculative
     jsd_window: deque = deque(maxlen=spec.escalate_window)
     # asym fuses plain steps too (with the bonus row's beta), so a token never depends on
@@ -67,21 +69,24 @@ def decode_loop(decoder: Decoder, generated: list, *, mode: Mode, spec: SpecConf
         jumped = bool(new)
         if not jumped:
             k = min(adaptive.k if tune else spec.k, remaining - 1, left - 1)
-            probe = tune and speculating and adaptive.want_probe()
-            if not speculating or k < 1 or probe or not adaptive.enabled:
+            copy_k = min(spec.lookup_k, remaining - 1, left - 1)
+            budgets = {"suffix": copy_k, "lookup": copy_k}
+            budgets = choice.budgets(k, budgets) if tune else {**budgets, "model": k}
+            probe = tune and speculating and choice.want_probe()
+            if not speculating or probe or max(budgets.values()) < 1:
                 out = decoder.plain_step(plain_beta)
                 if probe:
-                    adaptive.record_plain(out.verify_s)
+                    choice.record_plain(out.verify_s)
             else:
-                budgets = {"model": k, "lookup": min(spec.lookup_k, remaining - 1, left - 1)}
                 out = decoder.spec_round(budgets, rule=spec.rule_for(mode, len(generated), temperature),
                                          beta=spec.beta, gamma=spec.gamma, fuse_bonus=spec.fuse_bonus)
                 if out.drafted:  # 0: the constraint left nothing to draft, a plain step ran
-                    result.tally.record(out)
-                    if tune and not out.lookup:  # adaptive K tunes the drafter's K only
-                        adaptive.record_round(out.drafted, out.accepted, out.draft_s, out.verify_s)
+                    if tune:
+                        choice.record_round(out.source, out.drafted, out.accepted, len(out.tokens),
+                                            out.draft_s, out.verify_s)
                     if mode.fused:
                         jsd_window.append(out.jsd)
+            result.tally.record(out)
             new = out.tokens
         start = len(generated)
         generated.extend(new)
@@ -108,5 +113,6 @@ def decode_loop(decoder: Decoder, generated: list, *, mode: Mode, spec: SpecConf
                 and sum(jsd_window) / len(jsd_window) > spec.escalate_jsd):
             stats.escalated, speculating = True, False
             escalate()
+    # the drafter model was switched off (copied drafts compete on their own, DraftChoice)
     result.speculation_off = tune and not adaptive.enabled
     return result
