@@ -249,7 +249,11 @@ class Engine:
                 stats.drafter_prefill_tokens += tokens
             sp = self.spec
             if sp.lookup_ngram and sp.suffix:
-                drafters.append(SuffixDrafter(full_view, self.suffix_store, constraint,
+                # earlier responses only where drafts cannot change the output: with cda or
+                # exact at T > 0 the rounds' layout is part of the rule, and a store that other
+                # requests filled would make the output depend on them (same seed, same output)
+                store = self.suffix_store if sp.position_invariant(m, float(temperature)) else None
+                drafters.append(SuffixDrafter(full_view, store, constraint,
                                               factor=sp.suffix_factor, min_prob=sp.suffix_min_prob,
                                               max_depth=sp.suffix_max_depth,
                                               min_match=min(2, sp.lookup_ngram)))

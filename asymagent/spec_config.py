@@ -157,10 +157,12 @@ class SpecConfig:
         """True when every token is the (fused) target's argmax / Gumbel-max at its position.
 
         Then the output does not depend on K, adaptive K (which reads wall-clock timings),
-        prompt lookup or which positions plain steps took: same seed, same output, whatever
+        copied drafts or which positions plain steps took: same seed, same output, whatever
         the timings. cda and exact decide per round (the round's layout is part of the rule),
         fuse_bonus=False treats the bonus position differently and escalate_jsd switches on
-        a per-round mean; with those the decode loop keeps K fixed even when adaptive_k is on.
+        a per-round mean; with those the decode loop keeps K fixed even when adaptive_k is on,
+        and suffix drafting copies from the request's own full view only (not from the
+        engine's store of earlier responses, which other requests fill).
         """
         if not mode.speculative:
             return True
