@@ -7,6 +7,9 @@
 - asym: context-asymmetric speculation (docs/architecture.md, "The algorithm"): drafter on the
   full view, verifier and base pass on the compressed view (three caches), delta-fusion and the
   JSD-aware gate.
+Thread safety: `generate` and `chat` hold the engine's FairLock (asymagent/fair_lock.py), so
+requests from many threads (or `asyncio.to_thread`) run one at a time in arrival order and each
+sees its conversation's caches and views as its predecessor left them.
 Caches live in per-`cache_key` sessions (bounded LRU) and are reused up to the longest common
 prefix with the next prompt (asymagent/kv/cache.py). `generate` prefills the caches its mode
 reads and runs the decode loop (asymagent/decoding/loop.py) over one speculative round at a time
@@ -17,6 +20,7 @@ generate -> ChatResult).
 from __future__ import annotations
 
 import secrets
+import threading
 import time
 
 import torch
@@ -29,8 +33,12 @@ from asymagent.decoding.logprobs import LogprobRecorder, score_tokens
 from asymagent.decoding.lookup_drafter import LookupDrafter
 from asymagent.decoding.loop import decode_loop
 from asymagent.decoding.model_drafter import DraftHead, ModelDrafter
+from asymagent.decoding.noise import KeyedNoise
 from asymagent.decoding.round import Decoder
 from asymagent.decoding.stopping import StopChecker, eos_ids
+from asymagent.decoding.suffix_drafter import SuffixDrafter
+from asymagent.decoding.suffix_store import SuffixStore
+from asymagent.fair_lock import FairLock
 from asymagent.kv.attention import use_gqa_attention
 from asymagent.kv.cache import CacheStore, View, ViewCache
 from asymagent.results import ChatResult, GenerationResult  # noqa: F401  (old import path)
@@ -47,7 +55,7 @@ class Engine:
 
     def __init__(self, verifier, drafter=None, tokenizer=None, spec: SpecConfig | None = None,
                  compression=None, draft_vocab: torch.Tensor | None = None,
-                 max_sessions: int = 4) -> None:
+                 max_sessions: int = 4, suffix_store: SuffixStore | None = None) -> None:
         self.verifier = verifier.eval()
         self.drafter = drafter.eval() if drafter is not None else None
         for model in (self.verifier, self.drafter):  # verify forwards read grouped KV in place
@@ -82,12 +90,19 @@ class Engine:
             roles.update(drafter_full=self.drafter, drafter_compressed=self.drafter)
         self.caches = CacheStore(roles, max_sessions=max_sessions)
         self._chat_format: ChatFormat | None = None  # built on first use (`chat_format`)
+        self._format_lock = threading.Lock()  # builds chat_format once (not the request lock)
+        # one request at a time, first come first served: sessions, caches and views are shared
+        self.lock = FairLock()
+        # earlier responses for suffix drafting (SuffixStore(path=...) keeps them across runs)
+        self.suffix_store = suffix_store if suffix_store is not None else SuffixStore()
 
     @property
     def chat_format(self) -> ChatFormat:
         """How messages and tools render to tokens and how output parses (built once, lazily)."""
         if self._chat_format is None:
-            self._chat_format = ChatFormat(self.tokenizer)
+            with self._format_lock:
+                if self._chat_format is None:
+                    self._chat_format = ChatFormat(self.tokenizer)
         return self._chat_format
 
     # ------------------------------------------------------------------ constructors
@@ -199,7 +214,20 @@ class Engine:
         `logprobs`: None (off), or how many top alternatives to keep per token (0..20), or a
         LogprobRecorder to read while streaming; the result's `logprobs` then holds one
         TokenLogprob per new token, from the verifier's own rows (asymagent/decoding/logprobs.py).
+
+        Thread-safe: requests to one engine run one at a time, in arrival order (`self.lock`).
+        `callback` runs while the request holds the lock; it must not wait for another request.
         """
+        with self.lock:
+            return self._generate(prompt_ids, mode, max_new_tokens, temperature, seed, top_p,
+                                  compressed_prompt_ids, stop, constraint, callback, cache_key,
+                                  top_k=top_k, min_p=min_p, frequency_penalty=frequency_penalty,
+                                  presence_penalty=presence_penalty, logit_bias=logit_bias,
+                                  logprobs=logprobs)
+
+    def _generate(self, prompt_ids, mode, max_new_tokens, temperature, seed, top_p,
+                  compressed_prompt_ids, stop, constraint, callback, cache_key, *, top_k, min_p,
+                  frequency_penalty, presence_penalty, logit_bias, logprobs) -> GenerationResult:
         prompt, compressed, stops = self._validate(prompt_ids, mode, max_new_tokens,
                                                    float(temperature), float(top_p),
                                                    compressed_prompt_ids, stop)
@@ -211,8 +239,9 @@ class Engine:
             else LogprobRecorder(logprobs)
         t_start = time.perf_counter()
         m = mode_of(mode)
-        generator = torch.Generator(device=self.device)
-        generator.manual_seed(int(seed) if seed is not None else secrets.randbits(63))
+        # every random number is keyed by (seed, output position, purpose), never by draw order
+        noise = KeyedNoise(int(seed) if seed is not None else secrets.randbits(63),
+                           self.vocab_size, self.device)
         session = self.caches.session(cache_key)
         generated: list = []  # the new tokens, shared by every view of the request
         full_view = View(prompt, generated)
@@ -240,14 +269,24 @@ class Engine:
         stats.cached_tokens = len(ver_prompt) - stats.verifier_prefill_tokens
         drafter = base = None
         drafters: list = []
-        sampler = dict(temperature=float(temperature), generator=generator, constraint=constraint)
+        sampler = dict(temperature=float(temperature), noise=noise, constraint=constraint)
         if m.speculative:
             drafter, stats.drafter_prefill_tokens, _ = prefill("drafter_full", full_view)
             if m.fused and compressed != prompt:
                 base, tokens, _ = prefill("drafter_compressed", View(compressed, generated))
                 stats.drafter_prefill_tokens += tokens
-            if self.spec.lookup_ngram:
-                drafters.append(LookupDrafter(full_view, self.spec.lookup_ngram, constraint))
+            sp = self.spec
+            if sp.lookup_ngram and sp.suffix:
+                # earlier responses only where drafts cannot change the output: with cda or
+                # exact at T > 0 the rounds' layout is part of the rule, and a store that other
+                # requests filled would make the output depend on them (same seed, same output)
+                store = self.suffix_store if sp.position_invariant(m, float(temperature)) else None
+                drafters.append(SuffixDrafter(full_view, store, constraint,
+                                              factor=sp.suffix_factor, min_prob=sp.suffix_min_prob,
+                                              max_depth=sp.suffix_max_depth,
+                                              min_match=min(2, sp.lookup_ngram)))
+            elif sp.lookup_ngram:
+                drafters.append(LookupDrafter(full_view, sp.lookup_ngram, constraint))
             drafters.append(ModelDrafter(drafter, self.head, bonus_row=m.fused, **sampler))
         decoder = Decoder(verifier, self.flops, top_p=float(top_p), drafters=drafters,
                           drafter=drafter, base=base, head=self.head, fused=m.fused,
@@ -278,9 +317,10 @@ class Engine:
         stats.new_tokens = len(generated)
         loop.tally.fill(stats, m.fused)
         if loop.speculation_off:
-            stats.k = 0  # speculation switched off for this request
+            stats.k = 0  # the drafter model was switched off for this request
         stats.verifier_flops = decoder.verifier_flops
         stats.finish_reason = loop.finish
+        self.suffix_store.add(generated)  # later requests may copy from this response
         return GenerationResult(token_ids=list(generated), text=checker.text(generated),
                                 stats=stats, finish_reason=loop.finish,
                                 logprobs=None if recorder is None else list(recorder.entries))
@@ -288,9 +328,10 @@ class Engine:
     def score(self, prompt_ids, top_logprobs: int = 0) -> list:
         """The verifier's log-probability of every prompt token given the ones before it
         (TokenLogprob per token, the first with logprob None): prompt scoring for evals
-        (`/v1/completions` with `echo`). Uses no cache session."""
+        (`/v1/completions` with `echo`). Uses no cache session; holds `self.lock` like `generate`."""
         prompt, _, _ = self._validate(prompt_ids, "full", 1, 0.0, 1.0, None, None)
-        return score_tokens(self.verifier, prompt, top_logprobs)
+        with self.lock:
+            return score_tokens(self.verifier, prompt, top_logprobs)
 
     # ------------------------------------------------------------------ chat
     def chat(self, messages: list, tools: list | None = None, mode: str = "asym",
@@ -307,11 +348,13 @@ class Engine:
         -> ResponseFormatConstraint, the conversation's ContextViews (per `cache_key`), the
         drafter's log-probs for surprisal compression, and output parsing into a ChatResult.
         The sampling keywords are `generate`'s.
+        Thread-safe like `generate`: the whole call (views, caches, decoding) holds `self.lock`.
         """
         sampling = dict(top_k=top_k, min_p=min_p, frequency_penalty=frequency_penalty,
                         presence_penalty=presence_penalty, logit_bias=logit_bias,
                         logprobs=logprobs)
-        return run_chat(self, messages, tools=tools, mode=mode, max_new_tokens=max_new_tokens,
-                        temperature=temperature, seed=seed, top_p=top_p, stop=stop,
-                        tool_choice=tool_choice, callback=callback, cache_key=cache_key,
-                        response_format=response_format, sampling=sampling)
+        with self.lock:
+            return run_chat(self, messages, tools=tools, mode=mode, max_new_tokens=max_new_tokens,
+                            temperature=temperature, seed=seed, top_p=top_p, stop=stop,
+                            tool_choice=tool_choice, callback=callback, cache_key=cache_key,
+                            response_format=response_format, sampling=sampling)

@@ -13,6 +13,7 @@ Order of preference for the drafter:
 
 from __future__ import annotations
 
+import weakref
 from dataclasses import dataclass
 
 
@@ -90,3 +91,26 @@ def build_engine(verifier: str = "default", drafter: str | None = None, *, spec=
             "numbers for spec/asym do not reflect a trained drafter")
     return EngineSetup(Engine(loaded.model, model, loaded.tokenizer, spec=spec, compression=compression,
                               max_sessions=max_sessions), ver_desc, desc, True)
+
+
+_SUFFIX_STORES: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()  # engine -> {label: SuffixStore}
+
+
+def use_suffix_store(engine, label: str) -> None:
+    """Point `engine.suffix_store` at the store of `label` (a fresh one on first use).
+
+    Modes compared side by side on the same steps must not copy each other's responses (mode
+    full's answer to step i would be a perfect draft for asym's step i): every eval, probe and
+    demo that interleaves modes gives each its own store of earlier responses."""
+    from asymagent.decoding.suffix_store import SuffixStore
+
+    stores = _SUFFIX_STORES.setdefault(engine, {})
+    if label not in stores:
+        stores[label] = SuffixStore()
+    engine.suffix_store = stores[label]
+
+
+def reset_suffix_stores(engine) -> None:
+    """Empty every label's store of earlier responses (an eval episode starts with none)."""
+    for store in _SUFFIX_STORES.get(engine, {}).values():
+        store.clear()

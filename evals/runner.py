@@ -48,6 +48,9 @@ def split_mode_labels(text: str) -> list:
     return labels
 
 
+PY_LITERALS = {"True": True, "False": False, "None": None}
+
+
 def parse_mode(label: str) -> tuple[str, dict]:
     """'asym:k=4,strict_prefix=8' -> ('asym', {'k': 4, 'strict_prefix': 8}); ValueError if bad."""
     mode, _, rest = label.strip().partition(":")
@@ -61,8 +64,8 @@ def parse_mode(label: str) -> tuple[str, dict]:
             raise ValueError(f"bad override {item!r} in {label!r}; use SpecConfig fields, e.g. k=4")
         try:
             overrides[key] = json.loads(value)
-        except json.JSONDecodeError:
-            overrides[key] = value  # bare strings such as acceptance=greedy
+        except json.JSONDecodeError:  # Python spellings True/False/None, else a bare string
+            overrides[key] = PY_LITERALS.get(value, value)  # such as acceptance=greedy
     if overrides:
         SpecConfig(**overrides)  # validates the values now, before any compute
     return mode, overrides
@@ -165,10 +168,14 @@ def _cumsum(xs: list) -> list:
 
 
 def _cold_sessions(engine, keys: list) -> None:
-    """Drop the cache sessions an episode uses, so every episode starts cold: its numbers
-    (prefill tokens, outputs) never depend on which episode the engine ran before it."""
+    """Drop the cache sessions and the suffix stores an episode uses, so every episode starts
+    cold: its numbers (prefill tokens, outputs, drafts) never depend on which episode the engine
+    ran before it, and a run fanned out over workers equals a local one (evals/ray_eval.py)."""
+    from asymagent.evals.engine_setup import reset_suffix_stores
+
     for key in keys:
         engine.caches.drop(key)
+    reset_suffix_stores(engine)
 
 
 def _progress(total: int, desc: str, enabled: bool):
@@ -178,7 +185,10 @@ def _progress(total: int, desc: str, enabled: bool):
 
 
 def _chat(engine, label: str, history: list, tools: list, tool_choice, max_new_tokens: int, cache_key: str):
+    from asymagent.evals.engine_setup import use_suffix_store
+
     mode, overrides = parse_mode(label)
+    use_suffix_store(engine, label)  # each label copies only from its own earlier responses
     with spec_overrides(engine, overrides):
         t0 = time.perf_counter()
         r = engine.chat(history, tools=tools, mode=mode, max_new_tokens=max_new_tokens,

@@ -91,6 +91,9 @@ def _label(action) -> str:
 
 
 def _chat(engine, task, prompt, mode, max_new_tokens, acts, tool_choice):
+    from asymagent.evals.engine_setup import use_suffix_store
+
+    use_suffix_store(engine, mode)  # with --compare, neither mode copies the other's answers
     return engine.chat(prompt, tools=task.tools, mode=mode, max_new_tokens=max_new_tokens,
                        temperature=0.0, tool_choice=tool_choice if acts else "auto",
                        cache_key=f"demo-{mode}")

@@ -285,12 +285,15 @@ class ChatAsymSpec(BaseChatModel):
 
     def _chat(self, **call):
         """engine.chat; a call cut short by an exception leaves its cache session in an unknown
-        state, so the session is dropped (as the server does) and the next call starts clean."""
-        try:
-            return self.engine.chat(**call)
-        except BaseException:
-            self.engine.caches.drop(call["cache_key"])
-            raise
+        state, so the session is dropped (as the server does) and the next call starts clean.
+        The drop holds the engine's lock (reentrant), so no other call is using the session."""
+        lock = self.engine.lock
+        with lock:
+            try:
+                return self.engine.chat(**call)
+            except BaseException:
+                self.engine.caches.drop(call["cache_key"])
+                raise
 
     def _generate(self, messages: list[BaseMessage], stop: list[str] | None = None,
                   run_manager: CallbackManagerForLLMRun | None = None,

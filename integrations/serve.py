@@ -52,6 +52,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="completion tokens when a request sets no max_tokens")
     parser.add_argument("--temperature", type=float, default=0.0,
                         help="temperature when a request sets none (0 = greedy, the paper's)")
+    parser.add_argument("--suffix-store", metavar="FILE", default=None,
+                        help="keep earlier responses for suffix drafts in this .npz file (read at "
+                             "start, written after every response), so drafting improves across restarts")
     parser.add_argument("--max-sessions", type=int, default=8,
                         help="conversations whose KV caches the engine keeps (LRU)")
     parser.add_argument("--model-name", "--served-model-name", dest="model_name",

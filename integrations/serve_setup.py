@@ -102,19 +102,44 @@ def check_args(args) -> None:
         read_config(args.config)
     check_source(args.verifier, args.drafter, args.mode)
     resolve_device(args.device)
+    if getattr(args, "suffix_store", None):
+        check_suffix_store(args.suffix_store)
     for origin in args.allowed_origins or ():
         if origin != "*" and not origin.startswith(("http://", "https://")):
             raise ValueError(f"--allowed-origins: {origin!r} is not an origin "
                              "(scheme://host[:port]) or *")
 
 
+def check_suffix_store(path: str) -> None:
+    """--suffix-store: its folder must exist (the store is written after every response) and an
+    existing file must be a store (numpy only: no model is read)."""
+    import os
+
+    folder = os.path.dirname(os.path.abspath(path))
+    if not os.path.isdir(folder):
+        raise ValueError(f"--suffix-store {path}: the folder {folder} does not exist")
+    if os.path.exists(path):
+        from asymagent.decoding.suffix_store import SuffixStore
+
+        try:
+            SuffixStore(path=path)
+        except Exception as exc:  # a truncated or foreign file: numpy's own error, named
+            raise ValueError(f"--suffix-store {path}: not a suffix store ({exc})") from None
+
+
 def load_engine(args):
-    """Engine for `asymagent serve` from --verifier/--drafter/--config/--dtype/--device."""
+    """Engine for `asymagent serve` from --verifier/--drafter/--config/--dtype/--device
+    (+ --suffix-store)."""
     from asymagent.integrations.engine_source import open_engine
 
     check_args(args)
     spec, compression = read_config(args.config) if args.config else (None, None)
     device = resolve_device(args.device)
-    return open_engine(args.verifier, args.drafter, mode=args.mode, spec=spec,
-                       compression=compression, dtype=resolve_dtype(args.dtype, device),
-                       device=device, max_sessions=args.max_sessions)
+    engine = open_engine(args.verifier, args.drafter, mode=args.mode, spec=spec,
+                         compression=compression, dtype=resolve_dtype(args.dtype, device),
+                         device=device, max_sessions=args.max_sessions)
+    if getattr(args, "suffix_store", None):
+        from asymagent.decoding.suffix_store import SuffixStore
+
+        engine.suffix_store = SuffixStore(path=args.suffix_store)
+    return engine

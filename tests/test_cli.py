@@ -63,6 +63,7 @@ BAD = [
     (["--verifier", "./no-such-model"], "not found"),
     (["--allowed-origins", "localhost:3000"], "is not an origin"),
     (["--device", "tpu"], "--device must be"),
+    (["--suffix-store", "/no/such/dir/s.npz"], "does not exist"),
 ]
 
 
@@ -100,6 +101,12 @@ def test_a_custom_verifier_needs_a_drafter_in_speculative_modes(no_loading, caps
     err = refused(["serve", "--model", str(tmp_path), "--mode", "asym"], capsys)
     assert "--drafter" in err
     assert "invalid choice" in refused(["serve", "--dtype", "float8"], capsys)  # argparse's own
+
+
+def test_a_file_that_is_not_a_suffix_store_is_refused(no_loading, capsys, tmp_path):
+    (tmp_path / "s.npz").write_text("not numpy")
+    assert "not a suffix store" in refused(["serve", "--suffix-store", str(tmp_path / "s.npz")],
+                                           capsys)
 
 
 def test_bad_config_contents_are_named(no_loading, tmp_path, capsys):

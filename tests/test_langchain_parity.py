@@ -145,3 +145,16 @@ def test_async_methods_never_block_the_event_loop():
     for thread, progressed in spy.calls:
         assert thread != loop_thread  # the engine ran on a worker thread ...
         assert progressed > 0  # ... while the event loop kept running other tasks
+
+
+def test_a_failed_call_drops_its_cache_session_and_the_next_call_works():
+    """A call that fails inside the engine leaves its session in an unknown state: ChatAsymSpec
+    drops it (as the server does), and the next call starts clean with the same answer."""
+    model = ChatAsymSpec(engine=tiny_engine(), max_tokens=8, cache_key="drop-test")
+    caches = model.engine.caches
+    first = model.invoke("hi").content
+    held = len(caches)  # the session "drop-test" is among them
+    with pytest.raises(ValueError, match="logit_bias"):
+        model.invoke("hi", logit_bias={10**9: 1.0})  # refused by the engine, not LangChain
+    assert len(caches) == held - 1
+    assert model.invoke("hi").content == first

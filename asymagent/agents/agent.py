@@ -11,6 +11,10 @@ unknown tool names, arguments that fail validation, a raising tool, a non-string
 unparseable call JSON, running out of steps, an empty task: each becomes a clear message in
 the run (a tool/user message for the model, and a note in `RunResult.notes`).
 
+Thread-safe: runs of one Agent may overlap (threads, asyncio.to_thread); each run takes its own
+cache session (`cache_key`, then `cache_key#1`, ... while earlier runs are still going), so
+conversations never share views or caches, and the engine serialises the model calls.
+
 `tool_choice` is "auto" (the model decides), "required" (every step is a constrained call),
 a tool name, or a policy `f(step_index, messages) -> choice` (e.g. act until the last step).
 """
@@ -18,6 +22,8 @@ a tool name, or a policy `f(step_index, messages) -> choice` (e.g. act until the
 from __future__ import annotations
 
 import json
+import threading
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterator
 
@@ -103,6 +109,23 @@ class Agent:
         self.seed = seed
         self.tool_choice = tool_choice
         self.cache_key = cache_key
+        self._keys_lock = threading.Lock()
+        self._active_keys: set = set()  # cache sessions of the runs going on now
+
+    @contextmanager
+    def _session_key(self):
+        """A cache_key no other running run of this agent uses (the plain one when free)."""
+        with self._keys_lock:
+            key, n = self.cache_key, 0
+            while key in self._active_keys:
+                n += 1
+                key = f"{self.cache_key}#{n}"
+            self._active_keys.add(key)
+        try:
+            yield key
+        finally:
+            with self._keys_lock:
+                self._active_keys.discard(key)
 
     # ------------------------------------------------------------------------------------
     def run(self, task) -> RunResult:
@@ -112,6 +135,10 @@ class Agent:
         return result
 
     def stream(self, task) -> Iterator[StepEvent]:
+        with self._session_key() as cache_key:
+            yield from self._stream(task, cache_key)
+
+    def _stream(self, task, cache_key: str) -> Iterator[StepEvent]:
         messages, task_tools = _task_messages(task)
         stats = RunStats()
         notes: list[str] = []
@@ -134,7 +161,7 @@ class Agent:
                                  max_new_tokens=self.max_new_tokens,
                                  temperature=self.temperature, seed=seed,
                                  tool_choice=choice if schemas else "auto",
-                                 cache_key=self.cache_key)
+                                 cache_key=cache_key)
             stats.add(r.stats)
             tool_calls = list(r.tool_calls or [])
             invalid = list(getattr(r, "invalid_tool_calls", None) or [])
