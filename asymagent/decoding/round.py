@@ -51,7 +51,7 @@ class Decoder:
                  top_p: float = 1.0, noise: KeyedNoise | None = None, constraint=None,
                  drafters: tuple = (), drafter: ViewCache | None = None,
                  base: ViewCache | None = None, head: DraftHead | None = None,
-                 fused: bool = False, verifier_flops: float = 0.0,
+                 fused: bool = False, verifier_flops: float = 0.0, copy=None,
                  processors: LogitProcessors | None = None,
                  logprobs: LogprobRecorder | None = None) -> None:
         self.verifier, self.flops = verifier, flops
@@ -60,6 +60,9 @@ class Decoder:
         self.drafters = tuple(drafters)  # asked in order each round; the first proposal wins
         self.drafter, self.base, self.head, self.fused = drafter, base, head, fused
         self.verifier_flops = verifier_flops  # prefill + every verifier forward of the request
+        # asymagent/decoding/copy_delta.py CopyDelta (asym on two views): what only the full
+        # view's removed text could be copied from, added to the verifier's rows; None: off
+        self.copy = copy
         self.verifier_tokens_fed = 0
         self.processors = processors if processors is not None else LogitProcessors()
         self.logprobs = logprobs
@@ -88,8 +91,11 @@ class Decoder:
         return rows[unscored:]
 
     def _target(self, rows: torch.Tensor, drafts: list, masks) -> torch.Tensor:
-        """The verifier's rows [R, V] as the gate's target: penalties and logit bias, the
-        constraint masks, then the nucleus / top-k / min-p of softmax(rows / T)."""
+        """The verifier's rows [R, V] as the gate's target: the copy delta (joining the target like
+        delta-fusion does), penalties and logit bias, the constraint masks, then the nucleus /
+        top-k / min-p of softmax(rows / T)."""
+        if self.copy is not None:
+            rows = rows + self.copy.rows(drafts, rows)  # [R, V]
         rows = self.processors.penalise(rows, self.verifier.view.generated, drafts)
         rows = top_p_filter(mask_rows(rows, masks), self.temperature, self.top_p)
         return self.processors.truncate(rows, self.temperature)
@@ -222,4 +228,4 @@ class Decoder:
     def escalate(self, verifier: ViewCache) -> None:
         """Finish the response with `verifier` (the verifier on the full context): plain steps only."""
         self.score_pending()  # tokens the old verifier would have scored at its next forward
-        self.verifier, self.fused = verifier, False
+        self.verifier, self.fused, self.copy = verifier, False, None
