@@ -28,14 +28,12 @@ def tiny_engine():
                   tokenizer=tok, spec=SpecConfig(k=3))
 
 
-class TestChatAsymSpecStandard(ChatModelUnitTests):
+class ChatAsymSpecFlags:
+    """What the unit and integration suites of langchain-tests share about ChatAsymSpec."""
+
     @property
     def chat_model_class(self):
         return ChatAsymSpec
-
-    @property
-    def chat_model_params(self) -> dict:
-        return {"engine": tiny_engine()}
 
     @property
     def returns_usage_metadata(self) -> bool:
@@ -44,6 +42,12 @@ class TestChatAsymSpecStandard(ChatModelUnitTests):
     @property
     def supports_model_override(self) -> bool:
         return False  # one local engine: a per-call `model=` cannot switch weights
+
+
+class TestChatAsymSpecStandard(ChatAsymSpecFlags, ChatModelUnitTests):
+    @property
+    def chat_model_params(self) -> dict:
+        return {"engine": tiny_engine()}
 
 
 class GetWeather(BaseModel):

@@ -9,17 +9,12 @@ from __future__ import annotations
 
 import pytest
 from langchain_tests.integration_tests import ChatModelIntegrationTests
-
-from asymagent.integrations.langchain import ChatAsymSpec
+from test_langchain import ChatAsymSpecFlags
 
 pytestmark = pytest.mark.slow
 
 
-class TestChatAsymSpecIntegration(ChatModelIntegrationTests):
-    @property
-    def chat_model_class(self):
-        return ChatAsymSpec
-
+class TestChatAsymSpecIntegration(ChatAsymSpecFlags, ChatModelIntegrationTests):
     @property
     def chat_model_params(self) -> dict:
         # model="default": the embedded pair, built once and shared by every test's model.
@@ -47,14 +42,6 @@ class TestChatAsymSpecIntegration(ChatModelIntegrationTests):
     @property
     def supports_json_mode(self) -> bool:
         return True  # response_format json_object under the grammar
-
-    @property
-    def returns_usage_metadata(self) -> bool:
-        return True
-
-    @property
-    def supports_model_override(self) -> bool:
-        return False  # one local engine: a per-call `model=` cannot switch weights
 
     # Inputs a text-only 135M model cannot take: the suite's own flags, left at their False
     # defaults (images, PDFs, audio, Anthropic-style blocks): supports_image_inputs,
