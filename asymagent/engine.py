@@ -53,13 +53,16 @@ class Engine:
 
     def __init__(self, verifier, drafter=None, tokenizer=None, spec: SpecConfig | None = None,
                  compression=None, draft_vocab: torch.Tensor | None = None,
-                 max_sessions: int = 4, suffix_store: SuffixStore | None = None) -> None:
+                 max_sessions: int = 4, suffix_store: SuffixStore | None = None,
+                 verifier_fingerprint: str | None = None) -> None:
         self.verifier = verifier.eval()
         self.drafter = drafter.eval() if drafter is not None else None
         for model in (self.verifier, self.drafter):  # verify forwards read grouped KV in place
             if model is not None:
                 use_gqa_attention(model)
         self.tokenizer = tokenizer
+        # sha256 of the verifier's weights file when loaded from one (captured traces carry it)
+        self.verifier_fingerprint = verifier_fingerprint
         self.spec = spec if spec is not None else SpecConfig()
         self.spec.validate()
         self.compression = compression
@@ -127,6 +130,7 @@ class Engine:
             ver.model.to(device)
             if dra is not None:
                 dra.to(device)
+        kw.setdefault("verifier_fingerprint", ver.fingerprint)
         return cls(verifier=ver.model, drafter=dra, tokenizer=ver.tokenizer, spec=spec,
                    compression=compression, **kw)
 
@@ -148,6 +152,7 @@ class Engine:
                 f"No default drafter is available ({exc}). Train one with "
                 "`asymagent train-drafter` (it writes the drafter asset into the package), or "
                 "pass your own: Engine.from_pretrained(verifier=..., drafter=...).") from exc
+        kw.setdefault("verifier_fingerprint", loaded.fingerprint)
         return cls(verifier=loaded.model, drafter=drafter, tokenizer=loaded.tokenizer,
                    spec=spec, compression=compression, **kw)
 

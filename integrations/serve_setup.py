@@ -64,6 +64,13 @@ def check_args(args) -> None:
                              ("--max-body-bytes", args.max_body_bytes, 1)):
         if value < low:
             raise ValueError(f"{flag} must be >= {low}, got {value}")
+    if getattr(args, "trace_dir", None) is not None:
+        import os
+
+        if os.path.exists(args.trace_dir) and not os.path.isdir(args.trace_dir):
+            raise ValueError(f"--trace-dir {args.trace_dir} is a file; it must be a directory (created if missing)")
+        if not args.trace_max_mb > 0 or (args.trace_max_files is not None and args.trace_max_files < 1):
+            raise ValueError("--trace-max-mb must be > 0 and --trace-max-files >= 1")
     if not args.request_timeout > 0:
         raise ValueError(f"--request-timeout must be > 0, got {args.request_timeout}")
     if args.config:
@@ -118,7 +125,8 @@ def _build_engine(args):
         if compression is None:
             compression = CompressionConfig()
         return Engine(verifier=ver.model, drafter=draft, tokenizer=ver.tokenizer, spec=spec,
-                      compression=compression, max_sessions=args.max_sessions)
+                      compression=compression, max_sessions=args.max_sessions,
+                      verifier_fingerprint=ver.fingerprint)
     if args.verifier == "default" and drafter is None:
         return Engine.from_default(**extra)
     if drafter is None and args.mode in ("spec", "asym"):
