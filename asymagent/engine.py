@@ -110,14 +110,19 @@ class Engine:
     @classmethod
     def from_pretrained(cls, verifier, drafter=None, spec: SpecConfig | None = None,
                         compression=None, *, dtype: torch.dtype = torch.float32,
-                        device: str | torch.device | None = None, **kw) -> "Engine":
+                        device: str | torch.device | None = None, config=None, **kw) -> "Engine":
         """Load verifier (and drafter) with asymagent.modeling.loading.load_model (id, dir or GGUF).
+
+        `config`: a config file (asymagent/config_file.py, e.g. what `asymagent tune` writes)
+        supplying `spec` and `compression` where they are not given.
 
         A drafter given as a `.safetensors` file is an asymagent drafter (decoder layers + draft
         vocabulary, asymagent.modeling.drafter.save_drafter) and is attached to the verifier's embeddings.
         """
+        from asymagent.config_file import engine_settings
         from asymagent.modeling.loading import load_model
 
+        spec, compression = engine_settings(config, spec, compression)
         ver = load_model(verifier, dtype=dtype)
         dra = None
         if drafter is not None and str(drafter).endswith(".safetensors"):
@@ -135,12 +140,18 @@ class Engine:
                    compression=compression, **kw)
 
     @classmethod
-    def from_default(cls, spec: SpecConfig | None = None, compression=None, **kw) -> "Engine":
+    def from_default(cls, spec: SpecConfig | None = None, compression=None, *, config=None,
+                     **kw) -> "Engine":
         """The embedded pair: SmolLM2-135M-Instruct verifier + the project's trained drafter.
 
         `compression=None` means the default CompressionConfig (as everywhere in asymagent.context.views).
+        `config`: a config file (asymagent/config_file.py, e.g. what `asymagent tune` writes)
+        supplying `spec` and `compression` where they are not given.
         """
+        from asymagent.config_file import engine_settings
         from asymagent.modeling.loading import ModelNotFoundError, load_default_verifier
+
+        spec, compression = engine_settings(config, spec, compression)
 
         loaded = load_default_verifier()
         try:

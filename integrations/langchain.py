@@ -140,10 +140,11 @@ class ChatAsymSpec(BaseChatModel):
 
     @classmethod
     def from_default(cls, **kw) -> "ChatAsymSpec":
-        """The embedded default engine (SmolLM2-135M verifier + project drafter, CPU)."""
+        """The embedded default engine (SmolLM2-135M verifier + project drafter, CPU); `spec=`,
+        `compression=` or `config=` (a config file, e.g. from `asymagent tune`) set it up."""
         from asymagent.engine import Engine
 
-        engine_kw = {k: kw.pop(k) for k in ("spec", "compression") if k in kw}
+        engine_kw = {k: kw.pop(k) for k in ("spec", "compression", "config") if k in kw}
         return cls(engine=Engine.from_default(**engine_kw), **kw)
 
     # --- LangChain plumbing -----------------------------------------------------------------
