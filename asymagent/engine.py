@@ -27,6 +27,7 @@ import torch
 
 from asymagent.chat.chat_format import ChatFormat
 from asymagent.chat.session import run_chat
+from asymagent.decoding.copy_delta import CopyDelta
 from asymagent.decoding.flops import FlopCounter
 from asymagent.decoding.lookup_drafter import LookupDrafter
 from asymagent.decoding.loop import decode_loop
@@ -258,12 +259,18 @@ class Engine:
         drafter = base = None
         drafters: list = []
         sampler = dict(temperature=float(temperature), noise=noise, constraint=constraint)
+        copy = None
         if m.speculative:
+            sp = self.spec
             drafter, stats.drafter_prefill_tokens, _ = prefill("drafter_full", full_view)
-            if m.fused and compressed != prompt:
+            # the drafter on the compressed view serves delta-fusion (beta), cda's base row and
+            # escalation's JSD; with none of them its prefill and per-round base pass are skipped
+            needs_base = sp.beta > 0 or sp.acceptance == "cda" or sp.escalate_jsd is not None
+            if m.fused and compressed != prompt and needs_base:
                 base, tokens, _ = prefill("drafter_compressed", View(compressed, generated))
                 stats.drafter_prefill_tokens += tokens
-            sp = self.spec
+            if m.fused and compressed != prompt and sp.copy_weight > 0:
+                copy = CopyDelta(full_view, ver_view, sp.copy_weight, min_len=sp.copy_min_len)
             if sp.lookup_ngram and sp.suffix:
                 # earlier responses only where drafts cannot change the output: with cda or
                 # exact at T > 0 the rounds' layout is part of the rule, and a store that other
@@ -278,7 +285,7 @@ class Engine:
             drafters.append(ModelDrafter(drafter, self.head, bonus_row=m.fused, **sampler))
         decoder = Decoder(verifier, self.flops, top_p=float(top_p), drafters=drafters,
                           drafter=drafter, base=base, head=self.head, fused=m.fused,
-                          verifier_flops=prefill_flops, **sampler)
+                          verifier_flops=prefill_flops, copy=copy, **sampler)
         t_prefill = time.perf_counter()
         stats.prefill_s = t_prefill - t_start
 

@@ -50,8 +50,10 @@ def mode_of(name: str) -> Mode:
 class SpecConfig:
     """Configuration of speculative decoding (modes `spec` and `asym`).
 
-    Defaults: the paper's K=2 drafts per round and beta=1.0 delta-fusion weight, with two changes
-    chosen on dev seeds (docs/results.md, "Tuning"): acceptance "greedy" (the fused target
+    Defaults: the paper's K=2 drafts per round; the fused target of mode asym is the compressed
+    verifier plus the copy delta (copy_weight 6; the drafter model's delta, beta, is off: it
+    measured harmful, docs/drafter.md), and two more changes chosen on dev seeds (docs/results.md,
+    "Tuning"): acceptance "greedy" (the fused target
     decides every token, so drafts and K change speed only, never the output; the paper's
     relaxed "cda" gate lost fidelity to full on every dev workload without a speed gain on this
     verifier/drafter pair) and prompt-lookup drafts from the full view (lookup_ngram=3), which
@@ -65,7 +67,17 @@ class SpecConfig:
     """
 
     k: int = 2  # draft tokens per round; the verifier scores K+1 positions in one forward
-    beta: float = 1.0  # weight of delta = log p_drafter(full) - log p_drafter(compressed)
+    # weight of the drafter model's delta = log p_drafter(full) - log p_drafter(compressed).
+    # 0 by default since issue 16: the shipped drafter's delta moved the target AWAY from the
+    # full-context verifier on every suite (recovered share -0.019 on test seeds, docs/drafter.md);
+    # a drafter trained for it (train-drafter --objective fusion) may set it again
+    beta: float = 0.0
+    # weight of the copy delta (asym on a compressed view; asymagent/decoding/copy_delta.py):
+    # log((1 + c_F) / (1 + c_C)) on the continuations of the longest repeated suffix that only
+    # the full view's removed text holds; 0 turns it off. 6 and min length 3 chosen on dev seeds
+    # (`asymagent eval fusion --split dev`, docs/evals.md)
+    copy_weight: float = 6.0
+    copy_min_len: int = 3  # shortest repeated suffix the copy delta counts continuations of
     gamma: float = 0.5  # accept d iff p_v(d) > gamma*exp(-JSD)*p_base(d)  (cda)
     # "cda" (paper, relaxed), "exact" (rejection sampling), "coupled" (Gumbel-max coupling: the
     # draft is accepted iff it equals the target's Gumbel-max sample at its position), "greedy"
@@ -101,7 +113,7 @@ class SpecConfig:
         We fuse the K+1 position too; `SpecConfig.paper(fuse_bonus=False)` is the official code's
         rule exactly (the verifier's own argmax there)."""
         return cls(**{"k": 2, "beta": 1.0, "gamma": 0.5, "acceptance": "cda", "lookup_ngram": 0,
-                      "adaptive_k": False, **overrides})
+                      "adaptive_k": False, "copy_weight": 0.0, **overrides})
 
     def __post_init__(self) -> None:
         self.validate()
@@ -120,6 +132,10 @@ class SpecConfig:
             raise ValueError(f"SpecConfig.gamma must be in (0, 1], got {self.gamma!r}")
         if self.beta < 0:
             raise ValueError(f"SpecConfig.beta must be >= 0, got {self.beta!r}")
+        if not self.copy_weight >= 0:
+            raise ValueError(f"SpecConfig.copy_weight must be >= 0, got {self.copy_weight!r}")
+        if not isinstance(self.copy_min_len, int) or self.copy_min_len < 1:
+            raise ValueError(f"SpecConfig.copy_min_len must be an integer >= 1, got {self.copy_min_len!r}")
         if self.strict_prefix < 0:
             raise ValueError("SpecConfig.strict_prefix must be >= 0")
         if self.escalate_jsd is not None and not (0.0 < self.escalate_jsd):

@@ -45,11 +45,15 @@ class Variant:
 
     beta_eff = beta, times 0 where JSD(a||b) < jsd_min (delta only where the drafter's views
     disagree), times min(1, JSD / jsd_scale) when jsd_scale > 0 (confidence-weighted beta).
+    copy > 0 adds copy x the copy delta (asymagent/decoding/copy_delta.py: continuations that only
+    the full view's removed text holds).
     """
 
     beta: float = 1.0
     jsd_min: float = 0.0
     jsd_scale: float = 0.0
+    copy: float = 0.0
+    copy_min: float = 2  # shortest repeated suffix the copy delta counts from
 
     @property
     def name(self) -> str:
@@ -58,6 +62,10 @@ class Variant:
             parts.append(f"jsd_min={self.jsd_min:g}")
         if self.jsd_scale:
             parts.append(f"jsd_scale={self.jsd_scale:g}")
+        if self.copy:
+            parts.append(f"copy={self.copy:g}")
+        if self.copy_min != 2:
+            parts.append(f"copy_min={self.copy_min:g}")
         return ",".join(parts)
 
     @classmethod
@@ -66,8 +74,9 @@ class Variant:
         kw = {}
         for part in filter(None, (p.strip() for p in spec.split(","))):
             key, sep, value = part.partition("=")
-            if not sep or key not in ("beta", "jsd_min", "jsd_scale"):
-                raise ValueError(f"bad variant part {part!r} in {spec!r}: expected beta=, jsd_min= or jsd_scale=")
+            if not sep or key not in ("beta", "jsd_min", "jsd_scale", "copy", "copy_min"):
+                raise ValueError(f"bad variant part {part!r} in {spec!r}: expected beta=, jsd_min=, "
+                                 "jsd_scale=, copy= or copy_min=")
             kw[key] = float(value)
         return cls(**kw)
 
@@ -77,8 +86,8 @@ def parse_variants(spec: str) -> list:
     return [Variant.parse(s) for s in spec.split(";") if s.strip()]
 
 
-def fused_logprobs(lc, la, lb, jsd, variant: Variant):
-    """log_softmax(lc + beta_eff * (la - lb)) over rows [T, V]; jsd [T]."""
+def fused_logprobs(lc, la, lb, jsd, variant: Variant, copy_rows: dict | None = None):
+    """log_softmax(lc + beta_eff * (la - lb) [+ copy * copy_rows]) over rows [T, V]; jsd [T]."""
     import torch
 
     beta = torch.full_like(jsd, variant.beta)  # [T]
@@ -86,7 +95,10 @@ def fused_logprobs(lc, la, lb, jsd, variant: Variant):
         beta = torch.where(jsd >= variant.jsd_min, beta, torch.zeros_like(beta))
     if variant.jsd_scale:
         beta = beta * (jsd / variant.jsd_scale).clamp(max=1.0)
-    return torch.log_softmax(lc + beta[:, None] * (la - lb), dim=-1)  # [T, V]
+    target = lc + beta[:, None] * (la - lb)
+    if variant.copy and copy_rows is not None:
+        target = target + variant.copy * copy_rows[variant.copy_min]
+    return torch.log_softmax(target, dim=-1)  # [T, V]
 
 
 # --------------------------------------------------------------------------- conversations
@@ -207,6 +219,7 @@ def measure_conversation(engine, conv: Conversation, variants: list, *, max_new_
 
     from asymagent.chat.session import drafter_logprob_fn
     from asymagent.context.views import ContextViews
+    from asymagent.decoding.copy_delta import copy_delta_rows
     from asymagent.decoding.model_drafter import DraftHead
     from asymagent.kernels.gate_reference import jsd_from_log_probs
 
@@ -229,7 +242,10 @@ def measure_conversation(engine, conv: Conversation, variants: list, *, max_new_
             top_f = lf.argmax(-1)  # [T]
             kl = lambda q: (lf.exp() * (lf - q)).sum(-1)  # noqa: E731  [T] KL(v_f || q)
             kl_c, top1_c = kl(lc), lc.argmax(-1) == top_f
-            fused = [fused_logprobs(lc, la, lb, jsd, v) for v in variants]
+            copy_rows = {m: copy_delta_rows(pair.full_ids, pair.compressed_ids, response, lc.shape[-1],
+                                            min_len=int(m))
+                         for m in {v.copy_min for v in variants if v.copy}}  # {min length: [T, V]}
+            fused = [fused_logprobs(lc, la, lb, jsd, v, copy_rows) for v in variants]
             kl_fs = [kl(f) for f in fused]
             top1_fs = [f.argmax(-1) == top_f for f in fused]
             drafter_top1 = la.argmax(-1) == top_f
@@ -364,7 +380,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--suites", default=DEFAULT_SUITES,
                    help="comma list: records, fs_audit, tickets, injection, domain:NAME (a synthetic domain)")
     p.add_argument("--variants", default="beta=1",
-                   help="';'-separated fusion variants, each 'beta=B[,jsd_min=X][,jsd_scale=S]'")
+                   help="';'-separated fusion variants, each 'beta=B[,jsd_min=X][,jsd_scale=S][,copy=W][,copy_min=L]'")
     p.add_argument("--episodes", type=int, default=2, help="conversations (seeds) per suite")
     p.add_argument("--split", choices=("dev", "test"), default="dev")
     p.add_argument("--seeds", default=None, help="comma list of exact seeds (overrides --split/--episodes)")

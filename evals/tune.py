@@ -45,7 +45,8 @@ DEFAULT_GRID = (
     ("k", [4, 2]),  # fixed K (adaptive_k off)
     ("suffix", [False]),  # prompt lookup instead of suffix matching
     ("lookup_ngram", [0]),  # the drafter model only
-    ("beta", [0.5, 0.0]),
+    ("beta", [1.0, 0.5]),  # the drafter's delta (off by default)
+    ("copy_weight", [0.0, 12.0]),  # the copy delta (6 by default)
     ("escalate_jsd", [0.3]),
 )
 
@@ -85,6 +86,10 @@ def point_for(knob: str, value) -> Point:
         name = f"tool_output={head}/{tail}"
         comp = CompressionConfig(compressors=[ToolOutputCompressor(head_tokens=head, tail_tokens=tail)])
         return Point(name, compression=comp.model_dump(mode="json"))
+    from asymagent.spec_config import SpecConfig
+
+    if knob not in ("k", "strict_prefix") and getattr(SpecConfig(), knob) == value:
+        return Point(name)  # the default's own value: the default point (dropped as a duplicate)
     spec = {knob: value}
     if knob == "k":
         spec["adaptive_k"] = False
@@ -275,7 +280,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--max-minutes", type=float, default=None, help="time budget (groups that do not fit are skipped)")
     p.add_argument("--grid", default=None, help="knob values, e.g. 'k=2,4;acceptance=cda;head_tokens=64,128' "
                                                 "(each changed alone from the default)")
-    p.add_argument("--max-points", type=int, default=14, help="points measured at most (the default included)")
+    p.add_argument("--max-points", type=int, default=16, help="points measured at most (the default included)")
     p.add_argument("--slice", choices=("heldout", "all"), default="heldout",
                    help="heldout: the slice train-drafter --traces keeps out of training (default)")
     p.add_argument("--holdout", type=float, default=0.2, help="held-out share (as train-drafter --traces-holdout)")

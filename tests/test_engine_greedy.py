@@ -107,8 +107,9 @@ def test_one_view_rounds_take_the_gate_shortcut(verifier, monkeypatch, mode):
 
 
 def test_asym_with_compression_reads_three_caches(verifier):
-    """asym with a compressed view: verifier and base see the short view, drafter the full one."""
-    spec = SpecConfig(k=3)
+    """asym with a compressed view: verifier and base see the short view, drafter the full one
+    (beta > 0: the drafter model's delta needs the base pass)."""
+    spec = SpecConfig(k=3, beta=1.0)
     engine = Engine(verifier=verifier, drafter=noisy_copy(verifier, 0.6), spec=spec)
     prompt = random_prompts(1, length=30)[0]
     r = engine.generate(prompt, mode="asym", max_new_tokens=NEW, compressed_prompt_ids=prompt[10:])
@@ -123,6 +124,23 @@ def test_asym_with_compression_reads_three_caches(verifier):
     assert len(session.get("verifier_compressed")) <= 20 + len(r.token_ids)
     assert len(session.get("drafter_compressed")) <= 20 + len(r.token_ids)
     assert len(session.get("drafter_full")) <= 30 + len(r.token_ids)
+
+
+def test_asym_without_drafter_delta_skips_the_base_pass(verifier):
+    """beta = 0 (the default), greedy, no escalation: nothing reads the drafter's compressed view,
+    so it is never prefilled, and the output is the same as with the base pass built."""
+    prompt = random_prompts(1, length=30)[0]
+    outs = {}
+    for acceptance in ("greedy", "cda"):  # cda reads the base row: the cache is built again
+        engine = Engine(verifier=verifier, drafter=noisy_copy(verifier, 0.6),
+                        spec=SpecConfig(k=3, beta=0.0, acceptance=acceptance))
+        r = engine.generate(prompt, mode="asym", max_new_tokens=NEW, compressed_prompt_ids=prompt[10:])
+        assert r.stats.drafter_prefill_tokens == (30 if acceptance == "greedy" else 30 + 20)
+        outs[acceptance] = r.token_ids
+    compressed = Engine(verifier=verifier).generate(prompt[10:], mode="full", max_new_tokens=NEW)
+    # beta 0, greedy: the target is the compressed verifier (+ the copy delta, 0 on random
+    # prompts without repeats of >= 3 tokens), so asym emits mode compressed's tokens
+    assert outs["greedy"] == compressed.token_ids
 
 
 def test_strict_prefix_uses_greedy_matching(verifier):

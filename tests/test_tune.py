@@ -26,16 +26,17 @@ def test_grid_is_one_knob_at_a_time_from_the_default():
     points = tune.grid_points(tune.DEFAULT_GRID, 100)
     assert points[0].name == "default" and points[0].spec == {} and points[0].compression is None
     names = [p.name for p in points]
-    assert len(names) == len(set(names)) == 13
+    assert len(names) == len(set(names)) == 15
     by = {p.name: p for p in points}
     assert by["k=4"].spec == {"k": 4, "adaptive_k": False}
     assert by["acceptance=cda,strict_prefix=16"].spec == {"acceptance": "cda", "strict_prefix": 16}
     assert by["tool_output=128/64"].compression_config().compressors[0].tail_tokens == 64
     assert by["compression=none"].compression_config().compressors == []
-    grid = tune.parse_grid("k=2,4; head_tokens=64,256 ;suffix=false")
-    assert grid == [("k", [2, 4]), ("head_tokens", [64, 256]), ("suffix", [False])]
+    grid = tune.parse_grid("k=2,4; head_tokens=64,256 ;suffix=false,true")
+    assert grid == [("k", [2, 4]), ("head_tokens", [64, 256]), ("suffix", [False, True])]
     names = [p.name for p in tune.grid_points(grid, 100)]
-    assert names == ["default", "k=2", "k=4", "tool_output=256/128", "suffix=False"]  # 64/32 is the default
+    # 64/32 and suffix=true are the default's own values
+    assert names == ["default", "k=2", "k=4", "tool_output=256/128", "suffix=False"]
     assert len(tune.grid_points(grid, 3)) == 3
     for bad in ("nope=1", "k", "acceptance=maybe"):
         with pytest.raises(ValueError):

@@ -47,13 +47,16 @@ class Decoder:
                  top_p: float = 1.0, noise: KeyedNoise | None = None, constraint=None,
                  drafters: tuple = (), drafter: ViewCache | None = None,
                  base: ViewCache | None = None, head: DraftHead | None = None,
-                 fused: bool = False, verifier_flops: float = 0.0) -> None:
+                 fused: bool = False, verifier_flops: float = 0.0, copy=None) -> None:
         self.verifier, self.flops = verifier, flops
         self.temperature, self.top_p, self.noise = temperature, top_p, noise
         self.constraint = constraint
         self.drafters = tuple(drafters)  # asked in order each round; the first proposal wins
         self.drafter, self.base, self.head, self.fused = drafter, base, head, fused
         self.verifier_flops = verifier_flops  # prefill + every verifier forward of the request
+        # asymagent/decoding/copy_delta.py CopyDelta (asym on two views): what only the full
+        # view's removed text could be copied from, added to the verifier's rows; None: off
+        self.copy = copy
         self.verifier_tokens_fed = 0
 
     def position(self) -> int:
@@ -78,6 +81,8 @@ class Decoder:
                                gamma=1.0, fuse_bonus=True)
         t0 = time.perf_counter()
         logits = self._verify([], keep=1)[0]  # [V]
+        if self.copy is not None:
+            logits = logits + self.copy.rows([], logits)[0]
         c = self.constraint
         logits = apply_mask(logits, None if c is None else c.allowed_mask())
         logits = top_p_filter(logits, self.temperature, self.top_p)
@@ -132,6 +137,8 @@ class Decoder:
 
         # 2. Verify: the verifier scores K+1 positions in ONE forward on its (compressed) view.
         v = self._verify(tokens, keep=k + 1)  # [K+1, V]
+        if self.copy is not None:  # the copy delta joins the target like delta-fusion does
+            v = v + self.copy.rows(tokens, v)  # [K+1, V]
         v = top_p_filter(mask_rows(v, masks), self.temperature, self.top_p)  # the nucleus of v
         proposal = self._proposal(drafts, v)  # [K, V]
 
@@ -178,4 +185,4 @@ class Decoder:
 
     def escalate(self, verifier: ViewCache) -> None:
         """Finish the response with `verifier` (the verifier on the full context): plain steps only."""
-        self.verifier, self.fused = verifier, False
+        self.verifier, self.fused, self.copy = verifier, False, None
