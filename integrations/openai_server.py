@@ -65,6 +65,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="conversations whose KV caches the engine keeps (LRU)")
     parser.add_argument("--model-name", default=DEFAULT_MODEL_NAME,
                         help="model id served on /v1/models")
+    parser.add_argument("--trace-dir", metavar="DIR", default=None,
+                        help="capture every completed request as a JSONL trace line in DIR (off by "
+                             "default; docs/evals.md, 'Captured traces'); never headers or the API key")
+    parser.add_argument("--trace-max-mb", type=float, default=64.0,
+                        help="with --trace-dir: start a new trace file when one would pass this size")
+    parser.add_argument("--trace-max-files", type=int, default=None,
+                        help="with --trace-dir: keep at most this many trace files (oldest deleted)")
     parser.add_argument("--log-level", default="info")
 
 
@@ -83,8 +90,9 @@ def cache_key_for(messages: list[dict], tools: list | None, mode: str) -> str:
 def create_app(engine, *, model_name: str = DEFAULT_MODEL_NAME, api_key: str | None = None,
                max_queue: int = 16, request_timeout: float = 600.0, default_mode: str = "asym",
                default_max_tokens: int = 256, default_temperature: float = 0.0,
-               max_body_bytes: int = DEFAULT_MAX_BODY_BYTES):
-    """The FastAPI app serving `engine` (one worker thread, started with the app)."""
+               max_body_bytes: int = DEFAULT_MAX_BODY_BYTES, trace_writer=None):
+    """The FastAPI app serving `engine` (one worker thread, started with the app); with a
+    `trace_writer` (asymagent.trace_capture.TraceWriter) every completed request is captured."""
     import asyncio
     import contextlib
     import hmac
@@ -117,6 +125,13 @@ def create_app(engine, *, model_name: str = DEFAULT_MODEL_NAME, api_key: str | N
                         ttft_s=(job.first_token - job.received) if job.first_token else None,
                         queue_s=job.started - job.received,
                         finish_reason=finish_reason_for(result))
+        if trace_writer is not None:
+            kw = job.chat_kwargs
+            try:
+                trace_writer.record(engine, kw["messages"], kw.get("tools"), result, source="serve",
+                                    mode=kw["mode"], temperature=kw.get("temperature") or 0.0)
+            except OSError as exc:  # a full disk costs the trace, never the response
+                logging.getLogger("asymagent.serve").warning("trace not written: %s", exc)
 
     worker = EngineWorker(engine, max_queue=max_queue, metrics=metrics, observe=observe)
     created = int(time.time())
@@ -374,7 +389,13 @@ def main(args) -> int:
         logging.warning("serving on %s without --api-key: anyone who can reach it can use it",
                         args.host)
     engine = load_engine(args)
-    app = create_app(engine, model_name=args.model_name, api_key=api_key,
+    writer = None
+    if args.trace_dir:
+        from asymagent.trace_capture import TraceWriter
+
+        writer = TraceWriter(args.trace_dir, max_bytes=int(args.trace_max_mb * 2**20),
+                             max_files=args.trace_max_files, secrets=(api_key,) if api_key else ())
+    app = create_app(engine, model_name=args.model_name, api_key=api_key, trace_writer=writer,
                      max_queue=args.max_queue, request_timeout=args.request_timeout,
                      max_body_bytes=args.max_body_bytes,
                      default_mode=args.mode, default_max_tokens=args.max_tokens,
