@@ -56,13 +56,16 @@ class Engine:
 
     def __init__(self, verifier, drafter=None, tokenizer=None, spec: SpecConfig | None = None,
                  compression=None, draft_vocab: torch.Tensor | None = None,
-                 max_sessions: int = 4, suffix_store: SuffixStore | None = None) -> None:
+                 max_sessions: int = 4, suffix_store: SuffixStore | None = None,
+                 verifier_fingerprint: str | None = None) -> None:
         self.verifier = verifier.eval()
         self.drafter = drafter.eval() if drafter is not None else None
         for model in (self.verifier, self.drafter):  # verify forwards read grouped KV in place
             if model is not None:
                 use_gqa_attention(model)
         self.tokenizer = tokenizer
+        # sha256 of the verifier's weights file when loaded from one (captured traces carry it)
+        self.verifier_fingerprint = verifier_fingerprint
         self.spec = spec if spec is not None else SpecConfig()
         self.spec.validate()
         self.compression = compression
@@ -110,14 +113,19 @@ class Engine:
     @classmethod
     def from_pretrained(cls, verifier, drafter=None, spec: SpecConfig | None = None,
                         compression=None, *, dtype: torch.dtype = torch.float32,
-                        device: str | torch.device | None = None, **kw) -> "Engine":
+                        device: str | torch.device | None = None, config=None, **kw) -> "Engine":
         """Load verifier (and drafter) with asymagent.modeling.loading.load_model (id, dir or GGUF).
+
+        `config`: a config file (asymagent/config_file.py, e.g. what `asymagent tune` writes)
+        supplying `spec` and `compression` where they are not given.
 
         A drafter given as a `.safetensors` file is an asymagent drafter (decoder layers + draft
         vocabulary, asymagent.modeling.drafter.save_drafter) and is attached to the verifier's embeddings.
         """
+        from asymagent.config_file import engine_settings
         from asymagent.modeling.loading import load_model
 
+        spec, compression = engine_settings(config, spec, compression)
         ver = load_model(verifier, dtype=dtype)
         dra = None
         if drafter is not None and str(drafter).endswith(".safetensors"):
@@ -130,19 +138,25 @@ class Engine:
             ver.model.to(device)
             if dra is not None:
                 dra.to(device)
+        kw.setdefault("verifier_fingerprint", ver.fingerprint)
         return cls(verifier=ver.model, drafter=dra, tokenizer=ver.tokenizer, spec=spec,
                    compression=compression, **kw)
 
     @classmethod
-    def from_default(cls, spec: SpecConfig | None = None, compression=None, *,
+    def from_default(cls, spec: SpecConfig | None = None, compression=None, *, config=None,
                      dtype: torch.dtype = torch.float32, device: str | torch.device | None = None,
                      **kw) -> "Engine":
         """The embedded pair: SmolLM2-135M-Instruct verifier + the project's trained drafter.
 
         `compression=None` means the default CompressionConfig (as everywhere in asymagent.context.views).
         `dtype` and `device` place both models (the drafter follows the verifier's dtype).
+        `config`: a config file (asymagent/config_file.py, e.g. what `asymagent tune` writes)
+        supplying `spec` and `compression` where they are not given.
         """
+        from asymagent.config_file import engine_settings
         from asymagent.modeling.loading import ModelNotFoundError, load_default_verifier
+
+        spec, compression = engine_settings(config, spec, compression)
 
         loaded = load_default_verifier(dtype=dtype)
         if device is not None:
@@ -156,6 +170,7 @@ class Engine:
                 f"No default drafter is available ({exc}). Train one with "
                 "`asymagent train-drafter` (it writes the drafter asset into the package), or "
                 "pass your own: Engine.from_pretrained(verifier=..., drafter=...).") from exc
+        kw.setdefault("verifier_fingerprint", loaded.fingerprint)
         return cls(verifier=loaded.model, drafter=drafter, tokenizer=loaded.tokenizer,
                    spec=spec, compression=compression, **kw)
 

@@ -31,7 +31,7 @@ INJECTION_EXTRA = "asym:acceptance=cda,asym:acceptance=cda,strict_prefix=16"
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("suite", help="records | fs_audit | tickets | injection | PATH.jsonl (user traces) | "
+    p.add_argument("suite", help="records | fs_audit | tickets | injection | PATH.jsonl or DIR (user traces) | "
                                  "fusion (delta-fusion token by token, evals/fusion.py)")
     p.add_argument("--modes", default=None,
                    help=f"comma list (default {DEFAULT_MODES}; injection adds {INJECTION_EXTRA}); "
@@ -81,8 +81,8 @@ def check_args(args) -> None:
     from asymagent.evals.runner import parse_mode
     from asymagent.modeling.loading import check_drafter_source, check_model_source
 
-    if args.suite.endswith(".jsonl"):
-        if not os.path.isfile(args.suite):
+    if args.suite.endswith(".jsonl") or os.path.isdir(args.suite):
+        if not (os.path.isfile(args.suite) or os.path.isdir(args.suite)):
             raise FileNotFoundError(f"trace file not found: {args.suite}")
         from asymagent.evals.traces import load_traces
 
@@ -144,7 +144,7 @@ def run_eval(engine, suite: str, labels: list, seeds: list, *, max_steps=None, m
     from asymagent.evals import runner
     from asymagent.evals.environments import SUITES
 
-    if suite.endswith(".jsonl"):
+    if suite.endswith(".jsonl") or Path(suite).is_dir():  # a trace file or a capture directory
         from asymagent.evals.traces import load_traces
 
         results = runner.run_traces(engine, load_traces(suite), labels, max_new_tokens=max_new_tokens,

@@ -69,14 +69,16 @@ def build_engine(verifier: str = "default", drafter: str | None = None, *, spec=
         card = getattr(model, "asymagent_card", {}) or {}
         desc = f"{drafter} ({card.get('name') or card.get('steps', '?')} steps)" if card else str(drafter)
         return EngineSetup(Engine(loaded.model, model, loaded.tokenizer, spec=spec, compression=compression,
-                                  max_sessions=max_sessions), ver_desc, desc, False)
+                                  max_sessions=max_sessions, verifier_fingerprint=loaded.fingerprint),
+                           ver_desc, desc, False)
     if verifier in ("default", "embedded", "smollm2"):
         try:
             from asymagent.modeling.drafter import DEFAULT_DRAFTER_FILE, load_default_drafter
 
             model = load_default_drafter(loaded.model, loaded.fingerprint)
             return EngineSetup(Engine(loaded.model, model, loaded.tokenizer, spec=spec,
-                                      compression=compression, max_sessions=max_sessions),
+                                      compression=compression, max_sessions=max_sessions,
+                                      verifier_fingerprint=loaded.fingerprint),
                                ver_desc, f"default ({DEFAULT_DRAFTER_FILE.name})", False)
         except (FileNotFoundError, DrafterMismatchError) as exc:
             if not allow_fallback:
@@ -90,7 +92,8 @@ def build_engine(verifier: str = "default", drafter: str | None = None, *, spec=
     desc = (f"FALLBACK: the verifier's first 2 layers, untrained, full vocabulary ({reason}); "
             "numbers for spec/asym do not reflect a trained drafter")
     return EngineSetup(Engine(loaded.model, model, loaded.tokenizer, spec=spec, compression=compression,
-                              max_sessions=max_sessions), ver_desc, desc, True)
+                              max_sessions=max_sessions, verifier_fingerprint=loaded.fingerprint),
+                       ver_desc, desc, True)
 
 
 _SUFFIX_STORES: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()  # engine -> {label: SuffixStore}

@@ -1,4 +1,4 @@
-"""The `asymagent` console script: demo, bench, eval, serve, train-drafter (docs/architecture.md §4).
+"""The `asymagent` console script: demo, bench, eval, serve, train-drafter, tune (docs/architecture.md §4).
 
 Each verb lives in its own module exposing `add_arguments(parser)` and `main(args) -> int`,
 and optionally `check_args(args)`, which refuses a mistake (unknown suite, bad config key,
@@ -20,6 +20,7 @@ VERBS = {
     "eval": ("asymagent.evals.cli", "Run a long-horizon agent eval suite (JSON + report)."),
     "serve": ("asymagent.integrations.serve", "OpenAI-compatible HTTP server."),
     "train-drafter": ("asymagent.training.distill", "Distil a drafter from a verifier."),
+    "tune": ("asymagent.evals.tune", "Pick SpecConfig/CompressionConfig by measurement on your traces."),
 }
 
 

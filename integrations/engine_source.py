@@ -55,6 +55,7 @@ def open_engine(verifier: str = "default", drafter: str | None = None, *, mode: 
         draft = build_drafter(ver.model, num_layers=int(drafter.split(":", 1)[1]),
                               init_from_verifier=True).eval()
         return Engine(verifier=ver.model, drafter=draft, tokenizer=ver.tokenizer, spec=spec,
+                      verifier_fingerprint=ver.fingerprint,
                       compression=compression or CompressionConfig(), max_sessions=max_sessions)
     if verifier in DEFAULT_NAMES and drafter is None:
         return Engine.from_default(**extra, dtype=dtype, device=device, max_sessions=max_sessions)

@@ -24,6 +24,8 @@
   with `usage_metadata`, `response_metadata` and `chunk_position="last"`. Aggregated chunks
   equal the `invoke` message (up to tool call ids, which are fresh per call).
 - `response_metadata["step_stats"]` is the engine's StepStats (latency, acceptance, compression).
+- `trace_dir=DIR` captures every call (invoke or stream) as one JSONL trace line
+  (asymagent/trace_capture.py), for `train-drafter --traces DIR` and `asymagent tune DIR`.
 """
 
 from __future__ import annotations
@@ -48,7 +50,7 @@ from langchain_core.outputs import ChatGeneration, ChatGenerationChunk, ChatResu
 from langchain_core.runnables import Runnable
 from langchain_core.utils.function_calling import convert_to_openai_tool
 from langchain_core.utils.utils import _build_model_kwargs, get_pydantic_field_names
-from pydantic import ConfigDict, Field, model_validator
+from pydantic import ConfigDict, Field, PrivateAttr, model_validator
 
 DEFAULT_MODEL_NAME = "asymagent-smollm2-135m"
 _ARGS_PIECE = 24  # characters of tool-call arguments per streamed chunk
@@ -151,6 +153,8 @@ class ChatAsymSpec(BaseChatModel):
     logprobs: bool | None = None  # log-probs in response_metadata["logprobs"] (OpenAI's shape)
     top_logprobs: int | None = None
     model_kwargs: dict[str, Any] = Field(default_factory=dict)  # sent with every call
+    trace_dir: str | None = None  # capture each call as a trace line here (off by default)
+    _trace_writer: Any = PrivateAttr(default=None)
 
     model_config = ConfigDict(arbitrary_types_allowed=True, populate_by_name=True)
 
@@ -178,15 +182,25 @@ class ChatAsymSpec(BaseChatModel):
             raise ValueError("temperature must be >= 0")
         if self.max_tokens is not None and self.max_tokens < 1:
             raise ValueError("max_tokens must be >= 1")
+        if self.trace_dir is not None:
+            from asymagent.trace_capture import TraceWriter
+
+            self._trace_writer = TraceWriter(self.trace_dir)
         return self
+
+    def _capture(self, call: dict, r) -> None:
+        if self._trace_writer is not None:
+            self._trace_writer.record(self.engine, call["messages"], call["tools"], r, source="langchain",
+                                      mode=call["mode"], temperature=call["temperature"])
 
     @classmethod
     def from_default(cls, **kw) -> "ChatAsymSpec":
         """The embedded default engine (SmolLM2-135M verifier + project drafter, CPU); the same
-        as ChatAsymSpec(model="default", ...) except that it loads a fresh engine."""
+        as ChatAsymSpec(model="default", ...) except that it loads a fresh engine. `spec=`,
+        `compression=` or `config=` (a config file, e.g. from `asymagent tune`) set it up."""
         from asymagent.engine import Engine
 
-        engine_kw = {k: kw.pop(k) for k in ("spec", "compression") if k in kw}
+        engine_kw = {k: kw.pop(k) for k in ("spec", "compression", "config") if k in kw}
         return cls(engine=Engine.from_default(**engine_kw), **kw)
 
     # --- LangChain plumbing -----------------------------------------------------------------
@@ -299,8 +313,9 @@ class ChatAsymSpec(BaseChatModel):
                   run_manager: CallbackManagerForLLMRun | None = None,
                   **kwargs: Any) -> ChatResult:
         no_tools = kwargs.get("tool_choice") == "none"
-        r = self._no_calls(self._chat(**self._chat_kwargs(messages, stop, dict(kwargs))),
-                           no_tools)
+        call = self._chat_kwargs(messages, stop, dict(kwargs))
+        r = self._no_calls(self._chat(**call), no_tools)
+        self._capture(call, r)
         usage, meta = self._metadata(r)
         msg = AIMessage(content=r.text or "", tool_calls=_lc_tool_calls(r.tool_calls),
                         invalid_tool_calls=_lc_invalid_calls(r.invalid_tool_calls),
@@ -364,7 +379,9 @@ class ChatAsymSpec(BaseChatModel):
         finally:
             cancel.set()  # a consumer gone early (or an error here) stops the engine ...
             worker.join()  # ... at its next round: no generation outlives this call
-        yield from self._final_chunks(self._no_calls(result, no_tools), sent, run_manager)
+        result = self._no_calls(result, no_tools)
+        self._capture(call, result)
+        yield from self._final_chunks(result, sent, run_manager)
 
     async def _agenerate(self, messages: list[BaseMessage], stop: list[str] | None = None,
                          run_manager: AsyncCallbackManagerForLLMRun | None = None,

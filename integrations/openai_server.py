@@ -48,11 +48,13 @@ def create_app(engine, *, model_name: str = DEFAULT_MODEL_NAME, api_key: str | N
                max_queue: int = 16, request_timeout: float = 600.0, default_mode: str = "asym",
                default_max_tokens: int = 256, default_temperature: float = 0.0,
                max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
-               cors_origins: list[str] | None = None, max_model_len: int | None = None):
+               cors_origins: list[str] | None = None, max_model_len: int | None = None,
+               trace_writer=None):
     """The FastAPI app serving `engine` (one worker thread, started with the app).
 
     `cors_origins`: browser origins allowed to call the API (CORS; None: no CORS headers, a
-    preflight is refused). `max_model_len`: a context limit below the model's own."""
+    preflight is refused). `max_model_len`: a context limit below the model's own. With a
+    `trace_writer` (asymagent.trace_capture.TraceWriter) every completed request is captured."""
     import asyncio
     import contextlib
     import hmac
@@ -88,6 +90,13 @@ def create_app(engine, *, model_name: str = DEFAULT_MODEL_NAME, api_key: str | N
                         ttft_s=(job.first_token - job.received) if job.first_token else None,
                         queue_s=job.started - job.received,
                         finish_reason=finish_reason_for(result))
+        if trace_writer is not None:
+            kw = job.chat_kwargs
+            try:
+                trace_writer.record(engine, kw["messages"], kw.get("tools"), result, source="serve",
+                                    mode=kw["mode"], temperature=kw.get("temperature") or 0.0)
+            except OSError as exc:  # a full disk costs the trace, never the response
+                logging.getLogger("asymagent.serve").warning("trace not written: %s", exc)
 
     worker = EngineWorker(engine, max_queue=max_queue, metrics=metrics, observe=observe)
     if max_model_len is not None:

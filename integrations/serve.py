@@ -73,6 +73,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--allowed-origins", nargs="+", default=None, metavar="ORIGIN",
                         help="browser origins allowed by CORS, e.g. http://localhost:3000, or * "
                              "(unset: no CORS; a browser preflight is refused)")
+    parser.add_argument("--trace-dir", metavar="DIR", default=None,
+                        help="capture every completed request as a JSONL trace line in DIR (off by "
+                             "default; docs/evals.md, 'Captured traces'); never headers or the API key")
+    parser.add_argument("--trace-max-mb", type=float, default=64.0,
+                        help="with --trace-dir: start a new trace file when one would pass this size")
+    parser.add_argument("--trace-max-files", type=int, default=None,
+                        help="with --trace-dir: keep at most this many trace files (oldest deleted)")
     parser.add_argument("--log-level", default="info",
                         choices=("critical", "error", "warning", "info", "debug", "trace"))
 
@@ -91,7 +98,13 @@ def main(args) -> int:
 
         torch.set_num_threads(args.threads)
     engine = load_engine(args)
-    app = create_app(engine, model_name=args.model_name, api_key=api_key,
+    writer = None
+    if args.trace_dir:
+        from asymagent.trace_capture import TraceWriter
+
+        writer = TraceWriter(args.trace_dir, max_bytes=int(args.trace_max_mb * 2**20),
+                             max_files=args.trace_max_files, secrets=(api_key,) if api_key else ())
+    app = create_app(engine, model_name=args.model_name, api_key=api_key, trace_writer=writer,
                      max_queue=args.max_queue, request_timeout=args.request_timeout,
                      max_body_bytes=args.max_body_bytes,
                      default_mode=args.mode, default_max_tokens=args.max_tokens,

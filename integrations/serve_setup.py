@@ -8,50 +8,7 @@ builds the Engine from --verifier/--drafter/--config/--dtype/--device (integrati
 
 from __future__ import annotations
 
-import json
-
-
-def read_config(path: str):
-    """(SpecConfig | None, CompressionConfig | None) from a --config file; ValueError naming the
-    file and the section for anything unknown or invalid."""
-    import dataclasses
-    import pathlib
-
-    from asymagent.context.views import CompressionConfig
-    from asymagent.spec_config import SpecConfig
-
-    text = pathlib.Path(path).read_text()
-    try:
-        if path.endswith((".yaml", ".yml")):
-            import yaml
-
-            data = yaml.safe_load(text) or {}
-        else:
-            data = json.loads(text)
-    except Exception as exc:  # yaml.YAMLError / json.JSONDecodeError
-        raise ValueError(f"{path}: not valid {'YAML' if path.endswith(('.yaml', '.yml')) else 'JSON'}"
-                         f": {exc}") from None
-    if not isinstance(data, dict) or set(data) - {"spec", "compression"}:
-        raise ValueError(f"{path}: expected a mapping with 'spec' and/or 'compression', got "
-                         f"{sorted(data) if isinstance(data, dict) else type(data).__name__}")
-    spec = compression = None
-    if "spec" in data:
-        fields = {f.name for f in dataclasses.fields(SpecConfig)}
-        if not isinstance(data["spec"], dict) or set(data["spec"]) - fields:
-            unknown = sorted(set(data["spec"]) - fields) if isinstance(data["spec"], dict) else []
-            raise ValueError(f"{path}: spec: unknown key(s) {unknown}; SpecConfig has "
-                             f"{', '.join(sorted(fields))}")
-        try:
-            spec = SpecConfig(**data["spec"])
-            spec.validate()
-        except (TypeError, ValueError) as exc:  # a value of the wrong type or out of range
-            raise ValueError(f"{path}: spec: {exc}") from None
-    if "compression" in data:
-        try:
-            compression = CompressionConfig.model_validate(data["compression"])
-        except ValueError as exc:  # pydantic's ValidationError
-            raise ValueError(f"{path}: compression: {exc}") from None
-    return spec, compression
+from asymagent.config_file import read_config  # noqa: F401  (the --config file; also used below)
 
 
 def resolve_device(name: str) -> str:
@@ -94,6 +51,13 @@ def check_args(args) -> None:
                              ("--threads", args.threads, 1)):
         if value is not None and value < low:
             raise ValueError(f"{flag} must be >= {low}, got {value}")
+    if getattr(args, "trace_dir", None) is not None:
+        import os
+
+        if os.path.exists(args.trace_dir) and not os.path.isdir(args.trace_dir):
+            raise ValueError(f"--trace-dir {args.trace_dir} is a file; it must be a directory (created if missing)")
+        if not args.trace_max_mb > 0 or (args.trace_max_files is not None and args.trace_max_files < 1):
+            raise ValueError("--trace-max-mb must be > 0 and --trace-max-files >= 1")
     if not args.request_timeout > 0:
         raise ValueError(f"--request-timeout must be > 0, got {args.request_timeout}")
     if not 0.0 <= args.temperature <= 2.0:

@@ -17,6 +17,8 @@ conversations never share views or caches, and the engine serialises the model c
 
 `tool_choice` is "auto" (the model decides), "required" (every step is a constrained call),
 a tool name, or a policy `f(step_index, messages) -> choice` (e.g. act until the last step).
+`trace_dir=DIR` (or a TraceWriter) captures every model call as one trace line
+(asymagent/trace_capture.py), the traffic `train-drafter --traces` and `asymagent tune` read.
 """
 
 from __future__ import annotations
@@ -28,6 +30,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Iterator
 
 from asymagent.stats import RunStats, StepStats
+from asymagent.trace_capture import trace_writer
 from asymagent.agents.tools import Tool, ToolOutcome, as_tool, tool  # noqa: F401  (tool re-exported)
 
 __all__ = ["Agent", "RunResult", "StepEvent", "tool", "Tool"]
@@ -91,7 +94,8 @@ class Agent:
     def __init__(self, engine, tools: list | None = None, system_prompt: str | None = None,
                  mode: str = "asym", max_steps: int = 16, *, max_new_tokens: int = 256,
                  temperature: float = 0.0, seed: int | None = None,
-                 tool_choice: str | dict | Callable = "auto", cache_key: str = "agent"):
+                 tool_choice: str | dict | Callable = "auto", cache_key: str = "agent",
+                 trace_dir=None):
         if max_steps < 1:
             raise ValueError(f"max_steps must be >= 1, got {max_steps}")
         self.engine = engine
@@ -109,6 +113,8 @@ class Agent:
         self.seed = seed
         self.tool_choice = tool_choice
         self.cache_key = cache_key
+        # capture: each model call as one JSONL trace line (a directory or a TraceWriter)
+        self.trace_writer = trace_writer(trace_dir)
         self._keys_lock = threading.Lock()
         self._active_keys: set = set()  # cache sessions of the runs going on now
 
@@ -163,6 +169,9 @@ class Agent:
                                  tool_choice=choice if schemas else "auto",
                                  cache_key=cache_key)
             stats.add(r.stats)
+            if self.trace_writer is not None:
+                self.trace_writer.record(self.engine, messages, schemas or None, r, source="agent",
+                                         mode=self.mode, temperature=self.temperature)
             tool_calls = list(r.tool_calls or [])
             invalid = list(getattr(r, "invalid_tool_calls", None) or [])
             assistant = {"role": "assistant", "content": r.text or ""}

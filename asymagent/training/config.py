@@ -46,9 +46,13 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                         "the full-context verifier on long agent conversations (+ draft KL)")
     f.add_argument("--conversations", type=int, default=360,
                    help="long-context synthetic episodes per epoch (cycled over the training domains)")
-    f.add_argument("--traces", action="append", default=[], metavar="JSONL",
-                   help="agent traces to mix in (asymagent/traces.py format; repeatable)")
+    f.add_argument("--traces", action="append", default=[], metavar="FILE_OR_DIR",
+                   help="agent traces to mix in: a JSONL file or a capture directory (asymagent/traces.py "
+                        "format; repeatable); traces of another tokenizer/verifier are refused")
     f.add_argument("--traces-weight", type=float, default=0.3, help="share of trace conversations per epoch")
+    f.add_argument("--traces-holdout", type=float, default=0.2,
+                   help="share of trace conversations kept out of training and measured (split by a hash "
+                        "of each conversation; `asymagent tune` measures on the same slice)")
     f.add_argument("--fusion-beta", type=float, default=1.0, help="beta of the fused target being trained")
     f.add_argument("--draft-weight", type=float, default=0.5, help="weight of KL(v_f || drafter) (drafting)")
     f.add_argument("--teacher-topk", type=int, default=64, help="top-k of v_f and of v_c cached per position")
@@ -89,6 +93,7 @@ class TrainConfig:
     conversations: int = 360
     traces: list = field(default_factory=list)
     traces_weight: float = 0.3
+    traces_holdout: float = 0.2
     fusion_beta: float = 1.0
     draft_weight: float = 0.5
     teacher_topk: int = 64
@@ -114,9 +119,11 @@ class TrainConfig:
                 raise ValueError("--traces-weight must be in [0, 1]; --fusion-beta and --draft-weight >= 0")
             if self.teacher_topk < 1 or self.max_context < 16:
                 raise ValueError("--teacher-topk must be >= 1 and --max-context >= 16")
+            if not 0.0 <= self.traces_holdout < 1.0:
+                raise ValueError(f"--traces-holdout must be in [0, 1), got {self.traces_holdout}")
             for path in self.traces:
-                if not Path(path).is_file():
-                    raise ValueError(f"--traces {path}: no such file")
+                if not Path(path).exists():
+                    raise ValueError(f"--traces {path}: no such file or directory")
 
 
 def lr_at(cfg: TrainConfig, step: int, progress: float) -> float:

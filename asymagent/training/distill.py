@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 import time
 from dataclasses import asdict
 from pathlib import Path
@@ -310,9 +311,14 @@ def check_args(args) -> None:
     check_model_source(cfg.verifier)
     if cfg.init_from and not Path(cfg.init_from).expanduser().exists():
         raise FileNotFoundError(f"--init-from: no such file: {cfg.init_from}")
-    missing = [t for t in cfg.traces if not Path(t).expanduser().is_file()]
+    missing = [t for t in cfg.traces if not Path(t).expanduser().exists()]
     if missing:
-        raise FileNotFoundError(f"--traces: no such file: {missing[0]}")
+        raise FileNotFoundError(f"--traces: no such file or directory: {missing[0]}")
+    if cfg.traces:
+        from asymagent.traces import load_traces
+
+        for path in cfg.traces:  # a bad line is a mistake too: found before any model loads
+            load_traces(Path(path).expanduser())
     if Path(cfg.out).expanduser().is_file():
         raise ValueError(f"--out {cfg.out} is a file; it must be a directory (created if missing)")
 
@@ -321,8 +327,13 @@ def main(args) -> int:
     cfg = config_from_args(args)
     if cfg.objective == "fusion":
         from asymagent.training import fusion_train
+        from asymagent.traces import TraceMismatchError
 
-        fusion_train.run(cfg)
+        try:
+            fusion_train.run(cfg)
+        except TraceMismatchError as exc:  # known once the verifier is loaded: one line, exit 2
+            print(f"asymagent train-drafter: error: {exc}", file=sys.stderr)
+            return 2
     else:
         run(cfg)
     return 0

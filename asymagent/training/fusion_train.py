@@ -6,8 +6,11 @@ verifier's cached sparse rows at every response position (computed on first use 
 over both views with gradients, and minimises
     mean KL(v_f || softmax(log v_c + beta (log a - log b)))  +  draft_weight * mean KL(v_f || a).
 Conversations: long-context synthetic episodes over the training domains (training/long_episodes.py,
-dev seeds 0..), and any `--traces` JSONL files (asymagent/traces.py; e.g. the eval suites' dev
-episodes or a user's captured traffic), interleaved by weight. The order is a seeded permutation per
+dev seeds 0..), and any `--traces` JSONL files or capture directories (asymagent/traces.py; e.g. the
+eval suites' dev episodes or a user's captured traffic), interleaved by weight. Traces captured
+with another tokenizer or verifier are refused; a deterministic slice of their conversations
+(`--traces-holdout`, split by conversation hash) is never trained on and is measured like the
+held-out domain (`traces_heldout_*` in the history and the card). The order is a seeded permutation per
 epoch, so a resumed run (`--resume`) replays exactly what an uninterrupted one would have done.
 Held-out check every `--eval-every` steps: the recovered share on long episodes of the held-out
 domain (never trained on).
@@ -41,13 +44,18 @@ def conversation_plan(cfg, n_traces: int) -> list:
     return longs + traces
 
 
-def _load_traces(paths: list) -> list:
-    from asymagent.traces import conversations, load_traces
+def load_trace_conversations(paths: list, holdout: float, fingerprint: dict) -> tuple:
+    """(train, heldout) conversations [(messages, tools)] from trace files or capture directories.
 
-    out = []
-    for path in paths:
-        out += conversations(load_traces(path))
-    return out
+    Lines whose fingerprint names another tokenizer or verifier are refused (TraceMismatchError);
+    whole conversations whose hash falls under `holdout` are kept out of training and measured
+    (asymagent/traces.py `split_heldout`: deterministic, independent of file order)."""
+    from asymagent.traces import check_fingerprint, conversations, load_traces, split_heldout
+
+    examples = [ex for path in paths for ex in load_traces(path)]
+    check_fingerprint(examples, fingerprint)
+    train, held = split_heldout(examples, holdout)
+    return conversations(train), conversations(held)
 
 
 class TeacherCache:
@@ -110,11 +118,17 @@ def heldout(drafter, cache: TeacherCache, beta: float) -> dict:
     from asymagent.training.long_episodes import long_episode
 
     d = domain_by_name(HELD_OUT_DOMAIN)
+    return measure(drafter, cache, beta, [(f"heldout-{d.name}-{seed}", *long_episode(d, seed))
+                                          for seed in HELDOUT_SEEDS])
+
+
+@torch.no_grad()
+def measure(drafter, cache: TeacherCache, beta: float, convs: list, prefix: str = "heldout") -> dict:
+    """Recovered share and mean KLs over [(name, messages, tools)], keys `{prefix}_...`."""
     kl_c = kl_f = kl_a = 0.0
     n = 0
-    for seed in HELDOUT_SEEDS:
-        messages, tools = long_episode(d, seed)
-        got = cache.get(f"heldout-{d.name}-{seed}", messages, tools)
+    for name, messages, tools in convs:
+        got = cache.get(name, messages, tools)
         if got is None:
             continue
         tokens, teacher = got
@@ -125,8 +139,8 @@ def heldout(drafter, cache: TeacherCache, beta: float) -> dict:
         n += len(fk)
     if not n:
         return {}
-    return {"heldout_positions": n, "heldout_kl_compressed": kl_c / n, "heldout_kl_fused": kl_f / n,
-            "heldout_recovered_share": 1.0 - kl_f / kl_c if kl_c > 0 else None, "heldout_kl_draft": kl_a / n}
+    return {f"{prefix}_positions": n, f"{prefix}_kl_compressed": kl_c / n, f"{prefix}_kl_fused": kl_f / n,
+            f"{prefix}_recovered_share": 1.0 - kl_f / kl_c if kl_c > 0 else None, f"{prefix}_kl_draft": kl_a / n}
 
 
 def _sparse_kl_fc(teacher: TeacherRows) -> torch.Tensor:
@@ -201,10 +215,18 @@ def run(cfg, loaded=None) -> dict:
     compression = CompressionConfig.from_any(cfg.compression or None)
     cache = TeacherCache(Path(cfg.teacher_cache or out / "teacher"), verifier, tokenizer, compression,
                          cfg.teacher_topk, cfg.max_context)
-    traces = _load_traces(cfg.traces)
+    from asymagent.trace_capture import tokenizer_fingerprint
+
+    if cfg.resume:  # the split the run started with (none in checkpoints from before it existed)
+        cfg.traces_holdout = state.get("config", {}).get("traces_holdout", 0.0)
+    holdout = cfg.traces_holdout
+    traces, held_traces = load_trace_conversations(
+        cfg.traces, holdout, {"tokenizer": tokenizer_fingerprint(tokenizer), "verifier": loaded.fingerprint})
+    held_convs = [(f"trace-heldout-{i}", m, t) for i, (m, t) in enumerate(held_traces)]
     plan = conversation_plan(cfg, len(traces))
     log(f"{len(plan)} conversations per epoch ({cfg.conversations} long episodes, "
-        f"{len(plan) - cfg.conversations} from {len(traces)} trace conversations)")
+        f"{len(plan) - cfg.conversations} from {len(traces)} trace conversations; "
+        f"{len(held_traces)} trace conversations held out)")
 
     def conversation(i: int) -> tuple:
         kind, key = plan[i]
@@ -256,7 +278,8 @@ def run(cfg, loaded=None) -> dict:
         bar.set_postfix(step=step, fusion=f"{float(fk.mean()):.4f}", draft=f"{float(dk.mean()):.3f}")
         if cfg.eval_every and step % cfg.eval_every == 0:
             drafter.eval()
-            m = heldout(drafter, cache, cfg.fusion_beta)
+            m = {**heldout(drafter, cache, cfg.fusion_beta),
+                 **measure(drafter, cache, cfg.fusion_beta, held_convs, "traces_heldout")}
             drafter.train()
             history[-1].update({k: round(v, 5) for k, v in m.items() if isinstance(v, float)})
             log(f"\nstep {step}: held-out ({HELD_OUT_DOMAIN}) recovered share {m.get('heldout_recovered_share')}")
@@ -267,7 +290,8 @@ def run(cfg, loaded=None) -> dict:
     save_checkpoint()
 
     drafter.eval()
-    metrics = heldout(drafter, cache, cfg.fusion_beta)
+    metrics = {**heldout(drafter, cache, cfg.fusion_beta),
+               **measure(drafter, cache, cfg.fusion_beta, held_convs, "traces_heldout")}
     recent = history[-50:]
     card = {
         "format": "asymagent-drafter-1",
@@ -278,6 +302,8 @@ def run(cfg, loaded=None) -> dict:
         "fusion": {"beta": cfg.fusion_beta, "draft_weight": cfg.draft_weight, "teacher_topk": cfg.teacher_topk,
                    "conversations_per_epoch": len(plan), "long_episodes": cfg.conversations,
                    "trace_files": [Path(p).name for p in cfg.traces], "traces_weight": cfg.traces_weight,
+                   "traces_holdout": holdout, "trace_conversations": len(traces),
+                   "trace_conversations_heldout": len(held_traces),
                    "max_context": cfg.max_context, "train_domains": [d.name for d in TRAIN_DOMAINS],
                    "heldout_domain": HELD_OUT_DOMAIN,
                    "compression": compression.model_dump(mode="json")},
@@ -295,5 +321,6 @@ def run(cfg, loaded=None) -> dict:
         install_default(out / "drafter.safetensors")
     (out / "history.json").write_text(json.dumps(history))
     log(json.dumps({k: card.get(k) for k in ("steps", "epochs", "wall_minutes", "heldout_recovered_share",
-                                             "heldout_kl_compressed", "heldout_kl_fused")}))
+                                             "heldout_kl_compressed", "heldout_kl_fused",
+                                             "traces_heldout_recovered_share") if k in card}))
     return card
