@@ -4,7 +4,6 @@ the frontier report, and the config it writes read back by the engine constructo
 from __future__ import annotations
 
 import json
-from types import SimpleNamespace
 
 import pytest
 
@@ -111,9 +110,15 @@ def test_cli_writes_a_config_the_engine_and_serve_load(tmp_path, engine, monkeyp
     smollm_tokenizer.save_pretrained(model_dir)
     loaded = Engine.from_pretrained(verifier=str(model_dir), drafter=str(model_dir), config=str(config))
     assert loaded.spec == spec and loaded.compression == compression
+    import argparse
+
+    from asymagent.integrations.serve import add_arguments
     from asymagent.integrations.serve_setup import load_engine
 
-    served = load_engine(SimpleNamespace(config=str(config), verifier=str(model_dir), drafter=str(model_dir),
-                                         mode="asym", max_sessions=2, suffix_store=None))
+    parser = argparse.ArgumentParser()
+    add_arguments(parser)  # the serve verb's own flags, as `asymagent serve --config ...` parses them
+    served = load_engine(parser.parse_args(["--config", str(config), "--verifier", str(model_dir),
+                                            "--drafter", str(model_dir), "--mode", "asym",
+                                            "--max-sessions", "2"]))
     assert served.spec == spec and served.compression == compression
     assert CompressionConfig.model_validate(json.loads(config.read_text())["compression"]) == compression
