@@ -50,6 +50,14 @@ class TestChatAsymSpecIntegration(ChatAsymSpecFlags, ChatModelIntegrationTests):
         # passes (test_structured_output*).
         return False
 
+    @pytest.mark.xfail(reason="model capability, not the integration: with tool_choice auto the "
+                       "greedy 135M verifier answers 'What is the weather in San Francisco, CA?' "
+                       "in text instead of calling get_weather (the same in modes full and asym); "
+                       "forced tool calls pass (test_tool_calling*, test_structured_output*)",
+                       strict=False)
+    def test_agent_loop(self, model) -> None:
+        super().test_agent_loop(model)
+
     # Inputs a text-only 135M model cannot take: the suite's own flags, left at their False
     # defaults (images, PDFs, audio, Anthropic-style blocks): supports_image_inputs,
     # supports_image_urls, supports_image_tool_message, supports_pdf_inputs,
