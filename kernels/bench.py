@@ -146,16 +146,24 @@ def bench_gpu(args) -> list[dict]:
     return rows
 
 
-ROWS_ARG_TYPES = {  # the rows kernel's runtime arguments (logit pointers get --dtype)
-    "d_ptr": "*i64", "u_ptr": "*fp32", "e_ptr": "*fp32", "jsd_ptr": "*fp32",
-    "cand_ptr": "*i64", "acc_ptr": "*i32", "K": "i32", "V": "i32", "stride_b": "i64",
-    "stride_r": "i64", "g_stride_b": "i64", "g_stride_r": "i64", "beta": "fp32",
-    "beta_bonus": "fp32", "log_gamma": "fp32", "temperature": "fp32",
+ARG_TYPES = {  # the kernels' runtime arguments by name (logit pointers get --dtype)
+    "part_ptr": "*fp32", "ipart_ptr": "*i32", "d_ptr": "*i64", "u_ptr": "*fp32", "e_ptr": "*fp32",
+    "jsd_ptr": "*fp32", "n_ptr": "*i64", "next_ptr": "*i64", "K": "i32", "V": "i32",
+    "CHUNK": "i32", "S": "i32", "stride_b": "i64", "stride_r": "i64", "g_stride_b": "i64",
+    "g_stride_r": "i64", "beta": "fp32", "beta_bonus": "fp32", "log_gamma": "fp32",
+    "temperature": "fp32",
 }
+# which kernels a call runs: (rule, one view?) -> kernel names (fused_gate.fused_gate_triton)
+COMPILE_CASES = [
+    ("cda", False, ("_gate_stats", "_gate_jsd", "_gate_finish")),
+    ("greedy", False, ("_gate_stats", "_gate_jsd", "_gate_finish")),
+    ("exact", False, ("_gate_stats", "_gate_jsd", "_gate_race", "_gate_finish")),
+    ("exact", True, ("_gate_stats", "_gate_race", "_gate_finish")),  # mode spec, sampled
+]
 
 
 def compile_report(args) -> list[dict]:
-    """Compile the rows kernel for a CUDA arch without a GPU; registers, spills, exp count."""
+    """Compile the gate's kernels for a CUDA arch without a GPU; registers, spills, exp count."""
     import importlib
     import pathlib
     import subprocess
@@ -165,32 +173,41 @@ def compile_report(args) -> list[dict]:
     from triton.backends.compiler import GPUTarget
 
     gate = importlib.import_module("asymagent.kernels.fused_gate")
-    rows_kernel, _ = gate.jitted_kernels()
+    kern = gate.gate_kernels()
     logit = {"bf16": "*bf16", "fp16": "*fp16", "fp32": "*fp32"}[args.dtype]
-    signature = {n: logit for n in ("v_ptr", "a_ptr", "b_ptr", "g_ptr")}
-    signature.update(ROWS_ARG_TYPES)
-    signature.update(RULE="constexpr", BLOCK_V="constexpr")
-    block_v, num_warps = gate.launch_config(max(args.vocabs), "cuda")
+    vocab = max(args.vocabs)
+    block_v, num_warps = gate.launch_config(vocab, "cuda")
+    block_s = triton.next_power_of_2(-(-vocab // block_v))  # the most slices a row can get
     cuobjdump = pathlib.Path(triton.__file__).parent / "backends/nvidia/bin/cuobjdump"
     rows = []
-    for rule_name, rule in (("cda", 0), ("greedy", 1), ("exact", 2)):
-        src = triton.compiler.ASTSource(fn=rows_kernel, signature=signature,
-                                        constexprs={"RULE": rule, "BLOCK_V": block_v})
-        compiled = triton.compile(src, target=GPUTarget("cuda", args.arch, 32),
-                                  options={"num_warps": num_warps, "enable_fp_fusion": False})
-        with tempfile.NamedTemporaryFile(suffix=".cubin") as fh:
-            fh.write(compiled.asm["cubin"])
-            fh.flush()
-            usage = subprocess.run([str(cuobjdump), "-res-usage", fh.name], capture_output=True,
-                                   text=True, check=True).stdout
-            sass = subprocess.run([str(cuobjdump), "-sass", fh.name], capture_output=True,
-                                  text=True, check=True).stdout
-        fields = dict(item.split(":") for line in usage.splitlines() if "REG:" in line
-                      for item in line.split() if ":" in item)
-        rows.append(dict(arch=f"sm_{args.arch}", rule=rule_name, dtype=args.dtype,
-                         block_v=block_v, num_warps=num_warps, registers=int(fields["REG"]),
-                         local_bytes=int(fields["LOCAL"]), spill_stores=sass.count("STL"),
-                         exp_instructions=sass.count("MUFU.EX2")))
+    for rule_name, one_view, names in COMPILE_CASES:
+        rule = {"cda": gate.RULE_CDA, "greedy": gate.RULE_GREEDY, "exact": gate.RULE_SAMPLE}[rule_name]
+        for name in names:
+            fn = getattr(kern, name)
+            values = {"RULE": rule, "ONE_VIEW": one_view, "BLOCK_V": block_v, "BLOCK_S": block_s}
+            constexprs = {p.name: values[p.name] for p in fn.params if p.is_constexpr}
+            signature = {p.name: "constexpr" if p.is_constexpr else
+                         (logit if p.name in ("v_ptr", "a_ptr", "b_ptr", "g_ptr") else ARG_TYPES[p.name])
+                         for p in fn.params}
+            warps = 1 if name == "_gate_finish" else num_warps
+            src = triton.compiler.ASTSource(fn=fn, signature=signature, constexprs=constexprs)
+            compiled = triton.compile(src, target=GPUTarget("cuda", args.arch, 32),
+                                      options={"num_warps": warps, "enable_fp_fusion": False})
+            with tempfile.NamedTemporaryFile(suffix=".cubin") as fh:
+                fh.write(compiled.asm["cubin"])
+                fh.flush()
+                usage = subprocess.run([str(cuobjdump), "-res-usage", fh.name], capture_output=True,
+                                       text=True, check=True).stdout
+                sass = subprocess.run([str(cuobjdump), "-sass", fh.name], capture_output=True,
+                                      text=True, check=True).stdout
+            fields = dict(item.split(":") for line in usage.splitlines() if "REG:" in line
+                          for item in line.split() if ":" in item)
+            rows.append(dict(arch=f"sm_{args.arch}", rule=rule_name, views=1 if one_view else 2,
+                             kernel=name.lstrip("_"), dtype=args.dtype,
+                             block_v=block_v if name != "_gate_finish" else None,
+                             num_warps=warps, registers=int(fields["REG"]),
+                             local_bytes=int(fields["LOCAL"]), spill_stores=sass.count("STL"),
+                             exp_instructions=sass.count("MUFU.EX2")))
     return rows
 
 
