@@ -3,7 +3,8 @@
 `python -m asymagent.kernels.bench` (CUDA): V in {49152, 151936, 262144}, K in {2, 4, 8},
 B in {1, 16, 64}; reports each variant's median time, the kernel's speed-up over eager and its
 achieved GB/s against the memory-bandwidth bound, where the bound is the time to read the three
-logit tensors once at the device's measured copy bandwidth (override with --peak-gbps).
+logit tensors once at the device's measured copy bandwidth (override with --peak-gbps);
+`--splits`/`--block-v` force the split-V launch, `--variants kernel_s1` adds it without a split.
 Without CUDA it says so and exits 0; `--cpu` instead times the eager reference against its
 torch.compile'd form on CPU (the engine's per-round case: B=1, fp32, V=49152), interleaved;
 `--compile-only` compiles the kernel for a CUDA arch without a GPU (Triton ships ptxas) and
@@ -109,40 +110,52 @@ def _copy_bandwidth_gbps() -> float:
 
 
 def bench_gpu(args) -> list[dict]:
-    """Kernel vs eager vs torch.compile on CUDA over the issue's grid."""
+    """Kernel vs eager vs torch.compile on CUDA over the issue's grid (`--variants` picks).
+
+    `kernel` is the split-V launch `fused_gate` makes (`--splits`/`--block-v` force its plan),
+    `kernel_s1` the same kernels with one slice per row (no split: the split's own effect)."""
+    import importlib
+
     import triton.testing
     from tqdm import tqdm
 
-    from asymagent.kernels.fused_gate import fused_gate_triton
-
+    gate = importlib.import_module("asymagent.kernels.fused_gate")
     peak = args.peak_gbps or _copy_bandwidth_gbps()
     dtype = DTYPES[args.dtype]
-    compiled = _compiled_reference()
+    compiled = _compiled_reference() if "compiled" in args.variants else None
+    rule = args.rules[0]
     rows = []
     cases = [(v, k, b) for v in args.vocabs for k in args.ks for b in args.batches]
     for vocab, k, batch in tqdm(cases, desc="gpu gate", file=sys.stderr):
         ver, aug, base, drafts = make_inputs(batch, k, vocab, dtype, "cuda")
-        kwargs = dict(beta=1.0, gamma=0.5, acceptance=args.rules[0],
-                      temperature=1.0 if args.rules[0] == "exact" else 0.0)
+        kwargs = dict(beta=1.0, gamma=0.5, acceptance=rule,
+                      temperature=1.0 if rule == "exact" else 0.0)
+        launch = dict(splits=args.splits, block_v=args.block_v)
         variants = {
-            "kernel": lambda: fused_gate_triton(ver, aug, base, drafts, **kwargs),
+            "kernel": lambda: gate.fused_gate_triton(ver, aug, base, drafts, **kwargs, **launch),
+            "kernel_s1": lambda: gate.fused_gate_triton(ver, aug, base, drafts, **kwargs,
+                                                        block_v=args.block_v, splits=1),
             "eager": lambda: fused_gate_reference(ver, aug, base, drafts, **kwargs),
             "compiled": lambda: compiled(ver, aug, base, drafts, **kwargs),
         }
+        variants = {name: variants[name] for name in args.variants}
         for fn in variants.values():
             fn()  # compile / autotune outside the timed region
         times = {name: triton.testing.do_bench(fn, return_mode="median")
                  for name, fn in variants.items()}  # ms
         read_bytes = 3 * ver.numel() * ver.element_size()  # three logit tensors read once
         bound_ms = read_bytes / (peak * 1e9) * 1e3
-        rows.append(dict(device=torch.cuda.get_device_name(), vocab=vocab, k=k, batch=batch,
-                         rule=args.rules[0], dtype=args.dtype,
-                         kernel_ms=times["kernel"], eager_ms=times["eager"],
-                         compiled_ms=times["compiled"],
-                         speedup_vs_eager=times["eager"] / times["kernel"],
-                         kernel_gbps=read_bytes / (times["kernel"] * 1e-3) / 1e9,
-                         peak_gbps=peak, bound_ms=bound_ms,
-                         x_of_bound=times["kernel"] / bound_ms))
+        block_v, _ = gate.launch_config(vocab, "cuda", args.block_v)
+        n_split, _ = gate.split_plan(batch * (k + 1), vocab, block_v, ver.device, args.splits)
+        row = dict(device=torch.cuda.get_device_name(), vocab=vocab, k=k, batch=batch, rule=rule,
+                   dtype=args.dtype, block_v=block_v, splits=n_split)
+        row.update({f"{name}_ms": ms for name, ms in times.items()})
+        if "kernel" in times:
+            if "eager" in times:
+                row["speedup_vs_eager"] = times["eager"] / times["kernel"]
+            row.update(kernel_gbps=read_bytes / (times["kernel"] * 1e-3) / 1e9, peak_gbps=peak,
+                       bound_ms=bound_ms, x_of_bound=times["kernel"] / bound_ms)
+        rows.append(row)
     return rows
 
 
@@ -237,6 +250,12 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--batches", type=int, nargs="+", default=list(GPU_BATCHES))
     p.add_argument("--rules", nargs="+", default=["cda"], choices=["cda", "greedy", "exact"])
     p.add_argument("--dtype", default="bf16", choices=sorted(DTYPES))
+    p.add_argument("--variants", nargs="+", default=["kernel", "eager", "compiled"],
+                   choices=["kernel", "kernel_s1", "eager", "compiled"], help="what to time (GPU)")
+    p.add_argument("--splits", type=int, default=None,
+                   help="force the slices per row (default: fused_gate.split_plan's choice)")
+    p.add_argument("--block-v", type=int, default=None,
+                   help="force BLOCK_V, a power of two (default: fused_gate.launch_config's)")
     p.add_argument("--repeats", type=int, default=20, help="interleaved rounds of 5 calls (CPU)")
     p.add_argument("--peak-gbps", type=float, default=None,
                    help="memory bandwidth for the bound (default: measured copy bandwidth)")

@@ -1,0 +1,217 @@
+"""StaticKV (the CUDA-graph decode path's cache) == the dynamic cache; graphs on CUDA only.
+
+CPU runs the static-shape forwards eagerly (`Engine(static_kv=True)`): the same code a CUDA graph
+records. Logits are compared with tolerance (attention sums over C masked positions instead of
+the cached length: same values up to float reduction order, ~1e-6 here), tokens exactly. The
+capture itself needs CUDA: a dynamo trace with fullgraph=True stands in for it on CPU (no host
+sync, no data-dependent Python branch in the recorded forward), and the `gpu` tests capture.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from asymagent.engine import Engine
+from asymagent.kv import static_cache
+from asymagent.kv.cache import ModelCache
+from asymagent.kv.static_cache import StaticKV, StaticKVOptions, static_kv_unsupported, static_roles
+from asymagent.spec_config import SpecConfig
+from test_engine_models import make_model, noisy_copy, random_prompts
+
+ATOL = 1e-4  # fp32 logits of a 2-layer model: static vs dynamic differ by ~1e-6
+
+
+@pytest.fixture(scope="module")
+def model():
+    return make_model(seed=0)
+
+
+@pytest.fixture
+def small_buffers(monkeypatch):
+    """Capacities of a few positions: the buffers regrow every few tokens."""
+    monkeypatch.setattr(static_cache, "HEADROOM", 2)
+    monkeypatch.setattr(static_cache, "ALIGN", 1)
+
+
+# (op, n): feed n tokens (logits of all n compared), or crop to keep n (rollback, prefix reuse)
+SCRIPT = [("feed", 9), ("feed", 1), ("feed", 4), ("crop", 11), ("feed", 1), ("feed", 3),
+          ("crop", 0), ("feed", 5), ("feed", 17), ("crop", 20), ("feed", 1), ("feed", 2)]
+
+
+@pytest.mark.parametrize("buffers", ["default", "small"])
+def test_static_equals_dynamic_through_crops_and_growth(model, buffers, request):
+    if buffers == "small":
+        request.getfixturevalue("small_buffers")
+    dynamic, static = ModelCache(model), ModelCache(model, static=StaticKVOptions())
+    gen = torch.Generator().manual_seed(1)
+    capacities = set()
+    for op, n in SCRIPT:
+        if op == "crop":
+            dynamic.crop(n)
+            static.crop(n)
+        else:
+            ids = torch.randint(3, 256, (n,), generator=gen).tolist()
+            want = dynamic.forward_logits(ids, keep=n)  # [n, V]
+            got = static.forward_logits(ids, keep=n)
+            torch.testing.assert_close(got, want, atol=ATOL, rtol=0)
+            hidden_d = dynamic.forward_hidden([5])  # the body-only forward (drafter steps)
+            hidden_s = static.forward_hidden([5])
+            torch.testing.assert_close(hidden_s, hidden_d, atol=ATOL, rtol=0)
+            dynamic.crop(len(dynamic.tokens) - 1)
+            static.crop(len(static.tokens) - 1)
+        assert static.tokens == dynamic.tokens
+        kv = static.cache
+        assert isinstance(kv, StaticKV) and kv.seen == len(static.tokens)
+        assert int(kv.length) == kv.seen  # the device length follows the host mirror
+        capacities.add(kv.capacity)
+    if buffers == "small":
+        assert len(capacities) >= 3  # the first allocation and two regrowths (with copies)
+
+
+def test_crop_to_zero_keeps_buffers_and_reserve_grows_once(model):
+    cache = ModelCache(model, static=StaticKVOptions())
+    cache.reserve(100)
+    kv = cache.cache
+    first = kv.capacity
+    assert first >= 100 and first % static_cache.ALIGN == 0
+    cache.forward_logits(list(range(3, 40)), keep=1)
+    cache.crop(0)  # a StaticKV keeps its buffers (and its graphs on CUDA)
+    assert cache.cache is kv and kv.seen == 0 and int(kv.length) == 0
+    cache.reserve(first)  # fits: nothing moves
+    assert kv.capacity == first
+    keys = kv.layers[0].keys
+    cache.reserve(first + 1)
+    assert kv.capacity > first and kv.layers[0].keys is not keys
+
+
+def _fresh_next_logits(model, ids):
+    with torch.no_grad():
+        return model(input_ids=torch.tensor([ids])).logits[0, -1]  # [V]
+
+
+@pytest.mark.parametrize("mode", ["full", "spec", "asym"])
+def test_engine_static_kv_same_tokens_and_rollback(model, mode):
+    drafter = make_model(seed=1, layers=1)  # unrelated: many rejections, so many rollbacks
+    spec = SpecConfig(k=3, adaptive_k=False)  # adaptive K decides from timings
+    prompt = random_prompts(1, length=40, seed=3)[0]
+    comp = prompt[10:] if mode == "asym" else None
+    results = []
+    for static in (False, True):
+        engine = Engine(verifier=model, drafter=drafter, spec=spec, static_kv=static)
+        first = engine.generate(prompt, mode=mode, max_new_tokens=24, compressed_prompt_ids=comp)
+        # the next agent step reuses the caches' common prefix (crop, then extend)
+        p2 = prompt + first.token_ids[:6] + [40, 41]
+        c2 = None if comp is None else comp + first.token_ids[:6] + [40, 41]
+        second = engine.generate(p2, mode=mode, max_new_tokens=12, compressed_prompt_ids=c2)
+        results.append((first.token_ids, second.token_ids, first.stats.accepted,
+                        first.stats.drafted))
+        if static:
+            session = engine.caches.session("default")
+            view = (c2 if mode == "asym" else p2) + second.token_ids
+            cache = session.get("verifier_compressed" if mode == "asym" else "verifier_full")
+            assert isinstance(cache.cache, StaticKV)
+            assert cache.tokens == view[: len(cache.tokens)]
+            got = cache.forward_logits(view[len(cache.tokens):], keep=1)[0]
+            torch.testing.assert_close(got, _fresh_next_logits(model, view), atol=ATOL, rtol=0)
+    assert results[0] == results[1]
+    if mode != "full":
+        assert results[1][3] > results[1][2]  # drafts were rejected: the rollback path ran
+
+
+def test_switch_off_on_cpu_and_fallbacks(model, monkeypatch):
+    roles = {"verifier_full": model}
+    monkeypatch.setenv("ASYMAGENT_CUDA_GRAPHS", "1")  # read on CUDA only: CPU stays off
+    assert static_roles(roles, torch.device("cpu")) == {}
+    assert Engine(verifier=model).static_roles == {}
+    with pytest.raises(ValueError, match="CUDA"):
+        Engine(verifier=model, cuda_graphs=True)
+    with pytest.raises(ValueError, match="CUDA"):
+        StaticKV(model, StaticKVOptions(graphs=True))
+    assert static_roles(roles, torch.device("cpu"), static_kv=True)["verifier_full"].graphs is False
+    eager = make_model(seed=2)
+    eager.set_attn_implementation("eager")
+    assert "eager" in static_kv_unsupported(eager)
+    with pytest.warns(UserWarning, match="dynamic KV cache"):
+        assert static_roles({"verifier_full": eager}, torch.device("cpu"), static_kv=True) == {}
+    sliding = make_model(seed=2)
+    sliding.config.sliding_window, sliding.config.use_sliding_window = 64, True
+    assert "sliding" in static_kv_unsupported(sliding)
+
+
+def test_static_forward_traces_without_graph_breaks(model):
+    # What a CUDA graph records must be device work only: dynamo with fullgraph=True fails on a
+    # host sync (.item(), a tensor in a Python `if`) or any other graph break in the forward.
+    import torch._dynamo
+
+    cache = ModelCache(model, static=StaticKVOptions())
+    cache.forward_logits(list(range(3, 30)), keep=1)
+    kv = cache.cache
+    ids = torch.tensor([[7, 8, 9]])  # [1, T]
+    start = kv.seen
+    want = kv.step(ids, True)  # eager static forward
+    kv.length.fill_(start)
+    torch._dynamo.reset()
+    try:
+        traced = torch.compile(kv.step, backend="eager", fullgraph=True)
+        with torch.inference_mode():
+            got = traced(ids, True)
+    finally:
+        torch._dynamo.reset()
+    assert int(kv.length) == start + 3  # the length moved on inside the traced forward
+    torch.testing.assert_close(got, want, atol=1e-5, rtol=0)
+
+
+# ---------------------------------------------------------------- CUDA (skipped without it)
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_graph_replay_equals_eager_static_forward(dtype):
+    model = make_model(seed=0).to("cuda", dtype)
+    eager = ModelCache(model, static=StaticKVOptions())
+    graphed = ModelCache(model, static=StaticKVOptions(graphs=True))
+    gen = torch.Generator().manual_seed(2)
+    for op, n in SCRIPT:
+        if op == "crop":
+            eager.crop(n)
+            graphed.crop(n)
+            continue
+        ids = torch.randint(3, 256, (n,), generator=gen).tolist()
+        # the same kernels on the same shapes: bit-identical
+        assert torch.equal(graphed.forward_logits(ids, keep=n), eager.forward_logits(ids, keep=n))
+        assert torch.equal(graphed.forward_hidden([5]), eager.forward_hidden([5]))
+        eager.crop(len(eager.tokens) - 1)
+        graphed.crop(len(graphed.tokens) - 1)
+    assert len(graphed.cache.graphs) >= 4  # T in {1, 3, 4, 5, ...} x (head, body)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("mode", ["full", "spec", "asym"])
+def test_engine_cuda_graphs_same_tokens_and_rollback(mode):
+    verifier = make_model(seed=0).to("cuda")
+    drafter = noisy_copy(verifier, 0.6).to("cuda")
+    spec = SpecConfig(k=3, adaptive_k=False)
+    prompt = random_prompts(1, length=64, seed=4)[0]
+    comp = prompt[16:] if mode == "asym" else None
+    runs = {}
+    for graphs in (False, True):
+        engine = Engine(verifier=verifier, drafter=drafter, spec=spec, cuda_graphs=graphs)
+        first = engine.generate(prompt, mode=mode, max_new_tokens=40, compressed_prompt_ids=comp)
+        p2 = prompt + first.token_ids[:8] + [40, 41]
+        c2 = None if comp is None else comp + first.token_ids[:8] + [40, 41]
+        second = engine.generate(p2, mode=mode, max_new_tokens=16, compressed_prompt_ids=c2)
+        runs[graphs] = (first.token_ids, second.token_ids)
+        if graphs:
+            assert engine.static_roles and all(o.graphs for o in engine.static_roles.values())
+            cache = engine.caches.session("default").get(
+                "verifier_compressed" if mode == "asym" else "verifier_full")
+            view = (c2 if mode == "asym" else p2) + second.token_ids
+            got = cache.forward_logits(view[len(cache.tokens):], keep=1)[0]
+            with torch.no_grad():
+                want = verifier(input_ids=torch.tensor([view], device="cuda")).logits[0, -1]
+            torch.testing.assert_close(got, want.float(), atol=ATOL, rtol=0)
+    assert runs[True] == runs[False]
+    if mode == "spec":  # lossless: greedy speculation equals the verifier alone
+        full = Engine(verifier=verifier, cuda_graphs=True).generate(prompt, mode="full",
+                                                                     max_new_tokens=40)
+        assert full.token_ids == runs[True][0]
