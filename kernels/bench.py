@@ -109,11 +109,12 @@ def _copy_bandwidth_gbps() -> float:
     return 2 * src.numel() / (ms * 1e-3) / 1e9
 
 
-def bench_gpu(args) -> list[dict]:
+def bench_gpu(args, device: str = "cuda") -> list[dict]:
     """Kernel vs eager vs torch.compile on CUDA over the issue's grid (`--variants` picks).
 
     `kernel` is the split-V launch `fused_gate` makes (`--splits`/`--block-v` force its plan),
-    `kernel_s1` the same kernels with one slice per row (no split: the split's own effect)."""
+    `kernel_s1` the same kernels with one slice per row (no split: the split's own effect).
+    `device="cpu"` only runs this code under the interpreter (a test), timing nothing real."""
     import importlib
 
     import triton.testing
@@ -127,7 +128,7 @@ def bench_gpu(args) -> list[dict]:
     rows = []
     cases = [(v, k, b) for v in args.vocabs for k in args.ks for b in args.batches]
     for vocab, k, batch in tqdm(cases, desc="gpu gate", file=sys.stderr):
-        ver, aug, base, drafts = make_inputs(batch, k, vocab, dtype, "cuda")
+        ver, aug, base, drafts = make_inputs(batch, k, vocab, dtype, device)
         kwargs = dict(beta=1.0, gamma=0.5, acceptance=rule,
                       temperature=1.0 if rule == "exact" else 0.0)
         launch = dict(splits=args.splits, block_v=args.block_v)
@@ -145,9 +146,10 @@ def bench_gpu(args) -> list[dict]:
                  for name, fn in variants.items()}  # ms
         read_bytes = 3 * ver.numel() * ver.element_size()  # three logit tensors read once
         bound_ms = read_bytes / (peak * 1e9) * 1e3
-        block_v, _ = gate.launch_config(vocab, "cuda", args.block_v)
+        block_v, _ = gate.launch_config(vocab, device, args.block_v)
         n_split, _ = gate.split_plan(batch * (k + 1), vocab, block_v, ver.device, args.splits)
-        row = dict(device=torch.cuda.get_device_name(), vocab=vocab, k=k, batch=batch, rule=rule,
+        name = torch.cuda.get_device_name() if device == "cuda" else device
+        row = dict(device=name, vocab=vocab, k=k, batch=batch, rule=rule,
                    dtype=args.dtype, block_v=block_v, splits=n_split)
         row.update({f"{name}_ms": ms for name, ms in times.items()})
         if "kernel" in times:

@@ -95,8 +95,8 @@ def assert_same(kernel, ref, label):
     assert torch.allclose(kernel.jsd, ref.jsd, atol=1e-4, rtol=0), label
 
 
-N_INTERPRETED = 12 + 2 + 3 + 1 + 4 + 2  # CASES, masked/fp16, multi-block/hand-built/dispatch, split plan,
-#                                        SPLIT_CASES, masked slices + ties
+N_INTERPRETED = 12 + 2 + 3 + 1 + 4 + 2 + 1  # CASES, masked/fp16, multi-block/hand-built/dispatch,
+#                                            split plan, SPLIT_CASES, masked slices + ties, bench rows
 CASES = [  # (V, K, B, scale, dtype): every V x K pair, B / scale / dtype rotating over them
     (50, 1, 1, 1.0, torch.float32), (50, 2, 3, 4.0, torch.bfloat16),
     (50, 5, 1, 0.3, torch.float32), (50, 8, 3, 2.0, torch.bfloat16),
@@ -293,6 +293,21 @@ def test_split_kernel_ties_across_slice_boundaries():
             if rule == "greedy":  # the first index of the tie is the argmax: 63 / 128
                 assert out.num_accepted.tolist() == [0, 0]
                 assert out.next_token.tolist() == [63, 128]
+
+
+@interpreted
+def test_bench_gpu_rows_code_path(monkeypatch):
+    # the GPU bench's row code, run on CPU with a stand-in timer (times nothing real)
+    import triton.testing
+
+    from asymagent.kernels import bench
+
+    monkeypatch.setattr(triton.testing, "do_bench", lambda fn, **kw: (fn(), 1.0)[1])
+    args = bench.parse_args(["--vocabs", "300", "--ks", "2", "--batches", "1", "--peak-gbps",
+                             "1000", "--variants", "kernel", "kernel_s1", "eager"])
+    (row,) = bench.bench_gpu(args, device="cpu")
+    assert row["splits"] == 2 and row["kernel_ms"] == row["eager_ms"] == 1.0
+    assert row["x_of_bound"] == 1.0 / row["bound_ms"] and row["speedup_vs_eager"] == 1.0
 
 
 @pytest.mark.gpu
