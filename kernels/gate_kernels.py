@@ -125,6 +125,23 @@ def _first_max_of(part_ptr, ipart_ptr, off, ss, smask, F_TOP: tl.constexpr, I_TO
 
 
 @helper
+def _store_sums(part_ptr, F_M: tl.constexpr, F_S: tl.constexpr, RS, out, m, s):
+    """Store a slice's lane-wise (max, sum-exp) merged into one pair."""
+    top, total = _merge(m, s)
+    tl.store(part_ptr + F_M * RS + out, top)
+    tl.store(part_ptr + F_S * RS + out, total)
+
+
+@helper
+def _store_argmax(part_ptr, ipart_ptr, F_TOP: tl.constexpr, I_TOK: tl.constexpr, RS, out, best,
+                  idx):
+    """Store a slice's lane-wise argmax merged into (value, first index)."""
+    top, tok = _first_max(best, idx)
+    tl.store(part_ptr + F_TOP * RS + out, top)
+    tl.store(ipart_ptr + I_TOK * RS + out, tok)
+
+
+@helper
 def _slice(K, V, CHUNK, stride_b, stride_r, g_stride_b, g_stride_r):
     """This program's row and slice: (b, i, row offset, proposal row offset, lo, hi, g_hi, r)."""
     r = tl.program_id(0)
@@ -136,6 +153,13 @@ def _slice(K, V, CHUNK, stride_b, stride_r, g_stride_b, g_stride_r):
     hi = tl.minimum(lo + CHUNK, V)
     g_hi = tl.where(i < K, hi, 0)  # the proposal has rows 0..K-1 only
     return i, row, g_row, lo, hi, g_hi, r
+
+
+@helper
+def _row_partials(r, S, BLOCK_S: tl.constexpr):
+    """(R*S plane stride, slice lanes, their mask, offset of row r's first slice) of the partials."""
+    ss = tl.arange(0, BLOCK_S)
+    return tl.num_programs(0) * S, ss, ss < S, r.to(tl.int64) * S
 
 
 @triton.jit
@@ -194,30 +218,16 @@ def _gate_stats(v_ptr, a_ptr, b_ptr, g_ptr, part_ptr, ipart_ptr,
             m_g, s_g = _online(m_g, s_g, xg / temperature)
     RS = tl.num_programs(0) * S  # R * S: the stride between partial planes
     out = r.to(tl.int64) * S + tl.program_id(1)
-    top, total = _merge(m_v, s_v)
-    tl.store(part_ptr + F_MV * RS + out, top)
-    tl.store(part_ptr + F_SV * RS + out, total)
-    top, total = _merge(m_b, s_b)
-    tl.store(part_ptr + F_MB * RS + out, top)
-    tl.store(part_ptr + F_SB * RS + out, total)
-    top, tok = _first_max(best_j, idx_j)
-    tl.store(part_ptr + F_TOPJ * RS + out, top)
-    tl.store(ipart_ptr + I_TOKJ * RS + out, tok)
+    _store_sums(part_ptr, F_MV, F_SV, RS, out, m_v, s_v)
+    _store_sums(part_ptr, F_MB, F_SB, RS, out, m_b, s_b)
+    _store_argmax(part_ptr, ipart_ptr, F_TOPJ, I_TOKJ, RS, out, best_j, idx_j)
     if not ONE_VIEW:
-        top, total = _merge(m_a, s_a)
-        tl.store(part_ptr + F_MA * RS + out, top)
-        tl.store(part_ptr + F_SA * RS + out, total)
-        top, tok = _first_max(best_m, idx_m)
-        tl.store(part_ptr + F_TOPM * RS + out, top)
-        tl.store(ipart_ptr + I_TOKM * RS + out, tok)
+        _store_sums(part_ptr, F_MA, F_SA, RS, out, m_a, s_a)
+        _store_argmax(part_ptr, ipart_ptr, F_TOPM, I_TOKM, RS, out, best_m, idx_m)
     if RULE == 2:
-        top, total = _merge(m_g, s_g)
-        tl.store(part_ptr + F_MG * RS + out, top)
-        tl.store(part_ptr + F_SG * RS + out, total)
+        _store_sums(part_ptr, F_MG, F_SG, RS, out, m_g, s_g)
         if ONE_VIEW:
-            top, total = _merge(m_f, s_f)
-            tl.store(part_ptr + F_MF * RS + out, top)
-            tl.store(part_ptr + F_SF * RS + out, total)
+            _store_sums(part_ptr, F_MF, F_SF, RS, out, m_f, s_f)
 
 
 @triton.jit
@@ -227,10 +237,7 @@ def _gate_jsd(v_ptr, a_ptr, b_ptr, part_ptr, K, V, CHUNK, S, stride_b, stride_r,
     """Pass 2 (two views), one program per (row, slice): JSD terms (+ online lse of fused / T)."""
     i, row, _, lo, hi, _, r = _slice(K, V, CHUNK, stride_b, stride_r, 0, 0)
     NEG = float("-inf")
-    RS = tl.num_programs(0) * S
-    ss = tl.arange(0, BLOCK_S)
-    smask = ss < S
-    first = r.to(tl.int64) * S
+    RS, ss, smask, first = _row_partials(r, S, BLOCK_S)
     lse_a = _lse(part_ptr, first, ss, smask, F_MA, F_SA, RS)
     lse_b = _lse(part_ptr, first, ss, smask, F_MB, F_SB, RS)
     masked_delta = lse_a - lse_b  # on masked tokens: makes log p_a - log p_b = 0
@@ -263,9 +270,7 @@ def _gate_jsd(v_ptr, a_ptr, b_ptr, part_ptr, K, V, CHUNK, S, stride_b, stride_r,
     out = first + tl.program_id(1)
     tl.store(part_ptr + F_JSD * RS + out, _rsum(jsd_acc))
     if RULE == 2:
-        top, total = _merge(m_f, s_f)
-        tl.store(part_ptr + F_MF * RS + out, top)
-        tl.store(part_ptr + F_SF * RS + out, total)
+        _store_sums(part_ptr, F_MF, F_SF, RS, out, m_f, s_f)
 
 
 @triton.jit
@@ -280,10 +285,7 @@ def _gate_race(v_ptr, a_ptr, b_ptr, g_ptr, e_ptr, part_ptr, ipart_ptr,
     i, row, g_row, lo, hi, g_hi, r = _slice(K, V, CHUNK, stride_b, stride_r, g_stride_b,
                                             g_stride_r)
     NEG = float("-inf")
-    RS = tl.num_programs(0) * S
-    ss = tl.arange(0, BLOCK_S)
-    smask = ss < S
-    first = r.to(tl.int64) * S
+    RS, ss, smask, first = _row_partials(r, S, BLOCK_S)
     lse_g = _lse(part_ptr, first, ss, smask, F_MG, F_SG, RS)
     lse_f = _lse(part_ptr, first, ss, smask, F_MF, F_SF, RS)
     if not ONE_VIEW:
@@ -323,12 +325,8 @@ def _gate_race(v_ptr, a_ptr, b_ptr, g_ptr, e_ptr, part_ptr, ipart_ptr,
         best_p = tl.where(better, score_p, best_p)
         idx_p = tl.where(better, offs, idx_p)
     out = first + tl.program_id(1)
-    top, tok = _first_max(best_r, idx_r)
-    tl.store(part_ptr + F_TOPR * RS + out, top)
-    tl.store(ipart_ptr + I_TOKR * RS + out, tok)
-    top, tok = _first_max(best_p, idx_p)
-    tl.store(part_ptr + F_TOPP * RS + out, top)
-    tl.store(ipart_ptr + I_TOKP * RS + out, tok)
+    _store_argmax(part_ptr, ipart_ptr, F_TOPR, I_TOKR, RS, out, best_r, idx_r)
+    _store_argmax(part_ptr, ipart_ptr, F_TOPP, I_TOKP, RS, out, best_p, idx_p)
     tl.store(part_ptr + F_MAXR * RS + out, _rmax(top_r))
 
 

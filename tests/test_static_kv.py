@@ -85,6 +85,16 @@ def test_crop_to_zero_keeps_buffers_and_reserve_grows_once(model):
     assert kv.capacity > first and kv.layers[0].keys is not keys
 
 
+def _agent_steps(engine, prompt, comp, mode, new, keep):
+    """Two calls as an agent loop makes them: the second prompt extends the first (prefix reuse).
+    Returns (first result, second result, the second's verifier view with its new tokens)."""
+    first = engine.generate(prompt, mode=mode, max_new_tokens=new, compressed_prompt_ids=comp)
+    p2 = prompt + first.token_ids[:keep] + [40, 41]
+    c2 = None if comp is None else comp + first.token_ids[:keep] + [40, 41]
+    second = engine.generate(p2, mode=mode, max_new_tokens=new // 2, compressed_prompt_ids=c2)
+    return first, second, (c2 if mode == "asym" else p2) + second.token_ids
+
+
 def _fresh_next_logits(model, ids):
     with torch.no_grad():
         return model(input_ids=torch.tensor([ids])).logits[0, -1]  # [V]
@@ -99,16 +109,12 @@ def test_engine_static_kv_same_tokens_and_rollback(model, mode):
     results = []
     for static in (False, True):
         engine = Engine(verifier=model, drafter=drafter, spec=spec, static_kv=static)
-        first = engine.generate(prompt, mode=mode, max_new_tokens=24, compressed_prompt_ids=comp)
-        # the next agent step reuses the caches' common prefix (crop, then extend)
-        p2 = prompt + first.token_ids[:6] + [40, 41]
-        c2 = None if comp is None else comp + first.token_ids[:6] + [40, 41]
-        second = engine.generate(p2, mode=mode, max_new_tokens=12, compressed_prompt_ids=c2)
+        # the second step reuses the caches' common prefix (crop, then extend)
+        first, second, view = _agent_steps(engine, prompt, comp, mode, new=24, keep=6)
         results.append((first.token_ids, second.token_ids, first.stats.accepted,
                         first.stats.drafted))
         if static:
             session = engine.caches.session("default")
-            view = (c2 if mode == "asym" else p2) + second.token_ids
             cache = session.get("verifier_compressed" if mode == "asym" else "verifier_full")
             assert isinstance(cache.cache, StaticKV)
             assert cache.tokens == view[: len(cache.tokens)]
@@ -196,16 +202,12 @@ def test_engine_cuda_graphs_same_tokens_and_rollback(mode):
     runs = {}
     for graphs in (False, True):
         engine = Engine(verifier=verifier, drafter=drafter, spec=spec, cuda_graphs=graphs)
-        first = engine.generate(prompt, mode=mode, max_new_tokens=40, compressed_prompt_ids=comp)
-        p2 = prompt + first.token_ids[:8] + [40, 41]
-        c2 = None if comp is None else comp + first.token_ids[:8] + [40, 41]
-        second = engine.generate(p2, mode=mode, max_new_tokens=16, compressed_prompt_ids=c2)
+        first, second, view = _agent_steps(engine, prompt, comp, mode, new=40, keep=8)
         runs[graphs] = (first.token_ids, second.token_ids)
         if graphs:
             assert engine.static_roles and all(o.graphs for o in engine.static_roles.values())
             cache = engine.caches.session("default").get(
                 "verifier_compressed" if mode == "asym" else "verifier_full")
-            view = (c2 if mode == "asym" else p2) + second.token_ids
             got = cache.forward_logits(view[len(cache.tokens):], keep=1)[0]
             with torch.no_grad():
                 want = verifier(input_ids=torch.tensor([view], device="cuda")).logits[0, -1]
