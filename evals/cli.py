@@ -3,6 +3,7 @@
     asymagent eval records --modes full,compressed,spec,asym --episodes 2 --json out.json --report runs/rep
     asymagent eval injection --episodes 4          # adds asym:acceptance=cda and asym:acceptance=cda,strict_prefix=16
     asymagent eval my_traces.jsonl --modes full,asym
+    asymagent eval fusion --split test --episodes 3 --json f.json --report runs/fusion   # evals/fusion.py
 
 Seeds: `--split dev` (default) takes the first N dev seeds, `--split test` the first N held-out
 test seeds (report numbers only; never tune on them), `--seeds 3,5` exact seeds.
@@ -14,6 +15,8 @@ import argparse
 import json
 import time
 
+from asymagent.evals.environments import pick_seeds  # noqa: F401  (seed choice shared with eval fusion)
+
 DEFAULT_MODES = "full,compressed,spec,asym"
 # the relaxed (paper) gate, with and without strict acceptance for the first 16 tokens: the
 # default gate (greedy) cannot accept a token the fused target would not emit
@@ -21,7 +24,8 @@ INJECTION_EXTRA = "asym:acceptance=cda,asym:acceptance=cda,strict_prefix=16"
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("suite", help="records | fs_audit | tickets | injection | PATH.jsonl (user traces)")
+    p.add_argument("suite", help="records | fs_audit | tickets | injection | PATH.jsonl (user traces) | "
+                                 "fusion (delta-fusion token by token, evals/fusion.py)")
     p.add_argument("--modes", default=None,
                    help=f"comma list (default {DEFAULT_MODES}; injection adds {INJECTION_EXTRA}); "
                         "labels may carry SpecConfig overrides, e.g. asym:k=4,beta=0.5")
@@ -39,20 +43,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--compression", metavar="FILE", default=None,
                    help="CompressionConfig YAML/JSON for the verifier's view (default: tool_output 64/32)")
     p.add_argument("--quiet", action="store_true")
-
-
-def pick_seeds(split: str, episodes: int, seeds: str | None) -> list:
-    from asymagent.evals.environments import DEV_SEEDS, TEST_SEEDS
-
-    if seeds:
-        try:
-            return [int(s) for s in seeds.split(",") if s.strip()]
-        except ValueError as exc:
-            raise ValueError(f"--seeds must be comma-separated integers, got {seeds!r}") from exc
-    if episodes < 1:
-        raise ValueError(f"--episodes must be >= 1, got {episodes}")
-    pool = DEV_SEEDS if split == "dev" else TEST_SEEDS
-    return list(pool[:episodes])
+    p.add_argument("--suites", default=None, help="eval fusion only: suites to measure (default all + domain:parcels)")
+    p.add_argument("--variants", default="beta=1", help="eval fusion only: ';'-separated fusion variants")
 
 
 def run_eval(engine, suite: str, labels: list, seeds: list, *, max_steps=None, max_new_tokens: int = 96,
@@ -84,6 +76,11 @@ def run_eval(engine, suite: str, labels: list, seeds: list, *, max_steps=None, m
 
 
 def main(args) -> int:
+    if args.suite == "fusion":
+        from asymagent.evals import fusion
+
+        args.suites = args.suites or fusion.DEFAULT_SUITES
+        return fusion.main(args)
     from asymagent.evals.engine_setup import build_engine
     from asymagent.evals.environments import is_test_seed
 

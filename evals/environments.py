@@ -25,8 +25,22 @@ import random
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
 
+from asymagent.traces import parse_call  # noqa: F401  (re-exported: suites and the runner use it)
+
 DEV_SEEDS: tuple[int, ...] = tuple(range(0, 1000))  # tuning, docs, drafter training data
 TEST_SEEDS: tuple[int, ...] = tuple(range(100_000, 100_500))  # held out: reported numbers only
+
+
+def pick_seeds(split: str, episodes: int, seeds: str | None) -> list:
+    """Exact `seeds` ("3,5"), or the first `episodes` DEV_SEEDS / TEST_SEEDS of `split`."""
+    if seeds:
+        try:
+            return [int(s) for s in seeds.split(",") if s.strip()]
+        except ValueError as exc:
+            raise ValueError(f"--seeds must be comma-separated integers, got {seeds!r}") from exc
+    if episodes < 1:
+        raise ValueError(f"--episodes must be >= 1, got {episodes}")
+    return list((DEV_SEEDS if split == "dev" else TEST_SEEDS)[:episodes])
 
 
 def is_test_seed(seed: int) -> bool:
@@ -112,18 +126,6 @@ def tool_call_message(name: str, arguments: dict, call_id: str) -> dict:
 
 def tool_result_message(call_id: str, name: str, content: str) -> dict:
     return {"role": "tool", "tool_call_id": call_id, "name": name, "content": content}
-
-
-def parse_call(call: dict) -> dict:
-    """OpenAI tool call (or {"name","arguments"}) -> {"name", "arguments": dict} (unparsable -> raw str)."""
-    fn = call.get("function", call)
-    args = fn.get("arguments", {})
-    if isinstance(args, str):
-        try:
-            args = json.loads(args) if args.strip() else {}
-        except json.JSONDecodeError:
-            pass
-    return {"name": fn.get("name"), "arguments": args}
 
 
 def history_tool_calls(history: list) -> list:

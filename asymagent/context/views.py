@@ -54,6 +54,16 @@ class ViewPair:
 
 
 @dataclass
+class MessageSpan:
+    """One message's token range in the full and in the compressed view (`message_spans`)."""
+
+    role: str
+    full: tuple  # (start, end) in ViewPair.full_ids
+    compressed: tuple  # (start, end) in ViewPair.compressed_ids
+    same: bool  # identical tokens in both views (the message was not compressed)
+
+
+@dataclass
 class CompressedMessages:
     """Text-level compressed view, for models we do not host (the middleware)."""
 
@@ -321,6 +331,22 @@ class ContextViews:
         compressed_ids = body + gen
         return ViewPair(full_ids, compressed_ids, rewrites, len(full_ids), len(compressed_ids),
                         len(compressed_ids) / len(full_ids) if full_ids else 1.0, len(gen))
+
+    def message_spans(self) -> list:
+        """Where each message of the last `build` sits in both token views.
+
+        One `MessageSpan` per message, in order: `full` and `compressed` are (start, end) token
+        ranges; `same` says the message's tokens are identical in both views (not compressed).
+        """
+        full = len(self._full_pre.ids) if self._full_pre else 0
+        comp = len(self._comp_pre.ids) if self._comp_pre else 0
+        out = []
+        for e in self.entries:
+            nf, nc = len(e.full.ids), len(e.compressed_ids)
+            out.append(MessageSpan(e.role, (full, full + nf), (comp, comp + nc),
+                                   list(e.full.ids) == list(e.compressed_ids)))
+            full, comp = full + nf, comp + nc
+        return out
 
     # -- text-level view (models we do not host) ------------------------------------------------------
     def _tools_out(self, compressed: bool):

@@ -30,7 +30,7 @@ WORDS = ["amber", "river", "stone", "cedar", "north", "silver", "harbor", "maple
          "falcon", "summit", "copper", "meadow", "orbit", "delta", "ember", "willow", "granite"]
 
 
-def _gen(spec: str, rng: random.Random):
+def field_value(spec: str, rng: random.Random):
     """One random field value from a compact spec string (e.g. "int:1:9", "choice:a|b")."""
     kind, _, arg = spec.partition(":")
     if kind == "int":
@@ -78,7 +78,7 @@ class Domain:
     numeric: list[str] = field(default_factory=list)  # fields a user may rank by
 
     def record(self, rng: random.Random) -> dict:
-        return {k: _gen(v, rng) for k, v in self.fields.items()}
+        return {k: field_value(v, rng) for k, v in self.fields.items()}
 
 
 D = Domain
@@ -197,7 +197,7 @@ def episode(d: Domain, rng: random.Random) -> list[dict]:
         lines = []
         for _ in range(n):
             ev = rng.choice(d.events).format(id=bid, **best)
-            lines.append(f"{_gen('datetime', rng)} {rng.choice(['INFO', 'INFO', 'WARN', 'ERROR', 'DEBUG'])} {d.entity} {bid}: {ev}")
+            lines.append(f"{field_value('datetime', rng)} {rng.choice(['INFO', 'INFO', 'WARN', 'ERROR', 'DEBUG'])} {d.entity} {bid}: {ev}")
         msgs.append({"role": "tool", "content": "\n".join(sorted(lines))})
     summary = rng.choice([
         f"I found {len(hits)} {d.plural} with {key.replace('_', ' ')} {value}. ",
@@ -217,10 +217,10 @@ def episode(d: Domain, rng: random.Random) -> list[dict]:
             msgs.append({"role": "tool", "content": json.dumps({"ok": True, d.id_field: bid, "updated": {fld: new}, "previous": {fld: best[fld]}})})
             msgs.append({"role": "assistant", "content": f"Done. {bid} now has {fld.replace('_', ' ')} {new} (it was {best[fld]})."})
         else:
-            folder = rng.choice(["exports", f"reports/{_gen('date', rng)[:7]}", "archive"])
+            folder = rng.choice(["exports", f"reports/{field_value('date', rng)[:7]}", "archive"])
             msgs.append({"role": "user", "content": f"What {d.entity} exports do we have in {folder}?"})
             msgs.append(_call(f"list_{d.entity}_exports", {"folder": folder}))
-            files = [f"{folder}/{d.plural}_{_gen('date', rng)}_{rng.choice(WORDS)}.{rng.choice(['csv', 'json', 'parquet', 'xlsx'])}  {rng.randint(1, 900)}.{rng.randint(0, 9)} KB" for _ in range(rng.randint(3, 14))]
+            files = [f"{folder}/{d.plural}_{field_value('date', rng)}_{rng.choice(WORDS)}.{rng.choice(['csv', 'json', 'parquet', 'xlsx'])}  {rng.randint(1, 900)}.{rng.randint(0, 9)} KB" for _ in range(rng.randint(3, 14))]
             msgs.append({"role": "tool", "content": "\n".join(files)})
             msgs.append({"role": "assistant", "content": f"There are {len(files)} files in {folder}; the first is {files[0].split()[0]}."})
     return msgs
