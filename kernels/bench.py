@@ -170,10 +170,10 @@ ARG_TYPES = {  # the kernels' runtime arguments by name (logit pointers get --dt
 }
 # which kernels a call runs: (rule, one view?) -> kernel names (fused_gate.fused_gate_triton)
 COMPILE_CASES = [
-    ("cda", False, ("_gate_stats", "_gate_jsd", "_gate_finish")),
-    ("greedy", False, ("_gate_stats", "_gate_jsd", "_gate_finish")),
-    ("exact", False, ("_gate_stats", "_gate_jsd", "_gate_race", "_gate_finish")),
-    ("exact", True, ("_gate_stats", "_gate_race", "_gate_finish")),  # mode spec, sampled
+    ("cda", False, ("gate_stats", "gate_jsd", "gate_finish")),
+    ("greedy", False, ("gate_stats", "gate_jsd", "gate_finish")),
+    ("exact", False, ("gate_stats", "gate_jsd", "gate_race", "gate_finish")),
+    ("exact", True, ("gate_stats", "gate_race", "gate_finish")),  # mode spec, sampled
 ]
 
 
@@ -204,7 +204,7 @@ def compile_report(args) -> list[dict]:
             signature = {p.name: "constexpr" if p.is_constexpr else
                          (logit if p.name in ("v_ptr", "a_ptr", "b_ptr", "g_ptr") else ARG_TYPES[p.name])
                          for p in fn.params}
-            warps = 1 if name == "_gate_finish" else num_warps
+            warps = 1 if name == "gate_finish" else num_warps
             src = triton.compiler.ASTSource(fn=fn, signature=signature, constexprs=constexprs)
             compiled = triton.compile(src, target=GPUTarget("cuda", args.arch, 32),
                                       options={"num_warps": warps, "enable_fp_fusion": False})
@@ -218,8 +218,8 @@ def compile_report(args) -> list[dict]:
             fields = dict(item.split(":") for line in usage.splitlines() if "REG:" in line
                           for item in line.split() if ":" in item)
             rows.append(dict(arch=f"sm_{args.arch}", rule=rule_name, views=1 if one_view else 2,
-                             kernel=name.lstrip("_"), dtype=args.dtype,
-                             block_v=block_v if name != "_gate_finish" else None,
+                             kernel=name, dtype=args.dtype,
+                             block_v=block_v if name != "gate_finish" else None,
                              num_warps=warps, registers=int(fields["REG"]),
                              local_bytes=int(fields["LOCAL"]), spill_stores=sass.count("STL"),
                              exp_instructions=sass.count("MUFU.EX2")))

@@ -161,22 +161,22 @@ def fused_gate_triton(verifier_logits: torch.Tensor, drafter_logits: torch.Tenso
     # no FMA contraction of v + beta*D on GPU: keeps argmax ties identical to the reference
     options = {} if _interpreting() else {"enable_fp_fusion": False}
     grid = (rows, n_split)
-    kern._gate_stats[grid](v, a, b, g, part, ipart, k, vocab, chunk, n_split, *strides, *g_strides,
-                           float(beta), beta_bonus, temp, RULE=rule, ONE_VIEW=one_view,
-                           BLOCK_V=block_v, num_warps=num_warps, **options)
+    kern.gate_stats[grid](v, a, b, g, part, ipart, k, vocab, chunk, n_split, *strides, *g_strides,
+                          float(beta), beta_bonus, temp, RULE=rule, ONE_VIEW=one_view,
+                          BLOCK_V=block_v, num_warps=num_warps, **options)
     if not one_view:
-        kern._gate_jsd[grid](v, a, b, part, k, vocab, chunk, n_split, *strides, float(beta),
-                             beta_bonus, temp, RULE=rule, BLOCK_V=block_v, BLOCK_S=block_s,
-                             num_warps=num_warps, **options)
+        kern.gate_jsd[grid](v, a, b, part, k, vocab, chunk, n_split, *strides, float(beta),
+                            beta_bonus, temp, RULE=rule, BLOCK_V=block_v, BLOCK_S=block_s,
+                            num_warps=num_warps, **options)
     if sampling:
-        kern._gate_race[grid](v, a, b, g, expo, part, ipart, k, vocab, chunk, n_split, *strides,
-                              *g_strides, float(beta), beta_bonus, temp, ONE_VIEW=one_view,
-                              BLOCK_V=block_v, BLOCK_S=block_s, num_warps=num_warps, **options)
-    kern._gate_finish[(batch,)](v, a, b, g, drafts, uniform, part, ipart, jsd, num_accepted,
-                                next_token, k, vocab, n_split, *strides, *g_strides, float(beta),
-                                beta_bonus, math.log(gamma) if acceptance == "cda" else 0.0, temp,
-                                RULE=rule, ONE_VIEW=one_view, BLOCK_S=block_s, num_warps=1,
-                                **options)
+        kern.gate_race[grid](v, a, b, g, expo, part, ipart, k, vocab, chunk, n_split, *strides,
+                             *g_strides, float(beta), beta_bonus, temp, ONE_VIEW=one_view,
+                             BLOCK_V=block_v, BLOCK_S=block_s, num_warps=num_warps, **options)
+    kern.gate_finish[(batch,)](v, a, b, g, drafts, uniform, part, ipart, jsd, num_accepted,
+                               next_token, k, vocab, n_split, *strides, *g_strides, float(beta),
+                               beta_bonus, math.log(gamma) if acceptance == "cda" else 0.0, temp,
+                               RULE=rule, ONE_VIEW=one_view, BLOCK_S=block_s, num_warps=1,
+                               **options)
     return GateResult(num_accepted=num_accepted, next_token=next_token, jsd=jsd)
 
 

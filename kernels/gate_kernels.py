@@ -6,17 +6,17 @@ cut into S slices of CHUNK columns (a multiple of BLOCK_V) and every pass runs o
 programs on a 132-SM H200). Passes, each writing per-(row, slice) partials into `part` (floats,
 [NF, R*S]) and `ipart` (token ids, [NI, R*S]):
 
-1. `_gate_stats` reads v, b (and a, and the proposal g for exact sampling) over its slice: the
+1. `gate_stats` reads v, b (and a, and the proposal g for exact sampling) over its slice: the
    lane-wise online (max, sum-exp) of each row, one exp per element and no cross-lane reduction
    inside the loop; the fused argmax over jointly supported tokens and the verifier argmax over
    masked ones (first index on ties). With one drafter view (ONE_VIEW: b = a, delta 0 and JSD 0
    exactly) the fused score is v itself, a is never read, and the log-sum-exp of v / T for exact
    sampling is taken here too.
-2. `_gate_jsd` (two views only) merges the slices' (max, sum) of a and b into log-sum-exps and
+2. `gate_jsd` (two views only) merges the slices' (max, sum) of a and b into log-sum-exps and
    sweeps a and b again: the JSD terms (and the online log-sum-exp of fused / T for exact).
-3. `_gate_race` (exact at T > 0 only): the exponential race for the residual max(0, p - q)
+3. `gate_race` (exact at T > 0 only): the exponential race for the residual max(0, p - q)
    (rows < K) and for the target p.
-4. `_gate_finish`, one program per sequence: merges every row's partials (log-sum-exps, argmax,
+4. `gate_finish`, one program per sequence: merges every row's partials (log-sum-exps, argmax,
    race, JSD), runs each draft's accept test and stops at the first reject: num_accepted,
    next_token and jsd.
 
@@ -43,15 +43,23 @@ import triton.language as tl
 _INTERPRETED = os.environ.get("TRITON_INTERPRET", "0").lower() not in ("", "0", "false", "off")
 helper = (lambda fn: fn) if _INTERPRETED else triton.jit
 
-if _INTERPRETED:  # tl.max/sum/min are jit functions too: reduce with the interpreter's numpy paths
+if _INTERPRETED:  # tl.max/sum/min are jit functions too: reduce the interpreter's numpy data
+    import numpy as np
+    from triton.runtime.interpreter import TensorHandle
+
+    def _reduced(x, op):
+        """The scalar tl.tensor of numpy's `op` over a 1-D interpreter tensor (numpy data)."""
+        data = np.array([op(x.handle.data, axis=0)], dtype=x.handle.data.dtype)  # [1] as triton's
+        return tl.tensor(TensorHandle(data, x.handle.dtype), x.type.scalar)
+
     def _rmax(x):
-        return tl.reduce(x, 0, tl.standard._elementwise_max)
+        return _reduced(x, np.max)
 
     def _rmin(x):
-        return tl.reduce(x, 0, tl.standard._elementwise_min)
+        return _reduced(x, np.min)
 
     def _rsum(x):
-        return tl.reduce(x, 0, tl.standard._sum_combine)
+        return _reduced(x, np.sum)
 else:
     @triton.jit
     def _rmax(x):
@@ -163,10 +171,10 @@ def _row_partials(r, S, BLOCK_S: tl.constexpr):
 
 
 @triton.jit
-def _gate_stats(v_ptr, a_ptr, b_ptr, g_ptr, part_ptr, ipart_ptr,
-                K, V, CHUNK, S, stride_b, stride_r, g_stride_b, g_stride_r,
-                beta, beta_bonus, temperature,
-                RULE: tl.constexpr, ONE_VIEW: tl.constexpr, BLOCK_V: tl.constexpr):
+def gate_stats(v_ptr, a_ptr, b_ptr, g_ptr, part_ptr, ipart_ptr,
+               K, V, CHUNK, S, stride_b, stride_r, g_stride_b, g_stride_r,
+               beta, beta_bonus, temperature,
+               RULE: tl.constexpr, ONE_VIEW: tl.constexpr, BLOCK_V: tl.constexpr):
     """Pass 1, one program per (row, slice): online (max, sum-exp) of the rows and the argmaxes."""
     i, row, g_row, lo, hi, g_hi, r = _slice(K, V, CHUNK, stride_b, stride_r, g_stride_b,
                                             g_stride_r)
@@ -231,9 +239,9 @@ def _gate_stats(v_ptr, a_ptr, b_ptr, g_ptr, part_ptr, ipart_ptr,
 
 
 @triton.jit
-def _gate_jsd(v_ptr, a_ptr, b_ptr, part_ptr, K, V, CHUNK, S, stride_b, stride_r,
-              beta, beta_bonus, temperature,
-              RULE: tl.constexpr, BLOCK_V: tl.constexpr, BLOCK_S: tl.constexpr):
+def gate_jsd(v_ptr, a_ptr, b_ptr, part_ptr, K, V, CHUNK, S, stride_b, stride_r,
+             beta, beta_bonus, temperature,
+             RULE: tl.constexpr, BLOCK_V: tl.constexpr, BLOCK_S: tl.constexpr):
     """Pass 2 (two views), one program per (row, slice): JSD terms (+ online lse of fused / T)."""
     i, row, _, lo, hi, _, r = _slice(K, V, CHUNK, stride_b, stride_r, 0, 0)
     NEG = float("-inf")
@@ -274,10 +282,10 @@ def _gate_jsd(v_ptr, a_ptr, b_ptr, part_ptr, K, V, CHUNK, S, stride_b, stride_r,
 
 
 @triton.jit
-def _gate_race(v_ptr, a_ptr, b_ptr, g_ptr, e_ptr, part_ptr, ipart_ptr,
-               K, V, CHUNK, S, stride_b, stride_r, g_stride_b, g_stride_r,
-               beta, beta_bonus, temperature,
-               ONE_VIEW: tl.constexpr, BLOCK_V: tl.constexpr, BLOCK_S: tl.constexpr):
+def gate_race(v_ptr, a_ptr, b_ptr, g_ptr, e_ptr, part_ptr, ipart_ptr,
+              K, V, CHUNK, S, stride_b, stride_r, g_stride_b, g_stride_r,
+              beta, beta_bonus, temperature,
+              ONE_VIEW: tl.constexpr, BLOCK_V: tl.constexpr, BLOCK_S: tl.constexpr):
     """Pass 3 (exact at T > 0), one program per (row, slice): the exponential races.
 
     Residual max(0, p - q) (rows < K) and target p, each scored w / E with the sequence's Exp(1)
@@ -331,10 +339,10 @@ def _gate_race(v_ptr, a_ptr, b_ptr, g_ptr, e_ptr, part_ptr, ipart_ptr,
 
 
 @triton.jit
-def _gate_finish(v_ptr, a_ptr, b_ptr, g_ptr, d_ptr, u_ptr, part_ptr, ipart_ptr,
-                 jsd_ptr, n_ptr, next_ptr, K, V, S, stride_b, stride_r, g_stride_b, g_stride_r,
-                 beta, beta_bonus, log_gamma, temperature,
-                 RULE: tl.constexpr, ONE_VIEW: tl.constexpr, BLOCK_S: tl.constexpr):
+def gate_finish(v_ptr, a_ptr, b_ptr, g_ptr, d_ptr, u_ptr, part_ptr, ipart_ptr,
+                jsd_ptr, n_ptr, next_ptr, K, V, S, stride_b, stride_r, g_stride_b, g_stride_r,
+                beta, beta_bonus, log_gamma, temperature,
+                RULE: tl.constexpr, ONE_VIEW: tl.constexpr, BLOCK_S: tl.constexpr):
     """One program per sequence: merge each row's slices, test its draft, stop at the first reject."""
     b = tl.program_id(0).to(tl.int64)
     RS = tl.num_programs(0) * (K + 1) * S
