@@ -39,8 +39,8 @@ eval: $(STAMP)
 	mkdir -p runs
 	$(VENV)/bin/asymagent eval records --episodes 1 --json runs/eval_records.json --report runs/eval_records
 
-# the defaults, the drafter alone (no prompt lookup), the paper's setting, and the HF peers
-BENCH_MODES := full,compressed,spec,spec:lookup_ngram=0,asym,asym:acceptance=cda,lookup_ngram=0,hf_generate,hf_prompt_lookup,hf_assisted
+# the defaults, the drafter alone (no copied drafts), the old prompt lookup, the paper's setting, and the HF peers
+BENCH_MODES := full,compressed,spec,spec:lookup_ngram=0,asym,asym:suffix=false,lookup_k=8,asym:acceptance=cda,lookup_ngram=0,hf_generate,hf_prompt_lookup,hf_assisted
 
 results: $(STAMP)
 	mkdir -p runs

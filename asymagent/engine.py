@@ -7,6 +7,9 @@
 - asym: context-asymmetric speculation (docs/architecture.md, "The algorithm"): drafter on the
   full view, verifier and base pass on the compressed view (three caches), delta-fusion and the
   JSD-aware gate.
+Thread safety: `generate` and `chat` hold the engine's FairLock (asymagent/fair_lock.py), so
+requests from many threads (or `asyncio.to_thread`) run one at a time in arrival order and each
+sees its conversation's caches and views as its predecessor left them.
 Caches live in per-`cache_key` sessions (bounded LRU) and are reused up to the longest common
 prefix with the next prompt (asymagent/kv/cache.py). `generate` prefills the caches its mode
 reads and runs the decode loop (asymagent/decoding/loop.py) over one speculative round at a time
@@ -17,18 +20,24 @@ generate -> ChatResult).
 from __future__ import annotations
 
 import secrets
+import threading
 import time
 
 import torch
 
 from asymagent.chat.chat_format import ChatFormat
 from asymagent.chat.session import run_chat
+from asymagent.decoding.copy_delta import CopyDelta
 from asymagent.decoding.flops import FlopCounter
 from asymagent.decoding.lookup_drafter import LookupDrafter
 from asymagent.decoding.loop import decode_loop
 from asymagent.decoding.model_drafter import DraftHead, ModelDrafter
+from asymagent.decoding.noise import KeyedNoise
 from asymagent.decoding.round import Decoder
 from asymagent.decoding.stopping import StopChecker, eos_ids
+from asymagent.decoding.suffix_drafter import SuffixDrafter
+from asymagent.decoding.suffix_store import SuffixStore
+from asymagent.fair_lock import FairLock
 from asymagent.kv.attention import use_gqa_attention
 from asymagent.kv.cache import CacheStore, View, ViewCache
 from asymagent.results import ChatResult, GenerationResult  # noqa: F401  (old import path)
@@ -45,7 +54,8 @@ class Engine:
 
     def __init__(self, verifier, drafter=None, tokenizer=None, spec: SpecConfig | None = None,
                  compression=None, draft_vocab: torch.Tensor | None = None,
-                 max_sessions: int = 4, static_kv: bool = False,
+                 max_sessions: int = 4, suffix_store: SuffixStore | None = None,
+                 verifier_fingerprint: str | None = None, static_kv: bool = False,
                  cuda_graphs: bool | None = None) -> None:
         """`cuda_graphs`: decode with static KV caches and CUDA-graph captured forwards
         (asymagent/kv/static_cache.py); None reads ASYMAGENT_CUDA_GRAPHS on CUDA, off on CPU.
@@ -56,6 +66,8 @@ class Engine:
             if model is not None:
                 use_gqa_attention(model)
         self.tokenizer = tokenizer
+        # sha256 of the verifier's weights file when loaded from one (captured traces carry it)
+        self.verifier_fingerprint = verifier_fingerprint
         self.spec = spec if spec is not None else SpecConfig()
         self.spec.validate()
         self.compression = compression
@@ -88,26 +100,38 @@ class Engine:
                                          cuda_graphs=cuda_graphs)
         self.caches = CacheStore(roles, max_sessions=max_sessions, static=self.static_roles)
         self._chat_format: ChatFormat | None = None  # built on first use (`chat_format`)
+        self._format_lock = threading.Lock()  # builds chat_format once (not the request lock)
+        # one request at a time, first come first served: sessions, caches and views are shared
+        self.lock = FairLock()
+        # earlier responses for suffix drafting (SuffixStore(path=...) keeps them across runs)
+        self.suffix_store = suffix_store if suffix_store is not None else SuffixStore()
 
     @property
     def chat_format(self) -> ChatFormat:
         """How messages and tools render to tokens and how output parses (built once, lazily)."""
         if self._chat_format is None:
-            self._chat_format = ChatFormat(self.tokenizer)
+            with self._format_lock:
+                if self._chat_format is None:
+                    self._chat_format = ChatFormat(self.tokenizer)
         return self._chat_format
 
     # ------------------------------------------------------------------ constructors
     @classmethod
     def from_pretrained(cls, verifier, drafter=None, spec: SpecConfig | None = None,
                         compression=None, *, dtype: torch.dtype = torch.float32,
-                        device: str | torch.device | None = None, **kw) -> "Engine":
+                        device: str | torch.device | None = None, config=None, **kw) -> "Engine":
         """Load verifier (and drafter) with asymagent.modeling.loading.load_model (id, dir or GGUF).
+
+        `config`: a config file (asymagent/config_file.py, e.g. what `asymagent tune` writes)
+        supplying `spec` and `compression` where they are not given.
 
         A drafter given as a `.safetensors` file is an asymagent drafter (decoder layers + draft
         vocabulary, asymagent.modeling.drafter.save_drafter) and is attached to the verifier's embeddings.
         """
+        from asymagent.config_file import engine_settings
         from asymagent.modeling.loading import load_model
 
+        spec, compression = engine_settings(config, spec, compression)
         ver = load_model(verifier, dtype=dtype)
         dra = None
         if drafter is not None and str(drafter).endswith(".safetensors"):
@@ -120,16 +144,23 @@ class Engine:
             ver.model.to(device)
             if dra is not None:
                 dra.to(device)
+        kw.setdefault("verifier_fingerprint", ver.fingerprint)
         return cls(verifier=ver.model, drafter=dra, tokenizer=ver.tokenizer, spec=spec,
                    compression=compression, **kw)
 
     @classmethod
-    def from_default(cls, spec: SpecConfig | None = None, compression=None, **kw) -> "Engine":
+    def from_default(cls, spec: SpecConfig | None = None, compression=None, *, config=None,
+                     **kw) -> "Engine":
         """The embedded pair: SmolLM2-135M-Instruct verifier + the project's trained drafter.
 
         `compression=None` means the default CompressionConfig (as everywhere in asymagent.context.views).
+        `config`: a config file (asymagent/config_file.py, e.g. what `asymagent tune` writes)
+        supplying `spec` and `compression` where they are not given.
         """
+        from asymagent.config_file import engine_settings
         from asymagent.modeling.loading import ModelNotFoundError, load_default_verifier
+
+        spec, compression = engine_settings(config, spec, compression)
 
         loaded = load_default_verifier()
         try:
@@ -141,6 +172,7 @@ class Engine:
                 f"No default drafter is available ({exc}). Train one with "
                 "`asymagent train-drafter` (it writes the drafter asset into the package), or "
                 "pass your own: Engine.from_pretrained(verifier=..., drafter=...).") from exc
+        kw.setdefault("verifier_fingerprint", loaded.fingerprint)
         return cls(verifier=loaded.model, drafter=drafter, tokenizer=loaded.tokenizer,
                    spec=spec, compression=compression, **kw)
 
@@ -190,14 +222,24 @@ class Engine:
                  temperature: float = 0.0, seed: int | None = None, top_p: float = 1.0,
                  compressed_prompt_ids=None, stop=None, constraint=None, callback=None,
                  cache_key: str = "default") -> GenerationResult:
-        """Generate up to `max_new_tokens` new tokens after `prompt_ids` (see module docstring)."""
+        """Generate up to `max_new_tokens` new tokens after `prompt_ids` (see module docstring).
+
+        Thread-safe: requests to one engine run one at a time, in arrival order (`self.lock`).
+        `callback` runs while the request holds the lock; it must not wait for another request."""
+        with self.lock:
+            return self._generate(prompt_ids, mode, max_new_tokens, temperature, seed, top_p,
+                                  compressed_prompt_ids, stop, constraint, callback, cache_key)
+
+    def _generate(self, prompt_ids, mode, max_new_tokens, temperature, seed, top_p,
+                  compressed_prompt_ids, stop, constraint, callback, cache_key) -> GenerationResult:
         prompt, compressed, stops = self._validate(prompt_ids, mode, max_new_tokens,
                                                    float(temperature), float(top_p),
                                                    compressed_prompt_ids, stop)
         t_start = time.perf_counter()
         m = mode_of(mode)
-        generator = torch.Generator(device=self.device)
-        generator.manual_seed(int(seed) if seed is not None else secrets.randbits(63))
+        # every random number is keyed by (seed, output position, purpose), never by draw order
+        noise = KeyedNoise(int(seed) if seed is not None else secrets.randbits(63),
+                           self.vocab_size, self.device)
         session = self.caches.session(cache_key)
         generated: list = []  # the new tokens, shared by every view of the request
         full_view = View(prompt, generated)
@@ -227,18 +269,34 @@ class Engine:
         verifier, stats.verifier_prefill_tokens, prefill_flops = prefill(ver_role, ver_view)
         drafter = base = None
         drafters: list = []
-        sampler = dict(temperature=float(temperature), generator=generator, constraint=constraint)
+        sampler = dict(temperature=float(temperature), noise=noise, constraint=constraint)
+        copy = None
         if m.speculative:
+            sp = self.spec
             drafter, stats.drafter_prefill_tokens, _ = prefill("drafter_full", full_view)
-            if m.fused and compressed != prompt:
+            # the drafter on the compressed view serves delta-fusion (beta), cda's base row and
+            # escalation's JSD; with none of them its prefill and per-round base pass are skipped
+            needs_base = sp.beta > 0 or sp.acceptance == "cda" or sp.escalate_jsd is not None
+            if m.fused and compressed != prompt and needs_base:
                 base, tokens, _ = prefill("drafter_compressed", View(compressed, generated))
                 stats.drafter_prefill_tokens += tokens
-            if self.spec.lookup_ngram:
-                drafters.append(LookupDrafter(full_view, self.spec.lookup_ngram, constraint))
+            if m.fused and compressed != prompt and sp.copy_weight > 0:
+                copy = CopyDelta(full_view, ver_view, sp.copy_weight, min_len=sp.copy_min_len)
+            if sp.lookup_ngram and sp.suffix:
+                # earlier responses only where drafts cannot change the output: with cda or
+                # exact at T > 0 the rounds' layout is part of the rule, and a store that other
+                # requests filled would make the output depend on them (same seed, same output)
+                store = self.suffix_store if sp.position_invariant(m, float(temperature)) else None
+                drafters.append(SuffixDrafter(full_view, store, constraint,
+                                              factor=sp.suffix_factor, min_prob=sp.suffix_min_prob,
+                                              max_depth=sp.suffix_max_depth,
+                                              min_match=min(2, sp.lookup_ngram)))
+            elif sp.lookup_ngram:
+                drafters.append(LookupDrafter(full_view, sp.lookup_ngram, constraint))
             drafters.append(ModelDrafter(drafter, self.head, bonus_row=m.fused, **sampler))
         decoder = Decoder(verifier, self.flops, top_p=float(top_p), drafters=drafters,
                           drafter=drafter, base=base, head=self.head, fused=m.fused,
-                          verifier_flops=prefill_flops, **sampler)
+                          verifier_flops=prefill_flops, copy=copy, **sampler)
         t_prefill = time.perf_counter()
         stats.prefill_s = t_prefill - t_start
 
@@ -261,9 +319,10 @@ class Engine:
         stats.new_tokens = len(generated)
         loop.tally.fill(stats, m.fused)
         if loop.speculation_off:
-            stats.k = 0  # speculation switched off for this request
+            stats.k = 0  # the drafter model was switched off for this request
         stats.verifier_flops = decoder.verifier_flops
         stats.finish_reason = loop.finish
+        self.suffix_store.add(generated)  # later requests may copy from this response
         return GenerationResult(token_ids=list(generated), text=checker.text(generated),
                                 stats=stats, finish_reason=loop.finish)
 
@@ -277,7 +336,9 @@ class Engine:
         The chat layer lives in asymagent/chat/session.py (`run_chat`): message validation,
         tool_choice -> ToolCallConstraint, the conversation's ContextViews (per `cache_key`), the
         drafter's log-probs for surprisal compression, and output parsing into a ChatResult.
+        Thread-safe like `generate`: the whole call (views, caches, decoding) holds `self.lock`.
         """
-        return run_chat(self, messages, tools=tools, mode=mode, max_new_tokens=max_new_tokens,
-                        temperature=temperature, seed=seed, top_p=top_p, stop=stop,
-                        tool_choice=tool_choice, callback=callback, cache_key=cache_key)
+        with self.lock:
+            return run_chat(self, messages, tools=tools, mode=mode, max_new_tokens=max_new_tokens,
+                            temperature=temperature, seed=seed, top_p=top_p, stop=stop,
+                            tool_choice=tool_choice, callback=callback, cache_key=cache_key)

@@ -7,7 +7,17 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass
 
-from asymagent.kernels import ACCEPTANCE_RULES
+from asymagent.kernels import ACCEPTANCE_RULES as GATE_RULES
+
+# The gate's rules plus "coupled" (Gumbel-max coupling: the gate's greedy rule on rows perturbed
+# with position-keyed Gumbel noise; asymagent/decoding/round.py).
+ACCEPTANCE_RULES = GATE_RULES + ("coupled",)
+SPEC_RULES = ("greedy", "exact", "coupled")  # lossless against the verifier (mode spec)
+# What "greedy" ("the target decides") runs as at temperature > 0. Coupled: the output is the
+# verifier's (fused target's) Gumbel-max sample at every position, identical to mode full under
+# the same seed whatever K, adaptive K or the drafts do; its acceptance cost against "exact" on
+# the bench is in docs/engine.md ("Sampling": python -m asymagent.evals.coupling_cost).
+SAMPLED_GREEDY = "coupled"
 
 
 @dataclass(frozen=True)
@@ -40,35 +50,61 @@ def mode_of(name: str) -> Mode:
 class SpecConfig:
     """Configuration of speculative decoding (modes `spec` and `asym`).
 
-    Defaults: the paper's K=2 drafts per round and beta=1.0 delta-fusion weight, with two changes
-    chosen on dev seeds (docs/results.md, "Tuning"): acceptance "greedy" (the fused target
+    Defaults: the paper's K=2 drafts per round; the fused target of mode asym is the compressed
+    verifier plus the copy delta (copy_weight 6; the drafter model's delta, beta, is off: it
+    measured harmful, docs/drafter.md), and two more changes chosen on dev seeds (docs/results.md,
+    "Tuning"): acceptance "greedy" (the fused target
     decides every token, so drafts and K change speed only, never the output; the paper's
     relaxed "cda" gate lost fidelity to full on every dev workload without a speed gain on this
     verifier/drafter pair) and prompt-lookup drafts from the full view (lookup_ngram=3), which
-    verify 3-6 tokens per forward on agent turns. Adaptive K is on (also chosen on measurements,
+    verify 3-6 tokens per forward on agent turns. At temperature > 0 "greedy" runs as the
+    coupled rule (Gumbel-max coupling), so the output is the target's sample under the seed
+    whatever K is (`position_invariant`). Adaptive K is on (also chosen on measurements,
     docs/results.md "Tuning"): it switches speculation off within a request when it
-    measurably loses, which it does on short chat with nothing to copy. In spec that changes
-    speed only; in asym the plain steps skip delta-fusion (the verifier alone on the compressed
-    view), which left every output unchanged where it was measured. `SpecConfig.paper()` is the paper's setting (cda, gamma=0.5, no
-    lookup, fixed K).
+    measurably loses, which it does on short chat with nothing to copy. It changes speed only:
+    asym fuses its plain steps too, and rules whose output depends on K keep K fixed.
+    `SpecConfig.paper()` is the paper's setting (cda, gamma=0.5, no lookup, fixed K).
     """
 
     k: int = 2  # draft tokens per round; the verifier scores K+1 positions in one forward
-    beta: float = 1.0  # weight of delta = log p_drafter(full) - log p_drafter(compressed)
+    # weight of the drafter model's delta = log p_drafter(full) - log p_drafter(compressed).
+    # 0 by default since issue 16: the shipped drafter's delta moved the target AWAY from the
+    # full-context verifier on every suite (recovered share -0.019 on test seeds, docs/drafter.md);
+    # a drafter trained for it (train-drafter --objective fusion) may set it again
+    beta: float = 0.0
+    # weight of the copy delta (asym on a compressed view; asymagent/decoding/copy_delta.py):
+    # log((1 + c_F) / (1 + c_C)) on the continuations of the longest repeated suffix that only
+    # the full view's removed text holds; 0 turns it off. 6 and min length 3 chosen on dev seeds
+    # (`asymagent eval fusion --split dev`, docs/evals.md)
+    copy_weight: float = 6.0
+    copy_min_len: int = 3  # shortest repeated suffix the copy delta counts continuations of
     gamma: float = 0.5  # accept d iff p_v(d) > gamma*exp(-JSD)*p_base(d)  (cda)
-    # "cda" (paper, relaxed), "exact" (rejection sampling), "greedy" (argmax match; at
-    # temperature > 0 the engine runs it as "exact", so the fused target is sampled, not argmaxed)
+    # "cda" (paper, relaxed), "exact" (rejection sampling), "coupled" (Gumbel-max coupling: the
+    # draft is accepted iff it equals the target's Gumbel-max sample at its position), "greedy"
+    # (argmax match; at temperature > 0 the engine runs it as SAMPLED_GREEDY = "coupled", so
+    # the fused target is sampled, not argmaxed)
     acceptance: str = "greedy"
     strict_prefix: int = 0  # first N tokens of each response use exact/greedy instead of cda
     escalate_jsd: float | None = None  # running-mean JSD above this -> finish with full verifier
     escalate_window: int = 4  # rounds in the running mean used by escalate_jsd
-    adaptive_k: bool = True  # tune K from observed acceptance; turn speculation off if it loses
+    # tune K from observed acceptance and timings; turn speculation off if it loses. Applied
+    # only where K cannot change the output (`position_invariant`: the defaults); with cda,
+    # exact at T > 0, fuse_bonus=False or escalate_jsd K stays fixed (same seed, same output)
+    adaptive_k: bool = True
     k_min: int = 1  # adaptive K lower bound
     k_max: int = 8  # adaptive K upper bound
     fuse_bonus: bool = True  # fuse at K+1 when every draft passes (False = official code)
-    spec_acceptance: str = "exact"  # rule used by mode `spec` (lossless against the verifier)
-    lookup_ngram: int = 3  # >0: try prompt-lookup drafts first (suffix n-grams of this size..2)
-    lookup_k: int = 8  # max prompt-lookup drafts per round (verified in the same single forward)
+    spec_acceptance: str = "greedy"  # rule of mode `spec` (lossless against the verifier): SPEC_RULES
+    # Copied drafts (tried before the drafter model each round): lookup_ngram > 0 turns them on;
+    # `suffix` picks SuffixDecoding (asymagent/decoding/suffix_drafter.py: the full view and the
+    # engine's store of earlier responses, frequency-scored, draft length adaptive to the match)
+    # over plain prompt lookup (the latest earlier occurrence of the last lookup_ngram..2 tokens)
+    lookup_ngram: int = 3  # >0: copied drafts on; prompt lookup's longest suffix n-gram
+    lookup_k: int = 16  # max copied drafts per round (verified in the same single forward)
+    suffix: bool = True  # copied drafts by suffix matching (False: prompt lookup)
+    suffix_factor: float = 4.0  # a match of m tokens drafts at most suffix_factor * m tokens
+    suffix_min_prob: float = 0.1  # stop a path where its estimated probability falls below this
+    suffix_max_depth: int = 32  # longest context suffix matched
 
     @classmethod
     def paper(cls, **overrides) -> "SpecConfig":
@@ -77,7 +113,7 @@ class SpecConfig:
         We fuse the K+1 position too; `SpecConfig.paper(fuse_bonus=False)` is the official code's
         rule exactly (the verifier's own argmax there)."""
         return cls(**{"k": 2, "beta": 1.0, "gamma": 0.5, "acceptance": "cda", "lookup_ngram": 0,
-                      "adaptive_k": False, **overrides})
+                      "adaptive_k": False, "copy_weight": 0.0, **overrides})
 
     def __post_init__(self) -> None:
         self.validate()
@@ -89,12 +125,17 @@ class SpecConfig:
             raise ValueError(
                 f"SpecConfig.acceptance must be one of {ACCEPTANCE_RULES}, got {self.acceptance!r}"
             )
-        if self.spec_acceptance not in ("exact", "greedy"):
-            raise ValueError("SpecConfig.spec_acceptance must be 'exact' or 'greedy'")
+        if self.spec_acceptance not in SPEC_RULES:
+            raise ValueError(f"SpecConfig.spec_acceptance must be one of {SPEC_RULES}, "
+                             f"got {self.spec_acceptance!r}")
         if not (0.0 < self.gamma <= 1.0):
             raise ValueError(f"SpecConfig.gamma must be in (0, 1], got {self.gamma!r}")
         if self.beta < 0:
             raise ValueError(f"SpecConfig.beta must be >= 0, got {self.beta!r}")
+        if not self.copy_weight >= 0:
+            raise ValueError(f"SpecConfig.copy_weight must be >= 0, got {self.copy_weight!r}")
+        if not isinstance(self.copy_min_len, int) or self.copy_min_len < 1:
+            raise ValueError(f"SpecConfig.copy_min_len must be an integer >= 1, got {self.copy_min_len!r}")
         if self.strict_prefix < 0:
             raise ValueError("SpecConfig.strict_prefix must be >= 0")
         if self.escalate_jsd is not None and not (0.0 < self.escalate_jsd):
@@ -103,6 +144,12 @@ class SpecConfig:
             raise ValueError(f"SpecConfig.lookup_ngram must be an integer >= 0, got {self.lookup_ngram!r}")
         if not isinstance(self.lookup_k, int) or self.lookup_k < 1:
             raise ValueError(f"SpecConfig.lookup_k must be an integer >= 1, got {self.lookup_k!r}")
+        for name in ("adaptive_k", "fuse_bonus"):  # a string "False" would be truthy
+            if not isinstance(getattr(self, name), bool):
+                raise ValueError(f"SpecConfig.{name} must be True or False, got {getattr(self, name)!r}")
+        if self.suffix_factor <= 0 or not (0.0 <= self.suffix_min_prob <= 1.0) or self.suffix_max_depth < 2:
+            raise ValueError("SpecConfig needs suffix_factor > 0, 0 <= suffix_min_prob <= 1, "
+                             "suffix_max_depth >= 2")
         if not (1 <= self.k_min <= self.k_max):
             raise ValueError("SpecConfig needs 1 <= k_min <= k_max")
 
@@ -110,14 +157,35 @@ class SpecConfig:
         """The acceptance rule of a round whose first draft lands at output `position`.
 
         Mode spec uses `spec_acceptance` (lossless); asym uses `acceptance`, except within the
-        first `strict_prefix` tokens, where it is exact/greedy. "greedy" at temperature > 0 means
-        "the target decides, sampled": rejection sampling, i.e. "exact".
+        first `strict_prefix` tokens, where it is "greedy". "greedy" means "the target decides":
+        the argmax at temperature 0, SAMPLED_GREEDY ("coupled") at temperature > 0. At
+        temperature 0 "exact" and "coupled" are the greedy rule too.
         """
         if mode.fused and position < self.strict_prefix:
-            rule = "exact" if temperature > 0 else "greedy"
+            rule = "greedy"
         else:
             rule = self.acceptance if mode.fused else self.spec_acceptance
-        return "exact" if rule == "greedy" and temperature > 0 else rule
+        if temperature <= 0.0:
+            return rule if rule == "cda" else "greedy"
+        return SAMPLED_GREEDY if rule == "greedy" else rule
+
+    def position_invariant(self, mode: Mode, temperature: float) -> bool:
+        """True when every token is the (fused) target's argmax / Gumbel-max at its position.
+
+        Then the output does not depend on K, adaptive K (which reads wall-clock timings),
+        copied drafts or which positions plain steps took: same seed, same output, whatever
+        the timings. cda and exact decide per round (the round's layout is part of the rule),
+        fuse_bonus=False treats the bonus position differently and escalate_jsd switches on
+        a per-round mean; with those the decode loop keeps K fixed even when adaptive_k is on,
+        and suffix drafting copies from the request's own full view only (not from the
+        engine's store of earlier responses, which other requests fill).
+        """
+        if not mode.speculative:
+            return True
+        rules = {self.rule_for(mode, p, temperature) for p in (0, self.strict_prefix)}
+        if not rules <= {"greedy", "coupled"}:
+            return False
+        return not mode.fused or (self.fuse_bonus and self.escalate_jsd is None)
 
     def to_dict(self) -> dict:
         return asdict(self)

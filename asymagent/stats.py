@@ -33,7 +33,11 @@ class StepStats:
     mode: str = ""
     rounds: int = 0  # speculative rounds (verifier forwards while speculating)
     reached_by_position: list = field(default_factory=list)  # [i]: rounds whose gate reached draft i
-    lookup_rounds: int = 0  # rounds whose drafts came from prompt lookup (SpecConfig.lookup_ngram)
+    lookup_rounds: int = 0  # rounds whose drafts were copied (suffix matching or prompt lookup)
+    # decode steps by what drafted them: {"suffix" | "lookup" | "model": rounds, "plain": plain
+    # verifier steps}; jump-forward tokens are in forced_tokens (asymagent/decoding/adaptive_k.py
+    # DraftChoice picks the source per step)
+    draft_source: dict = field(default_factory=dict)
     k: int = 0  # K used (last round's, with adaptive_k)
     mean_jsd: float = 0.0  # mean JSD(p_aug || p_base) over verify positions (asym)
     forced_tokens: int = 0  # tokens the constraint alone determined (jump-forward; docs/engine.md)
@@ -80,6 +84,11 @@ class RunStats:
         ver = sum(s.verifier_context_tokens for s in self.steps)
         out["mean_compression_ratio"] = ver / full if full else 1.0
         out["per_token_s"] = out["wall_s"] / out["new_tokens"] if out["new_tokens"] else 0.0
+        sources: dict = {}
+        for s in self.steps:
+            for name, count in (s.draft_source or {}).items():
+                sources[name] = sources.get(name, 0) + count
+        out["draft_source"] = sources
         return out
 
     def acceptance_by_position(self) -> list:

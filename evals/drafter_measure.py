@@ -51,6 +51,7 @@ def engine_figures(engine, convs: list[list[dict]], k: int, max_new: int, asym: 
     """Interleaved full/spec (and asym) runs; medians of per-prompt wall times."""
     from tqdm import tqdm
 
+    from asymagent.evals.engine_setup import use_suffix_store
     from asymagent.training.data import render_messages
 
     full_s, spec_s, spec_calls, asym_calls, same, asym_same = [], [], [], [], 0, 0
@@ -59,6 +60,7 @@ def engine_figures(engine, convs: list[list[dict]], k: int, max_new: int, asym: 
         order = ["full", "spec"] if i % 2 == 0 else ["spec", "full"]  # interleave: no order bias
         res = {}
         for mode in order:
+            use_suffix_store(engine, mode)
             t = time.perf_counter()
             res[mode] = engine.generate(ids, mode=mode, max_new_tokens=max_new, temperature=0.0,
                                         seed=0, cache_key=f"m{i}{mode}")
@@ -66,6 +68,7 @@ def engine_figures(engine, convs: list[list[dict]], k: int, max_new: int, asym: 
         spec_calls.append(res["spec"].stats)
         same += res["spec"].token_ids == res["full"].token_ids
         if asym:
+            use_suffix_store(engine, "asym")
             r = engine.chat(conv, mode="asym", max_new_tokens=max_new, temperature=0.0, seed=0,
                             cache_key=f"a{i}")
             asym_calls.append(r.stats)

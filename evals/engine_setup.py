@@ -6,10 +6,14 @@ Order of preference for the drafter:
   3. fallback while no drafter is shipped: a 2-layer drafter made of the verifier's first two
      layers, untrained, no reduced vocabulary. Its acceptance is poor; the JSON's "drafter"
      field says so, so no number is mistaken for the trained drafter's.
+
+`EngineSpec` is the recipe (model paths and settings, never weights): what `asymagent eval
+--ray` sends to each worker, which builds its own engine from it once.
 """
 
 from __future__ import annotations
 
+import weakref
 from dataclasses import dataclass
 
 
@@ -19,6 +23,32 @@ class EngineSetup:
     verifier: str  # description for the JSON "verifier" field
     drafter: str  # description for the JSON "drafter" field
     fallback: bool  # True when the untrained fallback drafter is in use
+
+    def describe(self) -> dict:
+        """The engine fields of the eval JSON: verifier, drafter, drafter_fallback, spec."""
+        return {"verifier": self.verifier, "drafter": self.drafter, "drafter_fallback": self.fallback,
+                "spec": self.engine.spec.to_dict()}
+
+
+@dataclass(frozen=True)
+class EngineSpec:
+    """How to build the eval engine: model names/paths and settings (a few hundred bytes).
+
+    `verifier`: "default" or anything `load_model` takes (HF id, directory, GGUF); `drafter`: a
+    drafter .safetensors path or None; `compression`: a CompressionConfig as a dict (None: the
+    default). Paths must exist where the engine is built (on every Ray node)."""
+
+    verifier: str = "default"
+    drafter: str | None = None
+    compression: dict | None = None
+    max_sessions: int = 8
+
+    def build(self) -> EngineSetup:
+        from asymagent.context.views import CompressionConfig
+
+        compression = None if self.compression is None else CompressionConfig.model_validate(self.compression)
+        return build_engine(self.verifier, self.drafter, compression=compression,
+                            max_sessions=self.max_sessions)
 
 
 def build_engine(verifier: str = "default", drafter: str | None = None, *, spec=None,
@@ -39,14 +69,16 @@ def build_engine(verifier: str = "default", drafter: str | None = None, *, spec=
         card = getattr(model, "asymagent_card", {}) or {}
         desc = f"{drafter} ({card.get('name') or card.get('steps', '?')} steps)" if card else str(drafter)
         return EngineSetup(Engine(loaded.model, model, loaded.tokenizer, spec=spec, compression=compression,
-                                  max_sessions=max_sessions), ver_desc, desc, False)
+                                  max_sessions=max_sessions, verifier_fingerprint=loaded.fingerprint),
+                           ver_desc, desc, False)
     if verifier in ("default", "embedded", "smollm2"):
         try:
             from asymagent.modeling.drafter import DEFAULT_DRAFTER_FILE, load_default_drafter
 
             model = load_default_drafter(loaded.model, loaded.fingerprint)
             return EngineSetup(Engine(loaded.model, model, loaded.tokenizer, spec=spec,
-                                      compression=compression, max_sessions=max_sessions),
+                                      compression=compression, max_sessions=max_sessions,
+                                      verifier_fingerprint=loaded.fingerprint),
                                ver_desc, f"default ({DEFAULT_DRAFTER_FILE.name})", False)
         except (FileNotFoundError, DrafterMismatchError) as exc:
             if not allow_fallback:
@@ -60,4 +92,28 @@ def build_engine(verifier: str = "default", drafter: str | None = None, *, spec=
     desc = (f"FALLBACK: the verifier's first 2 layers, untrained, full vocabulary ({reason}); "
             "numbers for spec/asym do not reflect a trained drafter")
     return EngineSetup(Engine(loaded.model, model, loaded.tokenizer, spec=spec, compression=compression,
-                              max_sessions=max_sessions), ver_desc, desc, True)
+                              max_sessions=max_sessions, verifier_fingerprint=loaded.fingerprint),
+                       ver_desc, desc, True)
+
+
+_SUFFIX_STORES: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()  # engine -> {label: SuffixStore}
+
+
+def use_suffix_store(engine, label: str) -> None:
+    """Point `engine.suffix_store` at the store of `label` (a fresh one on first use).
+
+    Modes compared side by side on the same steps must not copy each other's responses (mode
+    full's answer to step i would be a perfect draft for asym's step i): every eval, probe and
+    demo that interleaves modes gives each its own store of earlier responses."""
+    from asymagent.decoding.suffix_store import SuffixStore
+
+    stores = _SUFFIX_STORES.setdefault(engine, {})
+    if label not in stores:
+        stores[label] = SuffixStore()
+    engine.suffix_store = stores[label]
+
+
+def reset_suffix_stores(engine) -> None:
+    """Empty every label's store of earlier responses (an eval episode starts with none)."""
+    for store in _SUFFIX_STORES.get(engine, {}).values():
+        store.clear()

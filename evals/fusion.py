@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import random
 import sys
 import time
@@ -44,11 +45,15 @@ class Variant:
 
     beta_eff = beta, times 0 where JSD(a||b) < jsd_min (delta only where the drafter's views
     disagree), times min(1, JSD / jsd_scale) when jsd_scale > 0 (confidence-weighted beta).
+    copy > 0 adds copy x the copy delta (asymagent/decoding/copy_delta.py: continuations that only
+    the full view's removed text holds).
     """
 
     beta: float = 1.0
     jsd_min: float = 0.0
     jsd_scale: float = 0.0
+    copy: float = 0.0
+    copy_min: float = 2  # shortest repeated suffix the copy delta counts from
 
     @property
     def name(self) -> str:
@@ -57,6 +62,10 @@ class Variant:
             parts.append(f"jsd_min={self.jsd_min:g}")
         if self.jsd_scale:
             parts.append(f"jsd_scale={self.jsd_scale:g}")
+        if self.copy:
+            parts.append(f"copy={self.copy:g}")
+        if self.copy_min != 2:
+            parts.append(f"copy_min={self.copy_min:g}")
         return ",".join(parts)
 
     @classmethod
@@ -65,8 +74,9 @@ class Variant:
         kw = {}
         for part in filter(None, (p.strip() for p in spec.split(","))):
             key, sep, value = part.partition("=")
-            if not sep or key not in ("beta", "jsd_min", "jsd_scale"):
-                raise ValueError(f"bad variant part {part!r} in {spec!r}: expected beta=, jsd_min= or jsd_scale=")
+            if not sep or key not in ("beta", "jsd_min", "jsd_scale", "copy", "copy_min"):
+                raise ValueError(f"bad variant part {part!r} in {spec!r}: expected beta=, jsd_min=, "
+                                 "jsd_scale=, copy= or copy_min=")
             kw[key] = float(value)
         return cls(**kw)
 
@@ -76,8 +86,8 @@ def parse_variants(spec: str) -> list:
     return [Variant.parse(s) for s in spec.split(";") if s.strip()]
 
 
-def fused_logprobs(lc, la, lb, jsd, variant: Variant):
-    """log_softmax(lc + beta_eff * (la - lb)) over rows [T, V]; jsd [T]."""
+def fused_logprobs(lc, la, lb, jsd, variant: Variant, copy_rows: dict | None = None):
+    """log_softmax(lc + beta_eff * (la - lb) [+ copy * copy_rows]) over rows [T, V]; jsd [T]."""
     import torch
 
     beta = torch.full_like(jsd, variant.beta)  # [T]
@@ -85,7 +95,10 @@ def fused_logprobs(lc, la, lb, jsd, variant: Variant):
         beta = torch.where(jsd >= variant.jsd_min, beta, torch.zeros_like(beta))
     if variant.jsd_scale:
         beta = beta * (jsd / variant.jsd_scale).clamp(max=1.0)
-    return torch.log_softmax(lc + beta[:, None] * (la - lb), dim=-1)  # [T, V]
+    target = lc + beta[:, None] * (la - lb)
+    if variant.copy and copy_rows is not None:
+        target = target + variant.copy * copy_rows[variant.copy_min]
+    return torch.log_softmax(target, dim=-1)  # [T, V]
 
 
 # --------------------------------------------------------------------------- conversations
@@ -206,6 +219,7 @@ def measure_conversation(engine, conv: Conversation, variants: list, *, max_new_
 
     from asymagent.chat.session import drafter_logprob_fn
     from asymagent.context.views import ContextViews
+    from asymagent.decoding.copy_delta import copy_delta_rows
     from asymagent.decoding.model_drafter import DraftHead
     from asymagent.kernels.gate_reference import jsd_from_log_probs
 
@@ -228,7 +242,10 @@ def measure_conversation(engine, conv: Conversation, variants: list, *, max_new_
             top_f = lf.argmax(-1)  # [T]
             kl = lambda q: (lf.exp() * (lf - q)).sum(-1)  # noqa: E731  [T] KL(v_f || q)
             kl_c, top1_c = kl(lc), lc.argmax(-1) == top_f
-            fused = [fused_logprobs(lc, la, lb, jsd, v) for v in variants]
+            copy_rows = {m: copy_delta_rows(pair.full_ids, pair.compressed_ids, response, lc.shape[-1],
+                                            min_len=int(m))
+                         for m in {v.copy_min for v in variants if v.copy}}  # {min length: [T, V]}
+            fused = [fused_logprobs(lc, la, lb, jsd, v, copy_rows) for v in variants]
             kl_fs = [kl(f) for f in fused]
             top1_fs = [f.argmax(-1) == top_f for f in fused]
             drafter_top1 = la.argmax(-1) == top_f
@@ -363,7 +380,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--suites", default=DEFAULT_SUITES,
                    help="comma list: records, fs_audit, tickets, injection, domain:NAME (a synthetic domain)")
     p.add_argument("--variants", default="beta=1",
-                   help="';'-separated fusion variants, each 'beta=B[,jsd_min=X][,jsd_scale=S]'")
+                   help="';'-separated fusion variants, each 'beta=B[,jsd_min=X][,jsd_scale=S][,copy=W][,copy_min=L]'")
     p.add_argument("--episodes", type=int, default=2, help="conversations (seeds) per suite")
     p.add_argument("--split", choices=("dev", "test"), default="dev")
     p.add_argument("--seeds", default=None, help="comma list of exact seeds (overrides --split/--episodes)")
@@ -375,11 +392,18 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--drafter", default=None, help="drafter .safetensors (default: the shipped one)")
     p.add_argument("--compression", metavar="FILE", default=None)
     p.add_argument("--quiet", action="store_true")
+    p.add_argument("--resume", action="store_true",
+                   help="keep the conversations already in --json (written after each one) and measure the rest")
 
 
 def run(engine, suites: list, variants: list, *, split: str = "test", episodes: int = 2, seeds=None,
-        max_steps=None, max_new_tokens: int = 48, progress: bool = True) -> tuple[list, dict]:
-    """(positions, timing) over every conversation of `suites`."""
+        max_steps=None, max_new_tokens: int = 48, progress: bool = True, done: list | None = None,
+        on_conversation=None) -> tuple[list, dict]:
+    """(positions, timing) over every conversation of `suites`.
+
+    `done`: positions of an earlier, interrupted run (its conversations are not measured again);
+    `on_conversation(positions)` is called after each conversation (main saves a partial JSON).
+    """
     from tqdm.auto import tqdm
 
     from asymagent.evals.environments import pick_seeds
@@ -387,11 +411,29 @@ def run(engine, suites: list, variants: list, *, split: str = "test", episodes: 
     # eval suites and synthetic domains alike: DEV_SEEDS (0..) or TEST_SEEDS (100000..); drafter
     # training draws its episodes from dev seeds only
     convs = [c for s in suites for c in conversations(s, pick_seeds(split, episodes, seeds))]
-    positions, t0 = [], time.perf_counter()
+    positions = list(done or [])
+    measured = {(p.suite, p.seed) for p in positions}
+    t0 = time.perf_counter()
     for conv in tqdm(convs, desc="fusion", unit="conv", disable=not progress):
+        if (conv.suite, conv.seed) in measured:
+            continue
         positions += measure_conversation(engine, conv, variants, max_new_tokens=max_new_tokens,
                                           max_steps=max_steps)
+        if on_conversation is not None:
+            on_conversation(positions)
     return positions, {"conversations": len(convs), "wall_s": round(time.perf_counter() - t0, 1)}
+
+
+def _load_done(path, variants: list) -> list:
+    """Positions of an interrupted run's JSON (same variants), for --resume."""
+    from pathlib import Path
+
+    if not path or not Path(path).is_file():
+        return []
+    data = json.loads(Path(path).read_text())
+    if data.get("settings", {}).get("variants") != [v.name for v in variants]:
+        raise SystemExit(f"--resume: {path} was measured with other variants")
+    return [Position(**p) for p in data.get("positions", [])]
 
 
 def main(args) -> int:
@@ -410,20 +452,32 @@ def main(args) -> int:
 
         compression = CompressionConfig.from_file(args.compression)
     setup = build_engine(args.verifier, args.drafter, compression=compression)
+    done = _load_done(args.json, variants) if getattr(args, "resume", False) else []
+
+    def document(positions: list, timing: dict, partial: bool) -> dict:
+        return {"verifier": setup.verifier, "drafter": setup.drafter,
+                "settings": {"suites": suites, "variants": [v.name for v in variants], "split": args.split,
+                             "episodes": args.episodes, "seeds": args.seeds, "max_steps": args.max_steps,
+                             "max_new_tokens": args.max_new_tokens, **timing, "partial": partial,
+                             "command": (" ".join(["asymagent"] + sys.argv[1:]) if sys.argv[1:2] == ["eval"]
+                                         else " ".join(["python -m asymagent.evals.fusion"] + sys.argv[1:])),
+                             "compression": setup.engine.compression.model_dump(mode="json")},
+                **report(positions, variants)}
+
+    def save(positions: list, timing: dict, partial: bool) -> dict:
+        doc = document(positions, timing, partial)
+        if args.json:
+            tmp = args.json + ".tmp"
+            with open(tmp, "w") as f:
+                json.dump({**doc, "positions": [asdict(p) for p in positions]}, f)
+            os.replace(tmp, args.json)
+        return doc
+
     positions, timing = run(setup.engine, suites, variants, split=args.split, episodes=args.episodes,
                             seeds=args.seeds, max_steps=args.max_steps, max_new_tokens=args.max_new_tokens,
-                            progress=not args.quiet)
-    result = {"verifier": setup.verifier, "drafter": setup.drafter,
-              "settings": {"suites": suites, "variants": [v.name for v in variants], "split": args.split,
-                           "episodes": args.episodes, "seeds": args.seeds, "max_steps": args.max_steps,
-                           "max_new_tokens": args.max_new_tokens, **timing,
-                           "command": (" ".join(["asymagent"] + sys.argv[1:]) if sys.argv[1:2] == ["eval"]
-                                       else " ".join(["python -m asymagent.evals.fusion"] + sys.argv[1:])),
-                           "compression": setup.engine.compression.model_dump(mode="json")},
-              **report(positions, variants)}
-    if args.json:
-        with open(args.json, "w") as f:
-            json.dump({**result, "positions": [asdict(p) for p in positions]}, f)
+                            progress=not args.quiet, done=done,
+                            on_conversation=lambda ps: save(ps, {}, partial=True))
+    result = save(positions, timing, partial=False)
     text = markdown(result)
     if args.report:
         from pathlib import Path

@@ -106,14 +106,21 @@ def bench_markdown(result: dict, fig_prefix: str = "") -> str:
     lines = [f"### Bench `{w['name']}`: {w['steps']} teacher-forced steps, prompts "
              f"{min(w['prompt_tokens'])}-{max(w['prompt_tokens'])} tokens, median of {result['settings']['repeats']}",
              "", f"verifier: {result['verifier']}  ", f"drafter: {result['drafter']}", "",
-             "| mode | wall s | speedup vs full | s/step | output tok | verifier prefill tok | FLOPs vs full "
-             "| fidelity vs full | acceptance | tok/verifier fwd |",
-             "|---|---|---|---|---|---|---|---|---|---|"]
+             "| mode | wall s (min-max) | speedup vs full [95% CI] | s/step | output tok | verifier prefill tok "
+             "| FLOPs vs full | fidelity vs full | acceptance | tok/verifier fwd | draft source (steps) |",
+             "|---|---|---|---|---|---|---|---|---|---|---|"]
     for m, d in result["modes"].items():
+        spread, ci = d.get("wall_s_spread"), d.get("speedup_vs_full_ci95")
+        wall = f"{d['wall_s']:.2f}" + (f" ({spread['min']:.1f}-{spread['max']:.1f})" if spread else "")
+        speed = f"{d['speedup_vs_full']:.2f}x" + (f" [{ci[0]:.2f}-{ci[1]:.2f}]" if ci else "")
+        sources = ", ".join(f"{k} {v}" for k, v in sorted((d.get("draft_source") or {}).items())) or "-"
         lines.append(
-            f"| `{m}` | {d['wall_s']:.2f} | {d['speedup_vs_full']:.2f}x | {d['wall_s'] / len(d['per_step_s']):.2f} "
+            f"| `{m}` | {wall} | {speed} | {d['wall_s'] / len(d['per_step_s']):.2f} "
             f"| {d['output_tokens']} | {d['verifier_prefill_tokens']} | {d['flops_vs_full']:.2f} "
-            f"| {d['fidelity_vs_full']:.2f} | {_fmt(d.get('acceptance_rate'))} | {_fmt(d.get('mean_accepted_len'))} |")
+            f"| {d['fidelity_vs_full']:.2f} | {_fmt(d.get('acceptance_rate'))} | {_fmt(d.get('mean_accepted_len'))} "
+            f"| {sources} |")
+    for pair, d in result.get("pairs", {}).items():
+        lines.append(f"\n`{pair}`: {d['speedup']:.2f}x (95% CI {d['ci95'][0]:.2f}-{d['ci95'][1]:.2f})")
     lines += ["", f"![bench latency]({fig_prefix}bench_cumulative_latency.png)",
               f"![bench acceptance]({fig_prefix}bench_acceptance_by_position.png)"]
     return "\n".join(lines) + "\n"

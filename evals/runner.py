@@ -48,6 +48,9 @@ def split_mode_labels(text: str) -> list:
     return labels
 
 
+PY_LITERALS = {"True": True, "False": False, "None": None}
+
+
 def parse_mode(label: str) -> tuple[str, dict]:
     """'asym:k=4,strict_prefix=8' -> ('asym', {'k': 4, 'strict_prefix': 8}); ValueError if bad."""
     mode, _, rest = label.strip().partition(":")
@@ -61,8 +64,8 @@ def parse_mode(label: str) -> tuple[str, dict]:
             raise ValueError(f"bad override {item!r} in {label!r}; use SpecConfig fields, e.g. k=4")
         try:
             overrides[key] = json.loads(value)
-        except json.JSONDecodeError:
-            overrides[key] = value  # bare strings such as acceptance=greedy
+        except json.JSONDecodeError:  # Python spellings True/False/None, else a bare string
+            overrides[key] = PY_LITERALS.get(value, value)  # such as acceptance=greedy
     if overrides:
         SpecConfig(**overrides)  # validates the values now, before any compute
     return mode, overrides
@@ -105,6 +108,11 @@ class StepRecord:
         d = dataclasses.asdict(self)
         d["stats"] = self.stats.to_dict()
         return d
+
+    @classmethod
+    def from_dict(cls, data: dict) -> "StepRecord":
+        """Inverse of `to_dict` (episode logs, results sent back by Ray workers)."""
+        return cls(**{**data, "stats": StepStats.from_dict(data["stats"])})
 
 
 @dataclass
@@ -159,6 +167,17 @@ def _cumsum(xs: list) -> list:
     return out
 
 
+def _cold_sessions(engine, keys: list) -> None:
+    """Drop the cache sessions and the suffix stores an episode uses, so every episode starts
+    cold: its numbers (prefill tokens, outputs, drafts) never depend on which episode the engine
+    ran before it, and a run fanned out over workers equals a local one (evals/ray_eval.py)."""
+    from asymagent.evals.engine_setup import reset_suffix_stores
+
+    for key in keys:
+        engine.caches.drop(key)
+    reset_suffix_stores(engine)
+
+
 def _progress(total: int, desc: str, enabled: bool):
     from tqdm.auto import tqdm
 
@@ -166,7 +185,10 @@ def _progress(total: int, desc: str, enabled: bool):
 
 
 def _chat(engine, label: str, history: list, tools: list, tool_choice, max_new_tokens: int, cache_key: str):
+    from asymagent.evals.engine_setup import use_suffix_store
+
     mode, overrides = parse_mode(label)
+    use_suffix_store(engine, label)  # each label copies only from its own earlier responses
     with spec_overrides(engine, overrides):
         t0 = time.perf_counter()
         r = engine.chat(history, tools=tools, mode=mode, max_new_tokens=max_new_tokens,
@@ -180,13 +202,16 @@ def teacher_forced(engine, suite: str, seeds, labels: list, *, max_new_tokens: i
     """Score every label on the oracle's histories; returns {label: ModeResult}.
 
     Labels run interleaved at every step (same history, same moment), `full` first when present
-    so fidelity can be computed. `max_steps` caps the assistant turns scored per episode.
+    so fidelity can be computed. `max_steps` caps the assistant turns scored per episode. Every
+    episode starts on cold cache sessions (no prefix reuse from the previous seed).
     """
     labels = _ordered(labels)
     results = results if results is not None else {}
     for label in labels:
         results.setdefault(label, ModeResult(label))
+    keys = [f"tf-{label}" for label in labels]
     for seed in seeds:
+        _cold_sessions(engine, keys)
         env = make_env(suite)
         task = env.reset(seed)
         history = task.messages()
@@ -223,18 +248,21 @@ def teacher_forced(engine, suite: str, seeds, labels: list, *, max_new_tokens: i
                                  tool_result_message(call_id, oracle["name"],
                                                      env.step(oracle["name"], oracle["arguments"]))]
         bar.close()
+    _cold_sessions(engine, keys)  # frees the episode's KV caches
     return results
 
 
 def free_running(engine, suite: str, seeds, labels: list, *, max_new_tokens: int = 96,
                  results: dict | None = None, progress: bool = True) -> dict:
-    """Let each label act until it answers (or task.max_steps calls); records task success."""
+    """Let each label act until it answers (or task.max_steps calls); records task success.
+    Every episode starts on a cold cache session, like `teacher_forced`."""
     labels = _ordered(labels)
     results = results if results is not None else {}
     for label in labels:
         results.setdefault(label, ModeResult(label))
     for seed in seeds:
         for label in labels:
+            _cold_sessions(engine, [f"fr-{label}"])
             env = make_env(suite)
             task = env.reset(seed)
             history = task.messages()
@@ -256,6 +284,7 @@ def free_running(engine, suite: str, seeds, labels: list, *, max_new_tokens: int
             bar.close()
             results[label].episodes.append({"seed": seed, "success": env.check_success(answer),
                                             "tool_calls": calls, "answer": answer, "wall_s": wall})
+            _cold_sessions(engine, [f"fr-{label}"])
     return results
 
 

@@ -32,6 +32,8 @@ VARIANTS = (("full", "full", False), ("asym", "asym", False), ("asym+adaptive_k"
 
 def run(engine, prompts, *, repeats: int = 2, max_new_tokens: int = 32) -> dict:
     """{variant: {total_s, median_s, tokens, same_as_full}}; greedy, one cold session per call."""
+    from asymagent.evals.engine_setup import use_suffix_store
+
     base = engine.spec
     times = {name: [] for name, _, _ in VARIANTS}
     tokens = {name: 0 for name, _, _ in VARIANTS}
@@ -41,6 +43,7 @@ def run(engine, prompts, *, repeats: int = 2, max_new_tokens: int = 32) -> dict:
             for i, prompt in enumerate(prompts):
                 for name, mode, adaptive in VARIANTS:
                     engine.spec = dataclasses.replace(base, adaptive_k=adaptive)
+                    use_suffix_store(engine, f"{name}-{rep}")
                     t0 = time.perf_counter()
                     result = engine.chat([{"role": "user", "content": prompt}], mode=mode,
                                          max_new_tokens=max_new_tokens, temperature=0.0,

@@ -1,7 +1,9 @@
-"""The `asymagent` console script: demo, bench, eval, serve, train-drafter (docs/architecture.md §4).
+"""The `asymagent` console script: demo, bench, eval, serve, train-drafter, tune (docs/architecture.md §4).
 
-Each verb lives in its own module exposing `add_arguments(parser)` and `main(args) -> int`;
-this file only wires them, importing a verb's module when that verb runs.
+Each verb lives in its own module exposing `add_arguments(parser)` and `main(args) -> int`,
+and optionally `check_args(args)`, which refuses a mistake (unknown suite, bad config key,
+missing model path) with a ValueError/OSError before any model loads; this file turns that
+into one line on stderr and exit status 2, as argparse does for its own errors.
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ VERBS = {
     "eval": ("asymagent.evals.cli", "Run a long-horizon agent eval suite (JSON + report)."),
     "serve": ("asymagent.integrations.openai_server", "OpenAI-compatible HTTP server."),
     "train-drafter": ("asymagent.training.distill", "Distil a drafter from a verifier."),
+    "tune": ("asymagent.evals.tune", "Pick SpecConfig/CompressionConfig by measurement on your traces."),
 }
 
 
@@ -36,6 +39,13 @@ def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
     module = importlib.import_module(args.verb_module)
+    check = getattr(module, "check_args", None)
+    if check is not None:
+        try:
+            check(args)
+        except (ValueError, OSError) as exc:  # ModelNotFoundError is an OSError
+            message = " ".join(str(exc).split())  # one line, whatever the exception held
+            parser.exit(2, f"asymagent {args.verb}: error: {message}\n")
     return int(module.main(args) or 0)
 
 

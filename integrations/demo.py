@@ -23,6 +23,16 @@ NOTE = ("Teacher-forced run: at every step the model's own action is decoded (to
         "same history.")
 
 
+def check_args(args) -> None:
+    """Refuse mistakes before any model loads (`asymagent` prints them on one line, exit 2)."""
+    from asymagent.evals.environments import SUITES
+
+    if args.suite not in SUITES:
+        raise ValueError(f"unknown suite {args.suite!r}; use one of {', '.join(SUITES)}")
+    if args.max_new_tokens < 1 or (args.k is not None and args.k < 1):
+        raise ValueError("--max-new-tokens and --k must be >= 1")
+
+
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--suite", default="records", help="evals environment (records, fs_audit, tickets)")
     p.add_argument("--seed", type=int, default=0, help="episode seed (dev seeds: 0-999)")
@@ -36,6 +46,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--k", type=int, default=None, help="draft tokens per round (SpecConfig.k)")
     p.add_argument("--json", default=None, help="write per-step stats and totals here")
     p.add_argument("--no-live", action="store_true", help="plain output (logs, README captures)")
+    p.add_argument("--trace-dir", metavar="DIR", default=None,
+                   help="capture each step of the run (mode --mode) as a JSONL trace line in DIR "
+                        "(asymagent/trace_capture.py; input of train-drafter --traces and asymagent tune)")
 
 
 def load_engine(console, k: int | None = None):
@@ -81,17 +94,22 @@ def _label(action) -> str:
 
 
 def _chat(engine, task, prompt, mode, max_new_tokens, acts, tool_choice):
+    from asymagent.evals.engine_setup import use_suffix_store
+
+    use_suffix_store(engine, mode)  # with --compare, neither mode copies the other's answers
     return engine.chat(prompt, tools=task.tools, mode=mode, max_new_tokens=max_new_tokens,
                        temperature=0.0, tool_choice=tool_choice if acts else "auto",
                        cache_key=f"demo-{mode}")
 
 
 def teacher_forced_run(engine, env, seed: int, mode: str, max_new_tokens: int,
-                       steps: int | None, on_step=None, compare: str | None = None) -> dict:
+                       steps: int | None, on_step=None, compare: str | None = None,
+                       trace_writer=None) -> dict:
     """Run one episode teacher-forced; returns prompts, outputs, agreement and RunStats.
 
     With `compare`, every step is also decoded in that mode right after (interleaved, so both
-    modes see the same machine load), from the same prompt.
+    modes see the same machine load), from the same prompt. A `trace_writer`
+    (asymagent.trace_capture.TraceWriter) captures every step of `mode`.
     """
     from asymagent.evals.environments import actions_equal, tool_call_message, tool_result_message
     from asymagent.stats import RunStats
@@ -107,6 +125,8 @@ def teacher_forced_run(engine, env, seed: int, mode: str, max_new_tokens: int,
         prompt = [dict(m) for m in messages]
         r = _chat(engine, task, prompt, mode, max_new_tokens, acts, env.tool_choice)
         stats.add(r.stats)
+        if trace_writer is not None:
+            trace_writer.record(engine, prompt, task.tools, r, source="demo", mode=mode)
         action = _model_action(r)
         agree = actions_equal(action, oracle) if acts else isinstance(action, str)
         rec = {"step": n + 1, "prompt": prompt, "acts": acts, "oracle": oracle, "model": action,
@@ -188,14 +208,19 @@ def main(args) -> int:
                              if "compare" in rec else ""))
 
     compare = args.compare if args.compare and args.compare != args.mode else None
+    writer = None
+    if args.trace_dir:
+        from asymagent.trace_capture import TraceWriter
+
+        writer = TraceWriter(args.trace_dir)
     live = None
     if args.no_live:
         run = teacher_forced_run(engine, env, args.seed, args.mode, args.max_new_tokens,
-                                 args.steps, on_step, compare)
+                                 args.steps, on_step, compare, trace_writer=writer)
     else:
         with Live(console=console, refresh_per_second=4, transient=True) as live:
             run = teacher_forced_run(engine, env, args.seed, args.mode, args.max_new_tokens,
-                                     args.steps, on_step, compare)
+                                     args.steps, on_step, compare, trace_writer=writer)
     stats = run["stats"]
     console.print(run_table(stats, title=f"per-step statistics, mode {args.mode}", labels=labels))
     console.print(totals_table(stats, title=f"run totals, mode {args.mode}"))

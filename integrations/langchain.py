@@ -13,6 +13,8 @@
   with `usage_metadata`, `response_metadata` and `chunk_position="last"`. Aggregated chunks
   equal the `invoke` message (up to tool call ids, which are fresh per call).
 - `response_metadata["step_stats"]` is the engine's StepStats (latency, acceptance, compression).
+- `trace_dir=DIR` captures every call (invoke or stream) as one JSONL trace line
+  (asymagent/trace_capture.py), for `train-drafter --traces DIR` and `asymagent tune DIR`.
 """
 
 from __future__ import annotations
@@ -35,7 +37,7 @@ from langchain_core.messages import (
 from langchain_core.outputs import ChatGeneration, ChatGenerationChunk, ChatResult
 from langchain_core.runnables import Runnable
 from langchain_core.utils.function_calling import convert_to_openai_tool
-from pydantic import ConfigDict, Field, model_validator
+from pydantic import ConfigDict, Field, PrivateAttr, model_validator
 
 _ARGS_PIECE = 24  # characters of tool-call arguments per streamed chunk
 # LangChain passes these through bind/with_structured_output; they need nothing from a local engine
@@ -109,6 +111,8 @@ class ChatAsymSpec(BaseChatModel):
     timeout: float | None = None  # accepted for LangChain's standard params; local engine
     max_retries: int = 0  # accepted for LangChain's standard params; nothing to retry locally
     max_input_tokens: int | None = None  # context limit for `profile` (default: the model's)
+    trace_dir: str | None = None  # capture each call as a trace line here (off by default)
+    _trace_writer: Any = PrivateAttr(default=None)
 
     model_config = ConfigDict(arbitrary_types_allowed=True)
 
@@ -123,14 +127,24 @@ class ChatAsymSpec(BaseChatModel):
             raise ValueError("temperature must be >= 0")
         if self.max_tokens is not None and self.max_tokens < 1:
             raise ValueError("max_tokens must be >= 1")
+        if self.trace_dir is not None:
+            from asymagent.trace_capture import TraceWriter
+
+            self._trace_writer = TraceWriter(self.trace_dir)
         return self
+
+    def _capture(self, call: dict, r) -> None:
+        if self._trace_writer is not None:
+            self._trace_writer.record(self.engine, call["messages"], call["tools"], r, source="langchain",
+                                      mode=call["mode"], temperature=call["temperature"])
 
     @classmethod
     def from_default(cls, **kw) -> "ChatAsymSpec":
-        """The embedded default engine (SmolLM2-135M verifier + project drafter, CPU)."""
+        """The embedded default engine (SmolLM2-135M verifier + project drafter, CPU); `spec=`,
+        `compression=` or `config=` (a config file, e.g. from `asymagent tune`) set it up."""
         from asymagent.engine import Engine
 
-        engine_kw = {k: kw.pop(k) for k in ("spec", "compression") if k in kw}
+        engine_kw = {k: kw.pop(k) for k in ("spec", "compression", "config") if k in kw}
         return cls(engine=Engine.from_default(**engine_kw), **kw)
 
     # --- LangChain plumbing -----------------------------------------------------------------
@@ -215,8 +229,9 @@ class ChatAsymSpec(BaseChatModel):
                   run_manager: CallbackManagerForLLMRun | None = None,
                   **kwargs: Any) -> ChatResult:
         no_tools = kwargs.get("tool_choice") == "none"
-        r = self._no_calls(self.engine.chat(**self._chat_kwargs(messages, stop, dict(kwargs))),
-                           no_tools)
+        call = self._chat_kwargs(messages, stop, dict(kwargs))
+        r = self._no_calls(self.engine.chat(**call), no_tools)
+        self._capture(call, r)
         usage, meta = self._metadata(r)
         msg = AIMessage(content=r.text or "", tool_calls=_lc_tool_calls(r.tool_calls),
                         invalid_tool_calls=_lc_invalid_calls(r.invalid_tool_calls),
@@ -277,7 +292,9 @@ class ChatAsymSpec(BaseChatModel):
         finally:
             cancel.set()
         worker.join()
-        yield from self._final_chunks(self._no_calls(result, no_tools), sent, run_manager)
+        result = self._no_calls(result, no_tools)
+        self._capture(call, result)
+        yield from self._final_chunks(result, sent, run_manager)
 
     def _final_chunks(self, r, sent: str, run_manager) -> Iterator[ChatGenerationChunk]:
         content = r.text or ""

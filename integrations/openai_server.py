@@ -5,9 +5,11 @@ tool_choice none/auto/required/named, stream with stream_options.include_usage, 
 `mode`), GET /metrics (Prometheus, see server_metrics.py). Errors are OpenAI error bodies
 `{"error": {"message", "type", "param", "code"}}`: 400 for invalid input (request validation,
 context over the limit naming both lengths), 401 for a wrong/missing key with --api-key, 404 for
-an unknown model or path, 429 when the queue is full, 504 when a request times out; bad input is
-never a 500. One engine worker thread serves a bounded queue (server_worker.py); a streaming
-client that disconnects cancels its generation at the next round. Each conversation gets its own
+an unknown model or path, 413 for a body over --max-body-bytes (server_body_limit.py), 429 with
+Retry-After when the queue is full, 504 when a request times out; bad input is never a 500, and
+no error message carries a dependency's file paths. One engine worker thread serves a bounded
+queue (server_worker.py); a streaming client that disconnects cancels its generation at the
+next round and its conversation's caches are dropped. Each conversation gets its own
 engine cache session (`cache_key` = hash of the tools, the mode and the messages up to the first
 user message), so an agent resending a growing conversation reuses its KV prefix.
 
@@ -21,7 +23,10 @@ import argparse
 import hashlib
 import json
 
+from asymagent.integrations.serve_setup import check_args, load_engine  # noqa: F401  (the verb's)
+
 DEFAULT_MODEL_NAME = "asymagent"
+DEFAULT_MAX_BODY_BYTES = 8 * 2**20
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -42,6 +47,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                              "ASYMAGENT_API_KEY)")
     parser.add_argument("--max-queue", type=int, default=16,
                         help="requests allowed to wait for the engine (429 beyond)")
+    parser.add_argument("--max-body-bytes", type=int, default=DEFAULT_MAX_BODY_BYTES,
+                        help="largest request body accepted, in bytes (413 beyond; default "
+                             "8 MiB, several times a 128k-token conversation)")
     parser.add_argument("--request-timeout", type=float, default=600.0,
                         help="seconds from arrival to completion before a request is cut off")
     parser.add_argument("--mode", default="asym", choices=("full", "compressed", "spec", "asym"),
@@ -50,10 +58,20 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="completion tokens when a request sets no max_tokens")
     parser.add_argument("--temperature", type=float, default=0.0,
                         help="temperature when a request sets none (0 = greedy, the paper's)")
+    parser.add_argument("--suffix-store", metavar="FILE", default=None,
+                        help="keep earlier responses for suffix drafts in this .npz file (read at "
+                             "start, written after every response), so drafting improves across restarts")
     parser.add_argument("--max-sessions", type=int, default=8,
                         help="conversations whose KV caches the engine keeps (LRU)")
     parser.add_argument("--model-name", default=DEFAULT_MODEL_NAME,
                         help="model id served on /v1/models")
+    parser.add_argument("--trace-dir", metavar="DIR", default=None,
+                        help="capture every completed request as a JSONL trace line in DIR (off by "
+                             "default; docs/evals.md, 'Captured traces'); never headers or the API key")
+    parser.add_argument("--trace-max-mb", type=float, default=64.0,
+                        help="with --trace-dir: start a new trace file when one would pass this size")
+    parser.add_argument("--trace-max-files", type=int, default=None,
+                        help="with --trace-dir: keep at most this many trace files (oldest deleted)")
     parser.add_argument("--log-level", default="info")
 
 
@@ -71,11 +89,14 @@ def cache_key_for(messages: list[dict], tools: list | None, mode: str) -> str:
 
 def create_app(engine, *, model_name: str = DEFAULT_MODEL_NAME, api_key: str | None = None,
                max_queue: int = 16, request_timeout: float = 600.0, default_mode: str = "asym",
-               default_max_tokens: int = 256, default_temperature: float = 0.0):
-    """The FastAPI app serving `engine` (one worker thread, started with the app)."""
+               default_max_tokens: int = 256, default_temperature: float = 0.0,
+               max_body_bytes: int = DEFAULT_MAX_BODY_BYTES, trace_writer=None):
+    """The FastAPI app serving `engine` (one worker thread, started with the app); with a
+    `trace_writer` (asymagent.trace_capture.TraceWriter) every completed request is captured."""
     import asyncio
     import contextlib
     import hmac
+    import logging
     import time
     import uuid
 
@@ -85,6 +106,7 @@ def create_app(engine, *, model_name: str = DEFAULT_MODEL_NAME, api_key: str | N
     from starlette.exceptions import HTTPException as StarletteHTTPException
 
     from asymagent.integrations import server_schemas as S
+    from asymagent.integrations.server_body_limit import BodyLimit
     from asymagent.integrations.server_schemas import extension_for, finish_reason_for, usage_for
     from asymagent.integrations.server_metrics import CONTENT_TYPE_LATEST, ServerMetrics
     from asymagent.integrations.server_streaming import DeltaStreamer
@@ -93,8 +115,9 @@ def create_app(engine, *, model_name: str = DEFAULT_MODEL_NAME, api_key: str | N
 
     if default_mode not in S.MODES:
         raise ValueError(f"default_mode must be one of {S.MODES}, got {default_mode!r}")
-    if request_timeout <= 0 or default_max_tokens < 1:
-        raise ValueError("request_timeout must be > 0 and default_max_tokens >= 1")
+    if request_timeout <= 0 or default_max_tokens < 1 or max_body_bytes < 1:
+        raise ValueError("request_timeout must be > 0, default_max_tokens and max_body_bytes "
+                         ">= 1")
     metrics = ServerMetrics(model_name)
 
     def observe(job: GenerationJob, result) -> None:
@@ -102,6 +125,13 @@ def create_app(engine, *, model_name: str = DEFAULT_MODEL_NAME, api_key: str | N
                         ttft_s=(job.first_token - job.received) if job.first_token else None,
                         queue_s=job.started - job.received,
                         finish_reason=finish_reason_for(result))
+        if trace_writer is not None:
+            kw = job.chat_kwargs
+            try:
+                trace_writer.record(engine, kw["messages"], kw.get("tools"), result, source="serve",
+                                    mode=kw["mode"], temperature=kw.get("temperature") or 0.0)
+            except OSError as exc:  # a full disk costs the trace, never the response
+                logging.getLogger("asymagent.serve").warning("trace not written: %s", exc)
 
     worker = EngineWorker(engine, max_queue=max_queue, metrics=metrics, observe=observe)
     created = int(time.time())
@@ -115,42 +145,59 @@ def create_app(engine, *, model_name: str = DEFAULT_MODEL_NAME, api_key: str | N
             worker.stop()
 
     app = FastAPI(title="asymagent OpenAI-compatible server", lifespan=lifespan)
+    app.add_middleware(BodyLimit, max_body_bytes=max_body_bytes, on_refused=metrics.error)
     app.state.worker, app.state.metrics, app.state.engine = worker, metrics, engine
 
     class ApiError(Exception):
         def __init__(self, status: int, message: str, type_: str = "invalid_request_error",
-                     param: str | None = None, code: str | None = None):
+                     param: str | None = None, code: str | None = None,
+                     headers: dict | None = None):
             super().__init__(message)
-            self.status, self.body = status, S.ErrorBody(error=S.ErrorDetail(
-                message=message, type=type_, param=param, code=code))
+            self.status, self.headers = status, headers
+            self.args_ = (message, type_, param, code)
 
     def error_response(status: int, message: str, type_: str = "invalid_request_error",
-                       param: str | None = None, code: str | None = None) -> JSONResponse:
+                       param: str | None = None, code: str | None = None,
+                       headers: dict | None = None) -> JSONResponse:
         metrics.error(status)
         body = S.ErrorBody(error=S.ErrorDetail(message=message, type=type_, param=param,
                                                code=code))
-        return JSONResponse(body.model_dump(), status_code=status)
+        return JSONResponse(body.model_dump(), status_code=status, headers=headers)
 
     @app.exception_handler(ApiError)
     async def _api_error(request, exc: ApiError):
-        metrics.error(exc.status)
-        return JSONResponse(exc.body.model_dump(), status_code=exc.status)
+        return error_response(exc.status, *exc.args_, headers=exc.headers)
 
     @app.exception_handler(RequestValidationError)
     async def _validation_error(request, exc: RequestValidationError):
-        first = exc.errors()[0] if exc.errors() else {}
+        errors = exc.errors()
+        first = errors[0] if errors else {}
+        if first.get("type") == "json_invalid":  # FastAPI's loc is ("body", character offset)
+            pos = first.get("loc", ("body", "?"))[-1]
+            reason = (first.get("ctx") or {}).get("error", "invalid JSON")
+            return error_response(400, f"the request body is not valid JSON: {reason} at "
+                                       f"character {pos}", code="invalid_json")
         loc = [str(p) for p in first.get("loc", ()) if p != "body"]
-        param = None if first.get("type") == "json_invalid" else (".".join(loc) or None)
         messages = "; ".join(
             f"{'.'.join(str(p) for p in e.get('loc', ()) if p != 'body') or 'body'}: "
-            f"{e.get('msg', 'invalid')}" for e in exc.errors()[:5])
-        return error_response(400, messages or "invalid request", param=param,
+            f"{e.get('msg', 'invalid')}" for e in errors[:5])
+        return error_response(400, messages or "invalid request", param=".".join(loc) or None,
                               code="invalid_value")
 
     @app.exception_handler(StarletteHTTPException)
     async def _http_error(request, exc: StarletteHTTPException):
+        if exc.status_code == 413:  # BodyTooLarge: a body without Content-Length ran over
+            return error_response(413, str(exc.detail), code="request_too_large")
+        if exc.status_code == 400 and exc.__cause__ is not None:  # FastAPI could not read JSON
+            return error_response(400, S.body_parse_error(exc.__cause__), code="invalid_json")
         kind = "not_found_error" if exc.status_code == 404 else "invalid_request_error"
         return error_response(exc.status_code, str(exc.detail), kind)
+
+    @app.exception_handler(Exception)
+    async def _unexpected(request, exc: Exception):  # a bug of ours: an error body, no internals
+        logging.getLogger("asymagent.server").error("unhandled error", exc_info=exc)
+        return error_response(500, f"internal error ({type(exc).__name__}); the server log "
+                                   "has the details", "server_error")
 
     async def check_key(request: Request) -> None:
         if api_key is None:
@@ -210,6 +257,11 @@ def create_app(engine, *, model_name: str = DEFAULT_MODEL_NAME, api_key: str | N
         if req.model != model_name:
             raise ApiError(404, f"The model `{req.model}` does not exist.", "not_found_error",
                            param="model", code="model_not_found")
+        bad_text = S.lone_surrogate_at(req.model_dump(exclude_none=True))
+        if bad_text is not None:
+            raise ApiError(400, f"{bad_text}: the text holds a lone UTF-16 surrogate escape "
+                                "(e.g. \\ud800), which is not valid Unicode", param=bad_text,
+                           code="invalid_value")
         mode = req.mode or default_mode
         messages = [m.to_engine() for m in req.messages]
         tools = [t.model_dump(exclude_none=True) for t in req.tools] if req.tools else None
@@ -226,7 +278,8 @@ def create_app(engine, *, model_name: str = DEFAULT_MODEL_NAME, api_key: str | N
         try:
             worker.submit(job)
         except QueueFull as exc:
-            raise ApiError(429, str(exc), "rate_limit_error", code="queue_full") from None
+            raise ApiError(429, str(exc), "rate_limit_error", code="queue_full",
+                           headers={"Retry-After": str(worker.retry_after_s())}) from None
         first = await next_event(job, request)
         if first is None:  # client gone before anything happened
             return Response(status_code=499)
@@ -284,9 +337,9 @@ def create_app(engine, *, model_name: str = DEFAULT_MODEL_NAME, api_key: str | N
             return f"data: {json.dumps(chunk, ensure_ascii=False)}\n\n"
 
         def sse_error(ev: Failed) -> str:
-            body = {"error": {"message": ev.message, "type": ev.type, "param": ev.param,
-                              "code": ev.code}}
-            return f"data: {json.dumps(body)}\n\n"
+            body = S.ErrorBody(error=S.ErrorDetail(message=ev.message, type=ev.type,
+                                                   param=ev.param, code=ev.code))
+            return f"data: {json.dumps(body.model_dump())}\n\n"
 
         try:
             # OpenAI opens with content "" for text and null when the answer may be a tool call.
@@ -325,56 +378,6 @@ def create_app(engine, *, model_name: str = DEFAULT_MODEL_NAME, api_key: str | N
     return app
 
 
-def load_engine(args):
-    """Engine for `asymagent serve` from --verifier/--drafter/--config."""
-    from asymagent.engine import Engine
-    from asymagent.spec_config import SpecConfig
-    from asymagent.context.views import CompressionConfig
-
-    spec = compression = None
-    if args.config:
-        import pathlib
-
-        text = pathlib.Path(args.config).read_text()
-        if args.config.endswith((".yaml", ".yml")):
-            import yaml
-
-            data = yaml.safe_load(text) or {}
-        else:
-            data = json.loads(text)
-        if not isinstance(data, dict):
-            raise ValueError(f"{args.config}: expected a mapping with 'spec'/'compression'")
-        spec = SpecConfig(**data["spec"]) if "spec" in data else None
-        compression = CompressionConfig(**data["compression"]) if "compression" in data else None
-    extra = {k: v for k, v in (("spec", spec), ("compression", compression)) if v is not None}
-    extra["max_sessions"] = args.max_sessions
-    drafter = args.drafter
-    if drafter is not None and drafter.startswith("layers:"):
-        # An untrained drafter made of the verifier's first N layers (sharing its embeddings
-        # and head): speculation works without a trained drafter, at lower acceptance.
-        from asymagent.modeling.drafter import build_drafter
-        from asymagent.modeling.loading import load_model
-
-        try:
-            layers = int(drafter.split(":", 1)[1])
-        except ValueError:
-            raise ValueError(f"--drafter layers:N needs an integer N, got {drafter!r}") from None
-        ver = load_model(args.verifier)
-        draft = build_drafter(ver.model, num_layers=layers, init_from_verifier=True).eval()
-        if compression is None:
-            compression = CompressionConfig()
-        return Engine(verifier=ver.model, drafter=draft, tokenizer=ver.tokenizer, spec=spec,
-                      compression=compression, max_sessions=args.max_sessions)
-    if args.verifier == "default" and drafter is None:
-        return Engine.from_default(**extra)
-    if drafter is None and args.mode in ("spec", "asym"):
-        # refuse now rather than answer every default request with a 400
-        raise ValueError(f"--verifier {args.verifier} has no drafter, but --mode is {args.mode!r}: pass "
-                         "--drafter (a trained drafter, or layers:N for an untrained cut of the "
-                         "verifier) or --mode full/compressed")
-    return Engine.from_pretrained(verifier=args.verifier, drafter=drafter, **extra)
-
-
 def main(args) -> int:
     import logging
     import os
@@ -386,8 +389,15 @@ def main(args) -> int:
         logging.warning("serving on %s without --api-key: anyone who can reach it can use it",
                         args.host)
     engine = load_engine(args)
-    app = create_app(engine, model_name=args.model_name, api_key=api_key,
+    writer = None
+    if args.trace_dir:
+        from asymagent.trace_capture import TraceWriter
+
+        writer = TraceWriter(args.trace_dir, max_bytes=int(args.trace_max_mb * 2**20),
+                             max_files=args.trace_max_files, secrets=(api_key,) if api_key else ())
+    app = create_app(engine, model_name=args.model_name, api_key=api_key, trace_writer=writer,
                      max_queue=args.max_queue, request_timeout=args.request_timeout,
+                     max_body_bytes=args.max_body_bytes,
                      default_mode=args.mode, default_max_tokens=args.max_tokens,
                      default_temperature=args.temperature)
     uvicorn.run(app, host=args.host, port=args.port, log_level=args.log_level)

@@ -9,6 +9,7 @@ Speculation counters follow vLLM's definitions:
   num_draft_tokens      draft tokens proposed,
   num_accepted_tokens   draft tokens accepted,
   num_accepted_tokens_per_pos{position}  accepted drafts at draft position i (0-based).
+Extension: draft_source_steps{source}  decode steps by drafter (StepStats.draft_source).
 """
 
 from __future__ import annotations
@@ -88,6 +89,9 @@ class ServerMetrics:
                                       "requests that were then cancelled.", lbl, registry=r)
         self.errors = Counter(p + "request_errors", "Requests answered with an error, by HTTP "
                               "status.", lbl + ["status"], registry=r)
+        self.draft_source = Counter(p + "draft_source_steps", "Decode steps by what drafted them "
+                                    "(suffix, lookup, model; plain = no draft).",
+                                    lbl + ["source"], registry=r)
         self.waiting = Gauge(p + "num_requests_waiting", "Requests queued for the engine "
                              "worker (queue depth).", lbl, registry=r)
         self.running = Gauge(p + "num_requests_running", "Requests the engine is generating.",
@@ -108,6 +112,8 @@ class ServerMetrics:
             self.num_accepted_tokens.labels(m).inc(stats.accepted)
             for pos, count in enumerate(accepted_per_position(stats)):
                 self.num_accepted_per_pos.labels(m, str(pos)).inc(count)
+        for source, count in (getattr(stats, "draft_source", None) or {}).items():
+            self.draft_source.labels(m, source).inc(count)
         self.e2e.labels(m).observe(e2e_s)
         self.queue_time.labels(m).observe(queue_s)
         if ttft_s is not None:

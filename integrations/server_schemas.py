@@ -14,11 +14,21 @@ import re
 import time
 from typing import Any, Literal, Optional, Union
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import (BaseModel, ConfigDict, Field, ValidationInfo, field_validator,
+                      model_validator)
+
+from asymagent.chat.schema_refs import check_refs
 
 MODES = ("full", "compressed", "spec", "asym")  # asymagent.spec_config.MODES (kept light here)
+MIN_SAMPLING_TEMPERATURE = 1e-4  # smaller positive temperatures decode greedily (see below)
+MIN_TOP_P = 1e-6
 _TOOL_NAME = re.compile(r"^[A-Za-z0-9_-]{1,64}$")  # OpenAI's rule for function names
 _JSON_TYPES = ("object", "array", "string", "number", "integer", "boolean", "null")
+# What a dependency's error text may carry that a client must not see: log timestamps and
+# source paths ("[10:27:10] /project/cpp/json_schema_converter.cc:5088: ").
+_LOG_STAMP = re.compile(r"\[\d{2}:\d{2}:\d{2}\]\s*")
+_SOURCE_PATH = re.compile(r"(?:[A-Za-z]:)?(?:[/\\][\w.+@~-]+)+\.(?:py|pyx|pxi|pyi|c|cc|cpp|cxx|h|hpp|"
+                          r"cu|so|rs)(?::\d+)*:?\s*")
 
 
 # ----------------------------------------------------------------------------- request side
@@ -136,6 +146,7 @@ class FunctionDef(BaseModel):
     def _params(cls, value: dict) -> dict:
         if value.get("type", "object") != "object":
             raise ValueError("function parameters must be a JSON schema with type 'object'")
+        check_refs(value)  # $ref targets exist, nesting is bounded, a finite instance exists
         _check_schema(value, "parameters")
         return value
 
@@ -178,9 +189,25 @@ class ChatCompletionRequest(BaseModel):
     stream_options: Optional[StreamOptions] = None
     tools: Optional[list[ToolDef]] = None
     tool_choice: Optional[Union[Literal["none", "auto", "required"], NamedToolChoice]] = None
+    # (tool_choice and stream_options are checked against tools / stream in field validators,
+    # declared after those fields, so that an error's `param` names the offending field)
     mode: Optional[Literal["full", "compressed", "spec", "asym"]] = None  # extension
     presence_penalty: Optional[float] = Field(default=None, ge=-2.0, le=2.0)
     frequency_penalty: Optional[float] = Field(default=None, ge=-2.0, le=2.0)
+
+    @field_validator("temperature")
+    @classmethod
+    def _tiny_temperature_is_greedy(cls, value):
+        # Below 1e-4 softmax(logits / T) is the argmax to float precision, and dividing by T
+        # overflows float32 (NaN probabilities): decode greedily, the same distribution.
+        return 0.0 if value is not None and value < MIN_SAMPLING_TEMPERATURE else value
+
+    @field_validator("top_p")
+    @classmethod
+    def _tiny_top_p_keeps_the_top_token(cls, value):
+        # A nucleus of mass 1e-6 is already the top token alone; smaller values round to 0 in
+        # float32, and a zero nucleus would drop every token.
+        return max(value, MIN_TOP_P)
 
     @field_validator("stop")
     @classmethod
@@ -194,19 +221,33 @@ class ChatCompletionRequest(BaseModel):
                 raise ValueError("stop sequences must be non-empty")
         return value
 
-    @model_validator(mode="after")
-    def _tools_consistent(self):
-        names = [t.function.name for t in self.tools or []]
+    @field_validator("tools")
+    @classmethod
+    def _unique_tools(cls, value):
+        names = [t.function.name for t in value or []]
         if len(set(names)) != len(names):
             raise ValueError("tool names must be unique")
-        if isinstance(self.tool_choice, NamedToolChoice) and self.tool_choice.function.name not in names:
-            raise ValueError(f"tool_choice names function {self.tool_choice.function.name!r}, "
-                             "which is not in 'tools'")
-        if self.tool_choice == "required" and not names:
+        return value
+
+    @field_validator("tool_choice")
+    @classmethod
+    def _choice_in_tools(cls, value, info: ValidationInfo):
+        if "tools" not in info.data:  # tools itself was invalid (reported on its own)
+            return value
+        names = [t.function.name for t in info.data["tools"] or []]
+        if isinstance(value, NamedToolChoice) and value.function.name not in names:
+            raise ValueError(f"tool_choice names function {value.function.name!r}, which is "
+                             "not in 'tools'")
+        if value == "required" and not names:
             raise ValueError("tool_choice 'required' needs 'tools'")
-        if self.stream_options is not None and not self.stream:
+        return value
+
+    @field_validator("stream_options")
+    @classmethod
+    def _options_need_stream(cls, value, info: ValidationInfo):
+        if value is not None and not info.data.get("stream", False):
             raise ValueError("stream_options is only allowed when stream is true")
-        return self
+        return value
 
     def engine_tool_choice(self):
         """tool_choice in the engine's terms ("auto" default when tools are given)."""
@@ -291,6 +332,40 @@ class ErrorDetail(BaseModel):
     type: str
     param: Optional[str] = None
     code: Optional[str] = None
+
+    @field_validator("message")
+    @classmethod
+    def _no_internals(cls, value: str) -> str:
+        """Strip log stamps and source paths a dependency's error text may carry."""
+        return _SOURCE_PATH.sub("", _LOG_STAMP.sub("", value)).strip() or "error"
+
+
+def lone_surrogate_at(value, path: str = "") -> str | None:
+    """Dotted path of the first string holding a lone UTF-16 surrogate (JSON allows the escape
+    `\\ud800`, but it is not Unicode text: it cannot be encoded, tokenised or hashed), else None."""
+    stack = [(value, path)]
+    while stack:
+        item, where = stack.pop()
+        if isinstance(item, str):
+            if any("\ud800" <= ch <= "\udfff" for ch in item):
+                return where or "body"
+        elif isinstance(item, dict):
+            stack += [(v, f"{where}.{k}" if where else str(k)) for k, v in item.items()]
+            stack += [(k, where or "body") for k in item if isinstance(k, str)]
+        elif isinstance(item, (list, tuple)):
+            stack += [(v, f"{where}.{i}" if where else str(i)) for i, v in enumerate(item)]
+    return None
+
+
+def body_parse_error(cause: BaseException) -> str:
+    """What was wrong with a request body FastAPI could not decode (it says only 'There was an
+    error parsing the body' and keeps the reason as the exception's cause)."""
+    if isinstance(cause, UnicodeDecodeError):
+        return (f"the request body is not valid UTF-8 ({cause.reason} at byte {cause.start}); "
+                "JSON bodies must be UTF-8")
+    if isinstance(cause, RecursionError):
+        return "the request body's JSON is nested too deeply to parse"
+    return f"the request body could not be read as JSON ({type(cause).__name__})"
 
 
 class ErrorBody(BaseModel):

@@ -19,12 +19,15 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import math
 import queue
 import threading
 import time
 import traceback
 from dataclasses import dataclass, field
 from typing import Any, Callable
+
+from asymagent.chat.schema_refs import ToolSchemaError
 
 log = logging.getLogger("asymagent.server")
 
@@ -147,6 +150,7 @@ class EngineWorker:
         self._lock = threading.Lock()
         self._chat_format = None  # built on the worker thread (it uses the tokenizer)
         self._current: GenerationJob | None = None  # the job being generated, if any
+        self._service_s = 0.0  # moving average of a generation's duration (for Retry-After)
 
     # -- lifecycle --------------------------------------------------------------------------
     def start(self) -> None:
@@ -179,6 +183,11 @@ class EngineWorker:
     def depth(self) -> int:
         return self._queue.qsize()
 
+    def retry_after_s(self) -> int:
+        """Seconds a client refused with 429 should wait: the queue's expected drain time
+        (depth x the moving average of a generation's duration), at least 1, at most 60."""
+        return max(1, min(60, math.ceil(self._service_s * (self.depth + 1))))
+
     # -- submission (asyncio side) ------------------------------------------------------------
     def submit(self, job: GenerationJob) -> None:
         self.start()
@@ -201,9 +210,10 @@ class EngineWorker:
             self._current = job
             try:
                 self._process(job)
-            except Exception as exc:  # engine bug: answer 500, keep serving
+            except Exception as exc:  # worker bug: answer 500 without internals, keep serving
                 log.error("generation failed: %s\n%s", exc, traceback.format_exc())
-                job.emit(Failed(500, f"internal error during generation: {exc}", "server_error"))
+                job.emit(Failed(500, f"internal error ({type(exc).__name__}); the server log "
+                                     "has the details", "server_error"))
             finally:
                 self._current = None
 
@@ -235,7 +245,7 @@ class EngineWorker:
         except ContextTooLong as exc:
             job.emit(Failed(400, str(exc), param="messages", code="context_length_exceeded"))
             return
-        except (ValueError, TypeError, KeyError) as exc:  # the chat format refused the input
+        except (ValueError, TypeError, KeyError, RecursionError) as exc:  # the chat format refused it
             job.emit(Failed(400, f"invalid messages or tools: {exc}", param="messages"))
             return
         detok = IncrementalDetokenizer(self.engine.tokenizer)
@@ -267,28 +277,28 @@ class EngineWorker:
 
         if self.metrics is not None:
             self.metrics.running.labels(self.metrics.model_name).set(1)
+        failed: Failed | None = None
         try:
             result = self.engine.chat(**kw, callback=callback)
-        except ValueError as exc:  # bad input the engine found (e.g. an uncompilable schema)
-            job.emit(Failed(400, str(exc)))
-            return
-        except RuntimeError as exc:
-            if not started and kw.get("tools") and kw.get("tool_choice") not in ("auto", "none"):
-                # xgrammar raises RuntimeError for schemas it cannot compile (an unclosed regex
-                # `pattern`, minimum > maximum): the request's tools are at fault, not us.
-                job.emit(Failed(400, f"a tool's parameters schema cannot be compiled into a "
-                                     f"grammar: {exc}", param="tools", code="invalid_schema"))
-                return
+        except ToolSchemaError as exc:  # a forced call's schema the grammar cannot serve
+            failed = Failed(400, str(exc), param="tools", code="invalid_schema")
+        except ValueError as exc:  # other bad input the engine found
+            failed = Failed(400, str(exc))
+        except Exception as exc:  # engine bug: logged in full, answered without internals
             log.error("generation failed: %s\n%s", exc, traceback.format_exc())
-            job.emit(Failed(500, f"internal error during generation: {exc}", "server_error"))
-            return
-        except Exception as exc:
-            log.error("generation failed: %s\n%s", exc, traceback.format_exc())
-            job.emit(Failed(500, f"internal error during generation: {exc}", "server_error"))
-            return
+            failed = Failed(500, f"internal error during generation ({type(exc).__name__}); "
+                                 "the server log has the details", "server_error")
         finally:
             if self.metrics is not None:
                 self.metrics.running.labels(self.metrics.model_name).set(0)
+        if failed is not None or job.cancel.is_set() or timed_out:
+            # A generation cut short (client gone, deadline) or failed leaves its conversation's
+            # caches holding tokens nobody will extend, or in an unknown state: free them.
+            self.engine.caches.drop(kw["cache_key"])
+        if failed is not None:
+            job.emit(failed)
+            return
+        self._service_s = 0.8 * self._service_s + 0.2 * (time.monotonic() - job.started)
         job.finished = time.monotonic()
         if job.first_token is None and result.token_ids:
             job.first_token = job.finished

@@ -154,3 +154,31 @@ def test_short_chat_runs_every_variant_greedy_and_lossless_in_spec(tiny_setup):
     # spec is lossless against full at temperature 0, with and without adaptive K
     assert res["spec"]["same_as_full"] == 2 and res["spec+adaptive_k"]["same_as_full"] == 2
     assert tiny_setup.engine.spec is before  # the engine's own config is restored afterwards
+
+
+def test_bootstrap_interval_brackets_the_ratio_and_collapses_without_noise():
+    # two modes, 3 repeats x 4 steps; b is exactly half of a on every step and repeat
+    a = [[2.0, 4.0, 6.0, 8.0]] * 3
+    b = [[1.0, 2.0, 3.0, 4.0]] * 3
+    assert bench.bootstrap_ratio(a, b, 4) == pytest.approx([2.0, 2.0])
+    # noisy repeats: the interval widens and still brackets the ratio of the sums
+    b_noisy = [[1.0, 2.0, 3.0, 4.0], [1.3, 2.5, 3.2, 4.4], [0.8, 1.9, 2.7, 3.9]]
+    lo, hi = bench.bootstrap_ratio(a, b_noisy, 4)
+    ratio = sum(a[0]) / (sum(map(sum, b_noisy)) / 3)
+    assert lo < ratio < hi and hi - lo > 0.05
+    assert bench.bootstrap_ratio(a, b_noisy, 4) == [lo, hi]  # seeded: same data, same interval
+
+
+def test_each_compared_label_gets_its_own_suffix_store():
+    from asymagent.evals.engine_setup import use_suffix_store
+
+    class FakeEngine:
+        suffix_store = None
+
+    engine = FakeEngine()
+    use_suffix_store(engine, "full")
+    engine.suffix_store.add([1, 2, 3])
+    use_suffix_store(engine, "asym")
+    assert len(engine.suffix_store) == 0  # asym never sees full's responses
+    use_suffix_store(engine, "full")
+    assert len(engine.suffix_store) == 1

@@ -39,7 +39,8 @@ def test_crop_then_extend_equals_fresh_prefill(pair):
 @pytest.mark.parametrize("k", [1, 4])
 def test_caches_after_rejections_equal_fresh_prefill(pair, k):
     verifier, drafter = pair
-    engine = Engine(verifier=verifier, drafter=drafter, spec=SpecConfig(k=k))
+    # beta > 0: the drafter's compressed-view cache (the base pass) is built and checked too
+    engine = Engine(verifier=verifier, drafter=drafter, spec=SpecConfig(k=k, beta=1.0))
     prompt = random_prompts(1, length=24, seed=3)[0]
     comp = prompt[8:]
     r = engine.generate(prompt, mode="asym", max_new_tokens=20, compressed_prompt_ids=comp)

@@ -80,8 +80,9 @@ def test_chat_asym_with_surprisal_compression(chat_engine):
     session = chat_engine.caches.session("a")
     assert len(session.logprobs) == s.full_context_tokens  # views asked for the log-probs
     # the drafter prefilled the full view once, for the log-probs (tokens 0..n-2; generate's
-    # prefill then re-fed only the last one), plus the compressed view for the base pass
-    assert s.drafter_prefill_tokens == (s.full_context_tokens - 1) + 1 + s.verifier_context_tokens
+    # prefill then re-fed only the last one); with beta = 0 (the default) there is no base pass,
+    # so the compressed view is never prefilled by the drafter
+    assert s.drafter_prefill_tokens == (s.full_context_tokens - 1) + 1
 
 
 def test_chat_names_the_bad_entry_before_any_work(smollm_tokenizer):

@@ -177,15 +177,17 @@ def test_callback_streams_and_cancels(engine):
     chunks = []
     r = engine.generate(prompt, mode="spec", max_new_tokens=20, callback=chunks.append)
     assert sum(chunks, []) == r.token_ids == full.token_ids  # chunks concatenate to the output
-    seen = []
+    seen, sizes = [], []
 
     def stop_after_5(ids):
         seen.extend(ids)
+        sizes.append(len(ids))
         return len(seen) < 5 and None
 
     r = engine.generate(prompt, mode="spec", max_new_tokens=20, callback=stop_after_5)
     assert r.finish_reason == "cancelled"
-    assert r.token_ids == seen and len(seen) >= 5 and len(seen) <= 5 + 3  # at most one round late
+    # the run stops at the round that reached 5 tokens: never called again after a False
+    assert r.token_ids == seen and sum(sizes[:-1]) < 5 <= sum(sizes)
 
 
 @pytest.mark.parametrize("mode", ["spec", "asym"])
@@ -242,7 +244,8 @@ def test_forced_tokens_counted_alike_in_every_mode():
     """forced_tokens counts tokens emitted without a model decision: jump-forwarded ones, and
     forced ones a round drafted and accepted under the singleton mask. Same output, same count."""
     verifier = make_model(seed=0)
-    engine = Engine(verifier=verifier, drafter=verifier, spec=SpecConfig(k=3))
+    # the model drafter only (no copied drafts): the chunk shapes below are its rounds
+    engine = Engine(verifier=verifier, drafter=verifier, spec=SpecConfig(k=3, lookup_ngram=0))
     for prompt in random_prompts(3, seed=4):
         outs = {}
         for mode in ("full", "spec", "asym"):

@@ -35,8 +35,10 @@ def _drafter(kind: str, verifier):
 @pytest.mark.parametrize("k", [1, 3, 6])
 @pytest.mark.parametrize("kind", ["random", "same", "noisy"])
 def test_spec_greedy_equals_full(verifier, full_outputs, k, kind):
-    # the drafter alone (lookup drafts have their own K and tests: tests/test_prompt_lookup.py)
-    spec = SpecConfig(k=k, lookup_ngram=0)
+    # the drafter alone (lookup drafts have their own K and tests: tests/test_prompt_lookup.py),
+    # at a fixed K: the bounds below are K's (adaptive K, which picks K from wall-clock timings,
+    # is the next test)
+    spec = SpecConfig(k=k, lookup_ngram=0, adaptive_k=False)
     engine = Engine(verifier=verifier, drafter=_drafter(kind, verifier), spec=spec)
     accepted, drafted = 0, 0
     for prompt, expected in zip(random_prompts(N_PROMPTS), full_outputs):
@@ -71,6 +73,17 @@ def test_asym_beta0_exact_no_compression_equals_full(verifier, full_outputs, k):
         assert r.stats.mean_jsd == 0.0
 
 
+@pytest.mark.parametrize("kind", ["random", "noisy"])
+def test_spec_greedy_equals_full_with_adaptive_k(verifier, full_outputs, kind):
+    """Adaptive K changes K (and may switch speculation off) from timings, never the output."""
+    spec = SpecConfig(k=2, lookup_ngram=0, adaptive_k=True)
+    engine = Engine(verifier=verifier, drafter=_drafter(kind, verifier), spec=spec)
+    for prompt, expected in zip(random_prompts(N_PROMPTS), full_outputs):
+        r = engine.generate(prompt, mode="spec", max_new_tokens=NEW)
+        assert r.token_ids == expected
+        assert r.stats.rounds == 0 or 1.0 <= r.stats.mean_accepted_len <= spec.k_max + 1
+
+
 @pytest.mark.parametrize("mode", ["spec", "asym"])
 def test_one_view_rounds_take_the_gate_shortcut(verifier, monkeypatch, mode):
     """spec, and asym without compression, tell the gate there is one drafter view (base None).
@@ -94,8 +107,9 @@ def test_one_view_rounds_take_the_gate_shortcut(verifier, monkeypatch, mode):
 
 
 def test_asym_with_compression_reads_three_caches(verifier):
-    """asym with a compressed view: verifier and base see the short view, drafter the full one."""
-    spec = SpecConfig(k=3)
+    """asym with a compressed view: verifier and base see the short view, drafter the full one
+    (beta > 0: the drafter model's delta needs the base pass)."""
+    spec = SpecConfig(k=3, beta=1.0)
     engine = Engine(verifier=verifier, drafter=noisy_copy(verifier, 0.6), spec=spec)
     prompt = random_prompts(1, length=30)[0]
     r = engine.generate(prompt, mode="asym", max_new_tokens=NEW, compressed_prompt_ids=prompt[10:])
@@ -110,6 +124,23 @@ def test_asym_with_compression_reads_three_caches(verifier):
     assert len(session.get("verifier_compressed")) <= 20 + len(r.token_ids)
     assert len(session.get("drafter_compressed")) <= 20 + len(r.token_ids)
     assert len(session.get("drafter_full")) <= 30 + len(r.token_ids)
+
+
+def test_asym_without_drafter_delta_skips_the_base_pass(verifier):
+    """beta = 0 (the default), greedy, no escalation: nothing reads the drafter's compressed view,
+    so it is never prefilled, and the output is the same as with the base pass built."""
+    prompt = random_prompts(1, length=30)[0]
+    outs = {}
+    for acceptance in ("greedy", "cda"):  # cda reads the base row: the cache is built again
+        engine = Engine(verifier=verifier, drafter=noisy_copy(verifier, 0.6),
+                        spec=SpecConfig(k=3, beta=0.0, acceptance=acceptance))
+        r = engine.generate(prompt, mode="asym", max_new_tokens=NEW, compressed_prompt_ids=prompt[10:])
+        assert r.stats.drafter_prefill_tokens == (30 if acceptance == "greedy" else 30 + 20)
+        outs[acceptance] = r.token_ids
+    compressed = Engine(verifier=verifier).generate(prompt[10:], mode="full", max_new_tokens=NEW)
+    # beta 0, greedy: the target is the compressed verifier (+ the copy delta, 0 on random
+    # prompts without repeats of >= 3 tokens), so asym emits mode compressed's tokens
+    assert outs["greedy"] == compressed.token_ids
 
 
 def test_strict_prefix_uses_greedy_matching(verifier):

@@ -68,3 +68,21 @@ def test_a_drafter_equal_to_the_verifier_recovers_everything(perfect_drafter_eng
     assert plain["top1_fused"] == overall["top1_compressed"]
     assert overall["top1_drafter"] == 1.0  # the drafter on the full view is v_f
     json.dumps(result)  # JSON-serialisable
+
+
+def test_run_skips_conversations_already_measured(monkeypatch):
+    import asymagent.evals.fusion as fusion
+
+    calls = []
+
+    def fake(engine, conv, variants, **kw):
+        calls.append((conv.suite, conv.seed))
+        return [fusion.Position(conv.suite, conv.seed, 0, "text", 0.1, 0.0, True, [0.05], [True])]
+
+    monkeypatch.setattr(fusion, "measure_conversation", fake)
+    saved = []
+    done = [fusion.Position("domain:parcels", 0, 0, "text", 0.1, 0.0, True, [0.05], [True])]
+    positions, _ = fusion.run(None, ["domain:parcels"], [Variant()], split="dev", episodes=2, done=done,
+                              progress=False, on_conversation=lambda ps: saved.append(len(ps)))
+    assert calls == [("domain:parcels", 1)]  # seed 0 came from the interrupted run
+    assert len(positions) == 2 and saved == [2]

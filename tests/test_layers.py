@@ -155,6 +155,29 @@ def test_no_private_attribute_read_across_modules():
     assert not bad, bad
 
 
+def top_level_imports(path: Path) -> set:
+    """First components of every absolute import in a source file (`import a.b` -> "a")."""
+    found = set()
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        if isinstance(node, ast.Import):
+            found |= {alias.name.partition(".")[0] for alias in node.names}
+        elif isinstance(node, ast.ImportFrom) and not node.level and node.module:
+            found.add(node.module.partition(".")[0])
+    return found
+
+
+OPTIONAL_DEPENDENCIES = {"ray": {"asymagent.evals.ray_eval"}}  # extra -> the modules that may import it
+
+
+@pytest.mark.parametrize("package", sorted(OPTIONAL_DEPENDENCIES))
+def test_optional_dependencies_stay_optional(package):
+    """Ray (`pip install 'asymagent[ray]'`) is imported by evals/ray_eval.py only, never by the
+    core or anything a plain install imports."""
+    users = {m for m, path in MODULES.items() if package in top_level_imports(path)}
+    assert not {m for m in users if layer(m) == "core"}, f"the core imports {package}: {sorted(users)}"
+    assert users <= OPTIONAL_DEPENDENCIES[package], sorted(users)
+
+
 def test_core_stays_small_at_the_top():
     top = [p for p in (ROOT / "asymagent").glob("*.py")]
     assert len(top) <= 14, sorted(p.name for p in top)

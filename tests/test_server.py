@@ -18,6 +18,7 @@ import pytest
 from asymagent.integrations.openai_server import create_app
 from asymagent.agents.tools import schema_errors
 from conftest import make_tiny_llama
+from server_probe import metric
 
 VOCAB = 49152  # SmolLM2's vocabulary, so the real tokenizer drives the tiny models
 WEATHER = {"type": "function", "function": {
@@ -248,18 +249,9 @@ def test_concurrent_requests_all_succeed(client):
     assert all(r.choices[0].finish_reason in ("stop", "length") for r in results)
 
 
-def _metric(url: str, name: str) -> float:
-    text = httpx.get(url + "/metrics").text
-    total = 0.0
-    for line in text.splitlines():
-        if line.startswith(name + "{") or line.startswith(name + " "):
-            total += float(line.rsplit(" ", 1)[1])
-    return total
-
-
 def test_disconnect_mid_stream_cancels_then_a_normal_request_works(server):
     url = server[0]
-    before = _metric(url, "asymagent:request_aborted_total")
+    before = metric(url, "asymagent:request_aborted_total")
     # Sampled (seeded): the greedy tiny model repeats "\n", which streams nothing until the end.
     body = {"model": "asymagent", "messages": USER, "max_tokens": 1500, "stream": True,
             "temperature": 1.0, "seed": 0}
@@ -275,11 +267,11 @@ def test_disconnect_mid_stream_cancels_then_a_normal_request_works(server):
                    json={"model": "asymagent", "messages": USER, "max_tokens": 3})
     assert r.status_code == 200
     deadline = time.monotonic() + 30  # the abort is recorded when the worker notices it
-    while _metric(url, "asymagent:request_aborted_total") < before + 1:
+    while metric(url, "asymagent:request_aborted_total") < before + 1:
         assert time.monotonic() < deadline, "the dropped stream was never cancelled"
         time.sleep(0.05)
     # 1500 tokens take many seconds on the tiny model; the abort freed the worker long before.
-    assert _metric(url, "asymagent:aborted_generation_tokens_total") < 1500
+    assert metric(url, "asymagent:aborted_generation_tokens_total") < 1500
     assert time.monotonic() - t0 < 60
 
 

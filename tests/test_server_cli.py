@@ -82,3 +82,8 @@ def test_load_engine_reads_config_and_layers_drafter(tmp_path, smollm_tokenizer)
     with pytest.raises(ValueError, match="--drafter"):
         load_engine(parser.parse_args(["--verifier", str(vdir)]))
     assert load_engine(parser.parse_args(["--verifier", str(vdir), "--mode", "full"])).drafter is None
+    # --suffix-store: earlier responses persist across engines (server restarts)
+    store_args = ["--verifier", str(vdir), "--mode", "full", "--suffix-store", str(tmp_path / "s.npz")]
+    first = load_engine(parser.parse_args(store_args))
+    first.generate([1, 2, 3, 4], mode="full", max_new_tokens=4)
+    assert load_engine(parser.parse_args(store_args)).suffix_store.num_tokens == 4

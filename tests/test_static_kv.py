@@ -16,7 +16,7 @@ from asymagent.engine import Engine
 from asymagent.kv import static_cache
 from asymagent.kv.cache import ModelCache
 from asymagent.kv.static_cache import StaticKV, StaticKVOptions, static_kv_unsupported, static_roles
-from asymagent.spec_config import SpecConfig
+from asymagent.spec_config import SpecConfig, mode_of
 from test_engine_models import make_model, noisy_copy, random_prompts
 
 ATOL = 1e-4  # fp32 logits of a 2-layer model: static vs dynamic differ by ~1e-6
@@ -85,14 +85,37 @@ def test_crop_to_zero_keeps_buffers_and_reserve_grows_once(model):
     assert kv.capacity > first and kv.layers[0].keys is not keys
 
 
-def _agent_steps(engine, prompt, comp, mode, new, keep):
+def _agent_steps(engine, prompt, comp, mode, new, keep, temperature=0.0):
     """Two calls as an agent loop makes them: the second prompt extends the first (prefix reuse).
     Returns (first result, second result, the second's verifier view with its new tokens)."""
-    first = engine.generate(prompt, mode=mode, max_new_tokens=new, compressed_prompt_ids=comp)
+    kw = dict(mode=mode, temperature=temperature, seed=7)
+    first = engine.generate(prompt, max_new_tokens=new, compressed_prompt_ids=comp, **kw)
     p2 = prompt + first.token_ids[:keep] + [40, 41]
     c2 = None if comp is None else comp + first.token_ids[:keep] + [40, 41]
-    second = engine.generate(p2, mode=mode, max_new_tokens=new // 2, compressed_prompt_ids=c2)
-    return first, second, (c2 if mode == "asym" else p2) + second.token_ids
+    second = engine.generate(p2, max_new_tokens=new // 2, compressed_prompt_ids=c2, **kw)
+    return first, second, (c2 if comp is not None else p2) + second.token_ids
+
+
+def _verifier_role(mode):
+    return "verifier_compressed" if mode_of(mode).compressed else "verifier_full"
+
+
+# Every mode, and the paths main's engine takes on top of the default (suffix drafting, the copy
+# delta, beta 0): the paper's gate (cda, beta 1: the drafter's compressed-view cache, fused
+# plain steps with no drafts), and sampling (coupled = the default greedy at T > 0; exact).
+# (mode, SpecConfig overrides, temperature)
+ENGINE_CASES = [
+    ("full", {}, 0.0), ("compressed", {}, 0.0), ("spec", {}, 0.0), ("asym", {}, 0.0),
+    ("asym", {"paper": True}, 0.0), ("spec", {}, 0.8), ("asym", {"beta": 1.0}, 0.8),
+    ("asym", {"acceptance": "exact", "beta": 1.0}, 0.8),
+]
+
+
+def _spec(overrides):
+    overrides = dict(overrides)
+    if overrides.pop("paper", False):
+        return SpecConfig.paper(k=3, **overrides)
+    return SpecConfig(k=3, adaptive_k=False, **overrides)  # adaptive K decides from timings
 
 
 def _fresh_next_logits(model, ids):
@@ -100,28 +123,29 @@ def _fresh_next_logits(model, ids):
         return model(input_ids=torch.tensor([ids])).logits[0, -1]  # [V]
 
 
-@pytest.mark.parametrize("mode", ["full", "spec", "asym"])
-def test_engine_static_kv_same_tokens_and_rollback(model, mode):
+@pytest.mark.parametrize("mode, overrides, temperature", ENGINE_CASES)
+def test_engine_static_kv_same_tokens_and_rollback(model, mode, overrides, temperature):
     drafter = make_model(seed=1, layers=1)  # unrelated: many rejections, so many rollbacks
-    spec = SpecConfig(k=3, adaptive_k=False)  # adaptive K decides from timings
     prompt = random_prompts(1, length=40, seed=3)[0]
-    comp = prompt[10:] if mode == "asym" else None
+    # a compressed view that drops a span the suffix repeats (the copy delta has counts to use)
+    comp = prompt[10:] + prompt[2:8] if mode_of(mode).compressed else None
     results = []
     for static in (False, True):
-        engine = Engine(verifier=model, drafter=drafter, spec=spec, static_kv=static)
+        engine = Engine(verifier=model, drafter=drafter, spec=_spec(overrides), static_kv=static)
         # the second step reuses the caches' common prefix (crop, then extend)
-        first, second, view = _agent_steps(engine, prompt, comp, mode, new=24, keep=6)
+        first, second, view = _agent_steps(engine, prompt, comp, mode, new=24, keep=6,
+                                           temperature=temperature)
         results.append((first.token_ids, second.token_ids, first.stats.accepted,
-                        first.stats.drafted))
+                        first.stats.drafted, first.stats.drafter_prefill_tokens))
         if static:
             session = engine.caches.session("default")
-            cache = session.get("verifier_compressed" if mode == "asym" else "verifier_full")
+            cache = session.get(_verifier_role(mode))
             assert isinstance(cache.cache, StaticKV)
             assert cache.tokens == view[: len(cache.tokens)]
             got = cache.forward_logits(view[len(cache.tokens):], keep=1)[0]
             torch.testing.assert_close(got, _fresh_next_logits(model, view), atol=ATOL, rtol=0)
     assert results[0] == results[1]
-    if mode != "full":
+    if mode_of(mode).speculative:
         assert results[1][3] > results[1][2]  # drafts were rejected: the rollback path ran
 
 
@@ -192,28 +216,28 @@ def test_graph_replay_equals_eager_static_forward(dtype):
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("mode", ["full", "spec", "asym"])
-def test_engine_cuda_graphs_same_tokens_and_rollback(mode):
+@pytest.mark.parametrize("mode, overrides, temperature", ENGINE_CASES)
+def test_engine_cuda_graphs_same_tokens_and_rollback(mode, overrides, temperature):
     verifier = make_model(seed=0).to("cuda")
     drafter = noisy_copy(verifier, 0.6).to("cuda")
-    spec = SpecConfig(k=3, adaptive_k=False)
     prompt = random_prompts(1, length=64, seed=4)[0]
-    comp = prompt[16:] if mode == "asym" else None
+    comp = prompt[16:] + prompt[2:8] if mode_of(mode).compressed else None
     runs = {}
     for graphs in (False, True):
-        engine = Engine(verifier=verifier, drafter=drafter, spec=spec, cuda_graphs=graphs)
-        first, second, view = _agent_steps(engine, prompt, comp, mode, new=40, keep=8)
+        engine = Engine(verifier=verifier, drafter=drafter, spec=_spec(overrides),
+                        cuda_graphs=graphs)
+        first, second, view = _agent_steps(engine, prompt, comp, mode, new=40, keep=8,
+                                           temperature=temperature)
         runs[graphs] = (first.token_ids, second.token_ids)
         if graphs:
             assert engine.static_roles and all(o.graphs for o in engine.static_roles.values())
-            cache = engine.caches.session("default").get(
-                "verifier_compressed" if mode == "asym" else "verifier_full")
+            cache = engine.caches.session("default").get(_verifier_role(mode))
             got = cache.forward_logits(view[len(cache.tokens):], keep=1)[0]
             with torch.no_grad():
                 want = verifier(input_ids=torch.tensor([view], device="cuda")).logits[0, -1]
             torch.testing.assert_close(got, want.float(), atol=ATOL, rtol=0)
     assert runs[True] == runs[False]
-    if mode == "spec":  # lossless: greedy speculation equals the verifier alone
-        full = Engine(verifier=verifier, cuda_graphs=True).generate(prompt, mode="full",
-                                                                     max_new_tokens=40)
+    if mode == "spec":  # lossless (greedy, or coupled under the seed): the verifier alone
+        full = Engine(verifier=verifier, cuda_graphs=True).generate(
+            prompt, mode="full", max_new_tokens=40, temperature=temperature, seed=7)
         assert full.token_ids == runs[True][0]

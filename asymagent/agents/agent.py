@@ -11,17 +11,26 @@ unknown tool names, arguments that fail validation, a raising tool, a non-string
 unparseable call JSON, running out of steps, an empty task: each becomes a clear message in
 the run (a tool/user message for the model, and a note in `RunResult.notes`).
 
+Thread-safe: runs of one Agent may overlap (threads, asyncio.to_thread); each run takes its own
+cache session (`cache_key`, then `cache_key#1`, ... while earlier runs are still going), so
+conversations never share views or caches, and the engine serialises the model calls.
+
 `tool_choice` is "auto" (the model decides), "required" (every step is a constrained call),
 a tool name, or a policy `f(step_index, messages) -> choice` (e.g. act until the last step).
+`trace_dir=DIR` (or a TraceWriter) captures every model call as one trace line
+(asymagent/trace_capture.py), the traffic `train-drafter --traces` and `asymagent tune` read.
 """
 
 from __future__ import annotations
 
 import json
+import threading
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterator
 
 from asymagent.stats import RunStats, StepStats
+from asymagent.trace_capture import trace_writer
 from asymagent.agents.tools import Tool, ToolOutcome, as_tool, tool  # noqa: F401  (tool re-exported)
 
 __all__ = ["Agent", "RunResult", "StepEvent", "tool", "Tool"]
@@ -85,7 +94,8 @@ class Agent:
     def __init__(self, engine, tools: list | None = None, system_prompt: str | None = None,
                  mode: str = "asym", max_steps: int = 16, *, max_new_tokens: int = 256,
                  temperature: float = 0.0, seed: int | None = None,
-                 tool_choice: str | dict | Callable = "auto", cache_key: str = "agent"):
+                 tool_choice: str | dict | Callable = "auto", cache_key: str = "agent",
+                 trace_dir=None):
         if max_steps < 1:
             raise ValueError(f"max_steps must be >= 1, got {max_steps}")
         self.engine = engine
@@ -103,6 +113,25 @@ class Agent:
         self.seed = seed
         self.tool_choice = tool_choice
         self.cache_key = cache_key
+        # capture: each model call as one JSONL trace line (a directory or a TraceWriter)
+        self.trace_writer = trace_writer(trace_dir)
+        self._keys_lock = threading.Lock()
+        self._active_keys: set = set()  # cache sessions of the runs going on now
+
+    @contextmanager
+    def _session_key(self):
+        """A cache_key no other running run of this agent uses (the plain one when free)."""
+        with self._keys_lock:
+            key, n = self.cache_key, 0
+            while key in self._active_keys:
+                n += 1
+                key = f"{self.cache_key}#{n}"
+            self._active_keys.add(key)
+        try:
+            yield key
+        finally:
+            with self._keys_lock:
+                self._active_keys.discard(key)
 
     # ------------------------------------------------------------------------------------
     def run(self, task) -> RunResult:
@@ -112,6 +141,10 @@ class Agent:
         return result
 
     def stream(self, task) -> Iterator[StepEvent]:
+        with self._session_key() as cache_key:
+            yield from self._stream(task, cache_key)
+
+    def _stream(self, task, cache_key: str) -> Iterator[StepEvent]:
         messages, task_tools = _task_messages(task)
         stats = RunStats()
         notes: list[str] = []
@@ -134,8 +167,11 @@ class Agent:
                                  max_new_tokens=self.max_new_tokens,
                                  temperature=self.temperature, seed=seed,
                                  tool_choice=choice if schemas else "auto",
-                                 cache_key=self.cache_key)
+                                 cache_key=cache_key)
             stats.add(r.stats)
+            if self.trace_writer is not None:
+                self.trace_writer.record(self.engine, messages, schemas or None, r, source="agent",
+                                         mode=self.mode, temperature=self.temperature)
             tool_calls = list(r.tool_calls or [])
             invalid = list(getattr(r, "invalid_tool_calls", None) or [])
             assistant = {"role": "assistant", "content": r.text or ""}

@@ -143,7 +143,7 @@ def call_json(call: dict) -> str:
     if isinstance(args, str):
         try:
             args = json.loads(args) if args.strip() else {}
-        except json.JSONDecodeError:
+        except (json.JSONDecodeError, RecursionError):  # malformed, or nested past Python's limit
             pass  # keep the raw string: the history shows what the model actually produced
     return json.dumps({"name": fn["name"], "arguments": args}, ensure_ascii=False)
 

@@ -27,6 +27,7 @@ token-identical to the verifier alone.
 from __future__ import annotations
 
 import json
+import re
 import time
 from dataclasses import dataclass
 from functools import lru_cache
@@ -34,7 +35,10 @@ from functools import lru_cache
 import numpy as np
 import torch
 
+from asymagent.chat.schema_refs import ToolSchemaError, check_refs, has_refs, rebase_refs
+
 TOOL_CHOICES = ("required", "any")
+_XGRAMMAR_LOG_HEAD = re.compile(r"\[[0-9:]+\] \S+:[0-9]+: ")  # "[10:27:10] /project/cpp/x.cc:88: "
 _LOOSE_CHARS = r'[^\"\\\r\n]'  # EBNF char class xgrammar uses for bounded strings
 _STRICT_CHARS = r'[^\0-\x1f\"\\\r\n]'  # the same without control characters
 
@@ -49,6 +53,7 @@ def _tool_function(tool: dict) -> dict:
     params = fn.get("parameters") or {"type": "object", "properties": {}}
     if not isinstance(params, dict):
         raise ValueError(f"tool {fn['name']!r}: parameters must be a JSON schema object")
+    check_refs(params, f"tool {fn['name']!r} parameters")
     return {"name": fn["name"], "parameters": params}
 
 
@@ -77,17 +82,27 @@ def selected_tools(tools: list, tool_choice) -> list[dict]:
 
 
 def tool_call_schema(functions: list[dict]) -> dict:
-    """JSON schema of one call object, anyOf over the functions."""
-    branches = [
-        {
+    """JSON schema of one call object, anyOf over the functions.
+
+    Parameters that use `$ref` (pydantic's `$defs`, recursion) move whole under the call
+    schema's `$defs` with their pointers re-rooted there (asymagent/chat/schema_refs.py), so
+    `#/$defs/Name` written for the parameters' root still finds its target."""
+    defs: dict = {}
+    branches = []
+    for i, f in enumerate(functions):
+        arguments = f["parameters"]
+        if has_refs(arguments):
+            key = f"asymagent_args_{i}"
+            defs[key] = rebase_refs(arguments, f"#/$defs/{key}")
+            arguments = {"$ref": f"#/$defs/{key}"}
+        branches.append({
             "type": "object",
-            "properties": {"name": {"const": f["name"]}, "arguments": f["parameters"]},
+            "properties": {"name": {"const": f["name"]}, "arguments": arguments},
             "required": ["name", "arguments"],
             "additionalProperties": False,
-        }
-        for f in functions
-    ]
-    return branches[0] if len(branches) == 1 else {"anyOf": branches}
+        })
+    schema = branches[0] if len(branches) == 1 else {"anyOf": branches}
+    return {**schema, "$defs": defs} if defs else schema
 
 
 def uses_hermes_format(tokenizer) -> bool:
@@ -174,8 +189,13 @@ class ToolCallConstraint:
         self.hermes = uses_hermes_format(tokenizer) if hermes is None else bool(hermes)
         self.stop_ids = stop_token_ids(tokenizer)
         self.schema = tool_call_schema(self.functions)
-        compiled = _compiled(tokenizer, self.vocab_size, self.stop_ids,
-                             json.dumps(self.schema), self.hermes)
+        try:
+            compiled = _compiled(tokenizer, self.vocab_size, self.stop_ids,
+                                 json.dumps(self.schema), self.hermes)
+        except RuntimeError as exc:  # xgrammar refuses the schema (e.g. a `pattern` it cannot parse)
+            detail = _XGRAMMAR_LOG_HEAD.sub("", str(exc)).strip()
+            raise ToolSchemaError(f"a tool's parameters schema cannot be compiled into a "
+                                  f"grammar: {detail}") from None
         self._matcher = xg.GrammarMatcher(compiled)
         self._bitmask = xg.allocate_token_bitmask(1, self.vocab_size)  # [1, ceil(V/32)] int32
         self._history: list[int] = []  # accepted token ids, for rollback bookkeeping

@@ -26,6 +26,11 @@ def expected_tokens(alpha: float, k: int) -> float:
     return (1.0 - alpha ** (k + 1)) / (1.0 - alpha)
 
 
+def running_mean(old: float | None, new: float, weight: float) -> float:
+    """Exponential running mean; the first value starts it."""
+    return new if old is None else (1 - weight) * old + weight * new
+
+
 @dataclass
 class AdaptiveK:
     k: int  # current choice
@@ -45,7 +50,7 @@ class AdaptiveK:
     _since_probe: int = 0
 
     def _mix(self, old: float | None, new: float) -> float:
-        return new if old is None else (1 - self.ema) * old + self.ema * new
+        return running_mean(old, new, self.ema)
 
     def want_probe(self) -> bool:
         """True when the next step should be a plain verifier step (to measure t_plain)."""
@@ -90,3 +95,82 @@ class AdaptiveK:
         if (self.t_plain is not None and self.rounds >= self.min_rounds
                 and self.rate(best) < (1.0 - self.margin) / self.t_plain):
             self.enabled = False
+
+
+@dataclass
+class DraftChoice:
+    """Which drafter a step uses: copied drafts (suffix/lookup), the drafter model, or none (plain).
+
+    The three compete on what they measured in this request: copied-draft rounds as tokens per
+    second of their own rounds (a running mean; they cost no drafter forward, only the verify),
+    model rounds through `AdaptiveK.rate(k)`, plain steps as 1 / t_plain (probe steps). A source
+    whose rate stays measurably below the best of the others (`margin`, after `min_rounds` of
+    its rounds) is switched off for the rest of the request; with both off the step is plain.
+    Copied drafts are asked first each round (they are free to propose); the model drafts when
+    they have nothing. `budgets(k, copy_k)` is what `Decoder.spec_round` gets; the plain probe
+    (`want_probe`) runs after the first speculative round and every `probe_every` rounds.
+    """
+
+    model: AdaptiveK
+    copy_names: tuple = ("suffix", "lookup")  # Drafts.source of copied drafts
+    margin: float = 0.10
+    min_rounds: int = 4
+    ema: float = 0.3
+    copy_enabled: bool = True
+    copy_rounds: int = 0
+    copy_tokens: float | None = None  # tokens emitted per copied-draft round (running mean)
+    copy_seconds: float | None = None  # seconds per copied-draft round (draft + verify)
+    _since_probe: int = 0
+    _spec_rounds: int = 0
+
+    @property
+    def enabled(self) -> bool:
+        """Any speculation left for this request."""
+        return self.copy_enabled or self.model.enabled
+
+    def want_probe(self) -> bool:
+        if not self.enabled or self._spec_rounds == 0:
+            return False
+        return self.model.t_plain is None or self._since_probe >= self.model.probe_every
+
+    def budgets(self, k: int, copy: dict) -> dict:
+        """Draft budgets per drafter name for the next round (0 = that source is off).
+
+        `copy` holds the copied drafters' caps ({"suffix": n, "lookup": n})."""
+        out = {name: (n if self.copy_enabled else 0) for name, n in copy.items()}
+        out["model"] = k if self.model.enabled else 0
+        return out
+
+    def record_plain(self, seconds: float) -> None:
+        self.model.record_plain(seconds)
+        self._since_probe = 0
+        self._judge_copy()
+
+    def record_round(self, source: str, k: int, accepted: int, emitted: int, draft_s: float,
+                     verify_s: float) -> None:
+        self._spec_rounds += 1
+        self._since_probe += 1
+        if source in self.copy_names:
+            self.copy_rounds += 1
+            self.copy_tokens = running_mean(self.copy_tokens, float(emitted), self.ema)
+            self.copy_seconds = running_mean(self.copy_seconds, draft_s + verify_s, self.ema)
+        else:
+            self.model.record_round(k, accepted, draft_s, verify_s)
+        self._judge_copy()
+
+    def copy_rate(self) -> float | None:
+        if self.copy_tokens is None or not self.copy_seconds:
+            return None
+        return self.copy_tokens / self.copy_seconds
+
+    def _judge_copy(self) -> None:
+        rate = self.copy_rate()
+        if rate is None or self.copy_rounds < self.min_rounds or not self.copy_enabled:
+            return
+        rivals = []
+        if self.model.t_plain:
+            rivals.append(1.0 / self.model.t_plain)
+        if self.model.enabled and self.model.rounds >= self.model.min_rounds:
+            rivals.append(self.model.rate(self.model.k))
+        if rivals and rate < (1.0 - self.margin) * max(rivals):
+            self.copy_enabled = False

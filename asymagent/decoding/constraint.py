@@ -47,6 +47,26 @@ def close_masks(constraint, masks: list, k: int) -> list:
     return masks
 
 
+def allowed_prefix(constraint, tokens: list) -> tuple[list, list | None]:
+    """Copied drafts under `constraint`: the prefix it allows and its K+1 masks (rolled back).
+
+    Returns (drafts, masks), masks None when nothing is left (or there is no constraint)."""
+    if constraint is None or not tokens:
+        return list(tokens), None
+    drafts, masks = [], []
+    for token in tokens:  # keep the prefix the constraint allows
+        mask = constraint.allowed_mask()  # [V'] bool
+        if token >= mask.numel() or not bool(mask[token]) or not constraint.advance(token):
+            break
+        drafts.append(token)
+        masks.append(mask)
+        if constraint.is_terminated():
+            break
+    if not drafts:
+        return [], None
+    return drafts, close_masks(constraint, masks, len(drafts))
+
+
 def advance_constraint(constraint, tokens: list, jumped: bool) -> tuple[int, int]:
     """Advance `constraint` through `tokens` until it terminates: (tokens kept, forced among them).
 

@@ -3,8 +3,8 @@
 Two methods, as transformers' candidate generators (`get_candidates`,
 `update_candidate_strategy`): a drafter proposes up to k tokens continuing the full view, and
 hears how the round went. Implementations: `ModelDrafter` (the small drafter model,
-model_drafter.py) and `LookupDrafter` (continuations copied from the full view,
-lookup_drafter.py). A drafter owns its view of the request (the full view, the constraint, the
+model_drafter.py), `SuffixDrafter` (SuffixDecoding: continuations matched in the full view and in
+earlier responses, suffix_drafter.py) and `LookupDrafter` (prompt lookup, lookup_drafter.py). A drafter owns its view of the request (the full view, the constraint, the
 sampler); the round owns the caches it feeds and crops them (round.py).
 """
 
@@ -29,7 +29,7 @@ class Drafts:
     """
 
     tokens: list  # list[int], d_1..d_K (empty: nothing to propose)
-    source: str  # "model" | "lookup": counted per round in StepStats
+    source: str  # "model" | "suffix" | "lookup": counted per round in StepStats.draft_source
     proposal: torch.Tensor | None = None  # [K, N] logits, or None = one-hot
     masks: list | None = None  # K+1 x ([V'] bool | None), or None without a constraint
     hidden: torch.Tensor | None = None  # [K+1, H] drafter hidden states on the full view
@@ -52,12 +52,12 @@ class RoundOutcome:
 
     @property
     def lookup(self) -> bool:
-        """The drafts were copied from the full view, not drafted by the model."""
-        return self.source == "lookup"
+        """The drafts were copied (prompt lookup or suffix matching), not drafted by the model."""
+        return self.source in ("lookup", "suffix")
 
 
 class Drafter(Protocol):
-    name: str  # "model" | "lookup": Drafts.source and the key of its draft budget
+    name: str  # "model" | "suffix" | "lookup": Drafts.source and the key of its draft budget
 
     def propose(self, k: int) -> Drafts:
         """Up to `k` tokens continuing the current full view (fewer, or none, when unsure)."""

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from asymagent.decoding.constraint import close_masks
+from asymagent.decoding.constraint import allowed_prefix
 from asymagent.decoding.drafts import Drafts, RoundOutcome
 
 
@@ -51,21 +51,8 @@ class LookupDrafter:
 
     def propose(self, k: int) -> Drafts:
         found = lookup_continuation(self.view.ids(), self.ngram, k) if k > 0 else []
-        c = self.constraint
-        if c is None or not found:
-            return Drafts(tokens=found, source=self.name)
-        drafts, masks = [], []
-        for token in found:  # keep the prefix the constraint allows
-            mask = c.allowed_mask()  # [V'] bool
-            if token >= mask.numel() or not bool(mask[token]) or not c.advance(token):
-                break
-            drafts.append(token)
-            masks.append(mask)
-            if c.is_terminated():
-                break
-        if drafts:
-            close_masks(c, masks, len(drafts))
-        return Drafts(tokens=drafts, source=self.name, masks=masks if drafts else None)
+        drafts, masks = allowed_prefix(self.constraint, found)
+        return Drafts(tokens=drafts, source=self.name, masks=masks)
 
     def update(self, outcome: RoundOutcome) -> None:
         """Nothing to learn: the next proposal is read from the (grown) view itself."""

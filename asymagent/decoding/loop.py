@@ -2,7 +2,8 @@
 
 Each iteration emits tokens one of three ways: tokens the constraint alone determines
 (jump-forward, no model forward), a speculative round (`Decoder.spec_round`), or a plain verifier
-step (no drafter, K < 1, an adaptive-K probe, or speculation switched off). The new tokens are then
+step (no drafter, K < 1, an adaptive-K probe, or speculation switched off). Which drafters a round
+may use is measured per request (`DraftChoice`: copied drafts, the drafter model, plain). The new tokens are then
 cut at EOS / a stop string, walked through the constraint, handed to the callback (streaming), and
 the running JSD decides whether the verifier finishes on the full context (`escalate_jsd`).
 """
@@ -14,7 +15,7 @@ from collections import deque
 from dataclasses import dataclass, field
 from typing import Callable
 
-from asymagent.decoding.adaptive_k import AdaptiveK
+from asymagent.decoding.adaptive_k import AdaptiveK, DraftChoice
 from asymagent.decoding.constraint import advance_constraint
 from asymagent.decoding.round import Decoder
 from asymagent.decoding.stopping import StopChecker
@@ -28,7 +29,7 @@ class LoopResult:
     finish: str  # stop | length | cancelled
     ttft_s: float | None  # call start -> first new token, None when nothing was emitted
     tally: Tally = field(default_factory=Tally)
-    speculation_off: bool = False  # adaptive K switched speculation off during the request
+    speculation_off: bool = False  # adaptive K switched the drafter model off during the request
 
 
 def decode_loop(decoder: Decoder, generated: list, *, mode: Mode, spec: SpecConfig,
@@ -41,8 +42,16 @@ def decode_loop(decoder: Decoder, generated: list, *, mode: Mode, spec: SpecConf
     `escalate()` switches the decoder to the verifier on the full view (mode asym).
     """
     adaptive = AdaptiveK(k=spec.k, k_min=spec.k_min, k_max=spec.k_max)
+    # Adaptive K reads wall-clock timings, so it only runs where K cannot change the output
+    # (every token the target's argmax / Gumbel-max at its position); cda, exact at T > 0,
+    # fuse_bonus=False and escalate_jsd decide per round and keep K fixed: same seed, same output.
+    tune = spec.adaptive_k and spec.position_invariant(mode, temperature)
+    choice = DraftChoice(adaptive)  # copied drafts, the drafter model or plain, by measurement
     speculating = mode.speculative
     jsd_window: deque = deque(maxlen=spec.escalate_window)
+    # asym fuses plain steps too (with the bonus row's beta), so a token never depends on
+    # whether a round or a plain step emitted it (adaptive K, probes, the last token)
+    plain_beta = spec.beta if mode.fused and spec.fuse_bonus else 0.0
     result = LoopResult(finish="length", ttft_s=None)
     while len(generated) < max_new_tokens:
         remaining = max_new_tokens - len(generated)
@@ -59,22 +68,25 @@ def decode_loop(decoder: Decoder, generated: list, *, mode: Mode, spec: SpecConf
             [int(t) for t in constraint.forced_tokens()[: min(remaining, left)]]
         jumped = bool(new)
         if not jumped:
-            k = min(adaptive.k if spec.adaptive_k else spec.k, remaining - 1, left - 1)
-            probe = spec.adaptive_k and speculating and adaptive.want_probe()
-            if not speculating or k < 1 or probe or not adaptive.enabled:
-                out = decoder.plain_step()
+            k = min(adaptive.k if tune else spec.k, remaining - 1, left - 1)
+            copy_k = min(spec.lookup_k, remaining - 1, left - 1)
+            budgets = {"suffix": copy_k, "lookup": copy_k}
+            budgets = choice.budgets(k, budgets) if tune else {**budgets, "model": k}
+            probe = tune and speculating and choice.want_probe()
+            if not speculating or probe or max(budgets.values()) < 1:
+                out = decoder.plain_step(plain_beta)
                 if probe:
-                    adaptive.record_plain(out.verify_s)
+                    choice.record_plain(out.verify_s)
             else:
-                budgets = {"model": k, "lookup": min(spec.lookup_k, remaining - 1, left - 1)}
                 out = decoder.spec_round(budgets, rule=spec.rule_for(mode, len(generated), temperature),
                                          beta=spec.beta, gamma=spec.gamma, fuse_bonus=spec.fuse_bonus)
                 if out.drafted:  # 0: the constraint left nothing to draft, a plain step ran
-                    result.tally.record(out)
-                    if not out.lookup:  # adaptive K tunes the drafter's K only
-                        adaptive.record_round(out.drafted, out.accepted, out.draft_s, out.verify_s)
+                    if tune:
+                        choice.record_round(out.source, out.drafted, out.accepted, len(out.tokens),
+                                            out.draft_s, out.verify_s)
                     if mode.fused:
                         jsd_window.append(out.jsd)
+            result.tally.record(out)
             new = out.tokens
         start = len(generated)
         generated.extend(new)
@@ -101,5 +113,6 @@ def decode_loop(decoder: Decoder, generated: list, *, mode: Mode, spec: SpecConf
                 and sum(jsd_window) / len(jsd_window) > spec.escalate_jsd):
             stats.escalated, speculating = True, False
             escalate()
-    result.speculation_off = spec.adaptive_k and not adaptive.enabled
+    # the drafter model was switched off (copied drafts compete on their own, DraftChoice)
+    result.speculation_off = tune and not adaptive.enabled
     return result

@@ -11,6 +11,7 @@ import torch
 
 from asymagent.decoding.constraint import close_masks
 from asymagent.decoding.drafts import Drafts, RoundOutcome
+from asymagent.decoding.noise import KeyedNoise
 from asymagent.decoding.sampling import NEG_INF, apply_mask, gather_mask, sample_token
 
 
@@ -57,22 +58,29 @@ class DraftHead:
         """A full-vocabulary constraint mask [V'] restricted to the draft vocabulary [N]."""
         return mask if self.vocab is None else gather_mask(mask, self.vocab)
 
+    def draft_rows(self, rows: torch.Tensor) -> torch.Tensor:
+        """[..., V] full-vocabulary values (e.g. Gumbel noise) -> [..., N] draft-vocabulary ones."""
+        return rows if self.vocab is None else rows[..., self.vocab.to(rows.device)]
+
 
 class ModelDrafter:
     """Drafts d_1..d_K one forward at a time on the drafter's full-view cache.
 
     `reader` is the drafter's `ViewCache` on the full view; the round crops it back to the
-    committed tokens after the gate. With `bonus_row` (delta-fusion needs the drafter's row at
+    committed tokens after the gate. At temperature > 0 the draft at output position t is
+    argmax(q_t + T * g_t) over the draft vocabulary, with g_t the position's Gumbel noise from
+    `noise` (asymagent/decoding/noise.py): a sample of softmax(q_t / T) that shares its noise
+    with the verifier's token at t, so the coupled rule accepts it whenever the two agree. With `bonus_row` (delta-fusion needs the drafter's row at
     position K+1) one more forward feeds d_K, and `Drafts.hidden` carries all K+1 hidden states.
     """
 
     name = "model"  # Drafts.source, and the key of its budget in Decoder.spec_round
 
     def __init__(self, reader, head: DraftHead, *, temperature: float = 0.0,
-                 generator: torch.Generator | None = None, constraint=None,
+                 noise: KeyedNoise | None = None, constraint=None,
                  bonus_row: bool = False) -> None:
         self.reader, self.head = reader, head
-        self.temperature, self.generator = temperature, generator
+        self.temperature, self.noise = temperature, noise
         self.constraint, self.bonus_row = constraint, bonus_row
 
     def propose(self, k: int) -> Drafts:
@@ -82,7 +90,8 @@ class ModelDrafter:
         hiddens: list = []  # [H] hidden state at positions 1..K(+1)
         masks: list = []  # [V'] constraint masks at positions 1..K
         feed = self.reader.pending()
-        for _ in range(k):
+        start = len(self.reader.view.generated)  # output position of d_1
+        for i in range(k):
             hidden = cache.forward_hidden(feed)[-1]  # [H]
             logits = self.head.draft_logits(hidden)  # [N]
             mask = None
@@ -91,7 +100,10 @@ class ModelDrafter:
                 logits = apply_mask(logits, self.head.draft_mask(mask))
                 if not torch.isfinite(logits).any():  # nothing allowed inside the draft vocab
                     break
-            token = self.head.token_id(sample_token(logits, self.temperature, self.generator))
+            gumbel = None
+            if self.temperature > 0.0:  # the draft shares the verifier's noise at its position
+                gumbel = self.head.draft_rows(self.noise.gumbel(start + i))  # [N]
+            token = self.head.token_id(sample_token(logits, self.temperature, gumbel))
             if c is not None and not c.advance(token):
                 break
             hiddens.append(hidden)

@@ -13,7 +13,8 @@ last committed token, plus anything a constraint forced), so after a round each 
 simply cropped back to the committed tokens it holds.
 
 The gate itself (delta-fusion, JSD, cda/exact/greedy) is `asymagent.kernels.fused_gate`; this
-file prepares its rows and applies its verdict.
+file prepares its rows and applies its verdict. The "coupled" rule is the gate's greedy rule on
+rows perturbed with the Gumbel noise of their output positions (docs/engine.md, "Sampling").
 """
 
 from __future__ import annotations
@@ -25,7 +26,8 @@ import torch
 from asymagent.decoding.drafts import Drafts, RoundOutcome
 from asymagent.decoding.flops import FlopCounter
 from asymagent.decoding.model_drafter import DraftHead
-from asymagent.decoding.sampling import NEG_INF, apply_mask, mask_rows, sample_token, top_p_filter
+from asymagent.decoding.noise import KeyedNoise
+from asymagent.decoding.sampling import NEG_INF, apply_mask, mask_rows, perturb, sample_token, top_p_filter
 from asymagent.kernels import fused_gate
 from asymagent.kv.cache import ViewCache
 
@@ -37,20 +39,29 @@ class Decoder:
     (copied continuations first, then the drafter model) and `drafter` is the drafter model's
     cache on the full view; `fused` (mode asym) adds the drafter's rows to the gate, with `base`
     the drafter's cache on the compressed view (None when the two views are the same).
+    `noise` (asymagent/decoding/noise.py) keys every random number by output position; it is
+    only read at temperature > 0.
     """
 
     def __init__(self, verifier: ViewCache, flops: FlopCounter, *, temperature: float = 0.0,
-                 top_p: float = 1.0, generator: torch.Generator | None = None, constraint=None,
+                 top_p: float = 1.0, noise: KeyedNoise | None = None, constraint=None,
                  drafters: tuple = (), drafter: ViewCache | None = None,
                  base: ViewCache | None = None, head: DraftHead | None = None,
-                 fused: bool = False, verifier_flops: float = 0.0) -> None:
+                 fused: bool = False, verifier_flops: float = 0.0, copy=None) -> None:
         self.verifier, self.flops = verifier, flops
-        self.temperature, self.top_p, self.generator = temperature, top_p, generator
+        self.temperature, self.top_p, self.noise = temperature, top_p, noise
         self.constraint = constraint
         self.drafters = tuple(drafters)  # asked in order each round; the first proposal wins
         self.drafter, self.base, self.head, self.fused = drafter, base, head, fused
         self.verifier_flops = verifier_flops  # prefill + every verifier forward of the request
+        # asymagent/decoding/copy_delta.py CopyDelta (asym on two views): what only the full
+        # view's removed text could be copied from, added to the verifier's rows; None: off
+        self.copy = copy
         self.verifier_tokens_fed = 0
+
+    def position(self) -> int:
+        """Output position of the next token (new tokens emitted so far): the noise key."""
+        return len(self.verifier.view.generated)
 
     def _verify(self, tokens: list, keep: int) -> torch.Tensor:
         """Feed the verifier's pending tokens + `tokens`; logits of the last `keep` rows [keep, V]."""
@@ -59,14 +70,24 @@ class Decoder:
         self.verifier_tokens_fed += fed
         return self.verifier.logits(tokens, keep)
 
-    def plain_step(self) -> RoundOutcome:
-        """One verifier forward, one token (modes full/compressed, escalation, speculation off)."""
+    def plain_step(self, beta: float = 0.0) -> RoundOutcome:
+        """One verifier forward, one token (modes full/compressed, escalation, speculation off).
+
+        In asym on two views with `beta` > 0 the token is fused like every round's token (a
+        round with no drafts): the output never depends on which positions plain steps took.
+        """
+        if self.fused and self.base is not None and beta > 0.0:
+            return self._round(Drafts(tokens=[], source=""), None, rule="greedy", beta=beta,
+                               gamma=1.0, fuse_bonus=True)
         t0 = time.perf_counter()
         logits = self._verify([], keep=1)[0]  # [V]
+        if self.copy is not None:
+            logits = logits + self.copy.rows([], logits)[0]
         c = self.constraint
         logits = apply_mask(logits, None if c is None else c.allowed_mask())
         logits = top_p_filter(logits, self.temperature, self.top_p)
-        token = sample_token(logits, self.temperature, self.generator)
+        gumbel = self.noise.gumbel(self.position()) if self.temperature > 0.0 else None
+        token = sample_token(logits, self.temperature, gumbel)
         return RoundOutcome(tokens=[token], verify_s=time.perf_counter() - t0)
 
     def _proposal(self, drafts: Drafts, like: torch.Tensor) -> torch.Tensor:
@@ -74,7 +95,7 @@ class Decoder:
         k = len(drafts)
         if drafts.proposal is None:
             one_hot = torch.full((k, like.shape[-1]), NEG_INF, device=like.device)  # [K, V]
-            one_hot[torch.arange(k, device=like.device), torch.tensor(drafts.tokens, device=like.device)] = 0.0
+            one_hot[torch.arange(k, device=like.device), torch.tensor(drafts.tokens, device=like.device, dtype=torch.long)] = 0.0
             return one_hot
         full = self.head.to_full(drafts.proposal).to(like.device)  # [K, V]
         return full if drafts.masks is None else mask_rows(full, drafts.masks[:k])
@@ -85,25 +106,39 @@ class Decoder:
 
         `budgets[name]` is how many drafts to ask the drafter called `name` for ("lookup",
         "model"); the first non-empty proposal wins. `rule` is the acceptance rule
-        (SpecConfig.rule_for): "cda", "greedy" or "exact".
+        (SpecConfig.rule_for): "cda", "greedy", "exact" or "coupled".
         """
-        t0 = time.perf_counter()
         # 1. Draft d_1..d_K on the full view: the first drafter with a proposal wins.
+        t0 = time.perf_counter()
         drafts, source = Drafts(tokens=[], source=""), None
         for source in self.drafters:
             drafts = source.propose(budgets.get(source.name, 0))
             if drafts:
                 break
         if not drafts:  # nothing to propose (e.g. the constraint allows no draft): plain step
-            return self.plain_step()
-        k, tokens, masks = len(drafts), drafts.tokens, drafts.masks
+            return self.plain_step(beta if fuse_bonus else 0.0)
+        outcome = self._round(drafts, t0, rule=rule, beta=beta, gamma=gamma, fuse_bonus=fuse_bonus)
+        source.update(outcome)
+        return outcome
+
+    def _round(self, drafts: Drafts, t0: float | None, *, rule: str, beta: float, gamma: float,
+               fuse_bonus: bool) -> RoundOutcome:
+        """Steps 2-5 of a round over `drafts` (none: a fused plain step); `t0` = drafting start."""
+        t1 = time.perf_counter()
+        t0 = t1 if t0 is None else t0
+        k, tokens = len(drafts), drafts.tokens
+        masks = drafts.masks
+        if masks is None and self.constraint is not None and not k:
+            masks = [self.constraint.allowed_mask()]  # a fused plain step reads the mask itself
+        position = self.position()  # output position of d_1 (row 0)
         ha = None  # [K+1, H] the drafter's full-view ("augmented") hidden states
         if self.fused:
             ha = drafts.hidden if drafts.hidden is not None else self.drafter.hidden(tokens, k + 1)
-        t1 = time.perf_counter()
 
         # 2. Verify: the verifier scores K+1 positions in ONE forward on its (compressed) view.
         v = self._verify(tokens, keep=k + 1)  # [K+1, V]
+        if self.copy is not None:  # the copy delta joins the target like delta-fusion does
+            v = v + self.copy.rows(tokens, v)  # [K+1, V]
         v = top_p_filter(mask_rows(v, masks), self.temperature, self.top_p)  # the nucleus of v
         proposal = self._proposal(drafts, v)  # [K, V]
 
@@ -120,10 +155,21 @@ class Decoder:
 
         # 4. Gate: delta-fusion and the acceptance rule -> n accepted drafts + the next token.
         # Mode spec passes no drafter rows: the target is the verifier (beta 0, lossless rules).
+        # Sampling (T > 0): "coupled" perturbs the target rows with the Gumbel noise of their
+        # positions and runs the gate's greedy rule, so every emitted token is the Gumbel-max
+        # of the (fused) target at its position; "exact" gets its uniforms and exponentials
+        # keyed by position too. Greedy and cda read no noise.
+        noise = None
+        sampled = self.temperature > 0.0
+        if sampled and rule in ("coupled", "greedy"):
+            v = perturb(v, self.temperature, self.noise.gumbel_rows(position, k + 1))  # [K+1, V]
+            rule = "greedy"
+        elif sampled and rule == "exact":
+            noise = self.noise.gate_noise(position, k)
         result = fused_gate(v[None], None if a is None else a[None], None if b is None else b[None],
-                            torch.tensor([tokens], dtype=torch.long, device=v.device),  # [1, K]
+                            torch.tensor([tokens], dtype=torch.long, device=v.device).view(1, k),  # [1, K]
                             beta=beta if self.fused else 0.0, gamma=gamma if self.fused else 1.0,
-                            acceptance=rule, temperature=self.temperature, generator=self.generator,
+                            acceptance=rule, temperature=self.temperature, noise=noise,
                             proposal_logits=proposal[None], fuse_bonus=fuse_bonus)
         n = int(result.num_accepted[0])  # the one sync per round
         token = int(result.next_token[0])
@@ -132,13 +178,11 @@ class Decoder:
         for reader in (self.verifier, self.drafter, self.base):
             if reader is not None:
                 reader.commit(n)
-        outcome = RoundOutcome(tokens=tokens[:n] + [token], drafted=k, accepted=n,
-                               jsd=float(result.jsd[0, : n + 1].mean()) if self.fused else 0.0,
-                               draft_s=t1 - t0, verify_s=time.perf_counter() - t1,
-                               source=drafts.source)
-        source.update(outcome)
-        return outcome
+        return RoundOutcome(tokens=tokens[:n] + [token], drafted=k, accepted=n,
+                            jsd=float(result.jsd[0, : n + 1].mean()) if self.fused else 0.0,
+                            draft_s=t1 - t0, verify_s=time.perf_counter() - t1,
+                            source=drafts.source)
 
     def escalate(self, verifier: ViewCache) -> None:
         """Finish the response with `verifier` (the verifier on the full context): plain steps only."""
-        self.verifier = verifier
+        self.verifier, self.fused, self.copy = verifier, False, None

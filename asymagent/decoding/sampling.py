@@ -1,4 +1,4 @@
-"""Sampling helpers of the decode loop: nucleus filter, one-token sampling, constraint masks on rows."""
+"""Sampling helpers of the decode loop: nucleus filter, Gumbel-max sampling, constraint masks on rows."""
 
 from __future__ import annotations
 
@@ -19,12 +19,23 @@ def top_p_filter(logits: torch.Tensor, temperature: float, top_p: float) -> torc
     return logits.masked_fill(drop, NEG_INF)
 
 
-def sample_token(logits: torch.Tensor, temperature: float, generator: torch.Generator | None) -> int:
-    """Greedy at temperature 0 (first index on ties), else a sample of softmax(logits / T). [V]."""
+def perturb(logits: torch.Tensor, temperature: float, gumbel: torch.Tensor) -> torch.Tensor:
+    """logits + T * g: argmax of it is a sample of softmax(logits / T) (Gumbel-max). [..., V].
+
+    One expression for every sampled token (plain steps, the drafter, the coupled gate's rows),
+    computed as a separate multiply and add, so equal inputs give bit-equal scores everywhere."""
+    return logits + gumbel.to(logits.device) * temperature
+
+
+def sample_token(logits: torch.Tensor, temperature: float, gumbel: torch.Tensor | None = None) -> int:
+    """Greedy at temperature 0 (first index on ties), else argmax(logits + T * gumbel). [V].
+
+    `gumbel` is the position's Gumbel noise (asymagent/decoding/noise.py), needed when T > 0."""
     if temperature <= 0.0:
         return int(logits.argmax())
-    probs = torch.softmax(logits.float() / temperature, dim=-1)  # [V]
-    return int(torch.multinomial(probs, 1, generator=generator))
+    if gumbel is None:
+        raise ValueError("sampling at temperature > 0 needs the position's Gumbel noise")
+    return int(perturb(logits.float(), temperature, gumbel).argmax())
 
 
 def apply_mask(logits: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:

@@ -19,10 +19,16 @@ class Tally:
     last_k: int = 0
     jsd_sum: float = 0.0
     lookup_rounds: int = 0
+    sources: dict = field(default_factory=dict)  # Drafts.source of each round, "plain" for plain steps
     reached: list = field(default_factory=list)  # [i]: rounds that reached draft position i
     accepted_at: list = field(default_factory=list)  # [i]: rounds that accepted position i
 
     def record(self, out: RoundOutcome) -> None:
+        """One decode step: a speculative round (out.drafted > 0) or a plain step."""
+        source = out.source if out.drafted else "plain"
+        self.sources[source] = self.sources.get(source, 0) + 1
+        if not out.drafted:
+            return
         self.rounds += 1
         self.drafted += out.drafted
         self.accepted += out.accepted
@@ -40,6 +46,7 @@ class Tally:
     def fill(self, stats: StepStats, fused: bool) -> None:
         stats.rounds, stats.drafted, stats.accepted = self.rounds, self.drafted, self.accepted
         stats.lookup_rounds = self.lookup_rounds
+        stats.draft_source = dict(self.sources)
         stats.k = self.last_k
         stats.acceptance_by_position = [a / r for a, r in zip(self.accepted_at, self.reached)]
         stats.reached_by_position = list(self.reached)

@@ -177,3 +177,18 @@ def load_default_drafter(verifier_model, verifier_fingerprint: str | None = None
             f"the default drafter was trained against verifier sha256 {expected}, but this verifier's "
             f"fingerprint is {actual}; load the embedded SmolLM2 verifier or train a drafter for yours")
     return load_drafter(DEFAULT_DRAFTER_FILE, verifier_model)
+
+
+def install_default(weights: Path) -> Path:
+    """Copy a trained drafter and its card to where `load_default_drafter` looks."""
+    import shutil
+
+    from asymagent.modeling.loading import file_sha256, find_embedded_gguf
+
+    card = json.loads(card_path_for(weights).read_text())
+    if card.get("verifier_sha256") != file_sha256(find_embedded_gguf()):
+        raise ValueError("--install is only for drafters trained against the embedded verifier")
+    DEFAULT_DRAFTER_FILE.parent.mkdir(parents=True, exist_ok=True)
+    shutil.copyfile(weights, DEFAULT_DRAFTER_FILE)
+    shutil.copyfile(card_path_for(weights), DEFAULT_CARD_FILE)
+    return DEFAULT_DRAFTER_FILE

@@ -157,6 +157,45 @@ def load_gguf(gguf_path: str | os.PathLike, dtype: torch.dtype = torch.float32,
     return LoadedModel(model, tokenizer, str(gguf_path), fingerprint)
 
 
+def check_model_source(source: str | os.PathLike, *, gguf_file: str | None = None) -> None:
+    """ModelNotFoundError if `source` cannot name a model `load_model` would load; reads no
+    weights (command lines call it to refuse a mistyped path before any model loads)."""
+    source = str(source)
+    if source in ("default", "embedded", "smollm2"):
+        find_embedded_gguf()
+        return
+    path = Path(source).expanduser()
+    if gguf_file is not None or path.suffix == ".gguf":
+        target = path / gguf_file if gguf_file is not None else path
+        if not target.is_file():
+            raise ModelNotFoundError(f"GGUF file not found: {target}")
+    elif path.is_dir():
+        if not (path / "config.json").is_file() and len(list(path.glob("*.gguf"))) != 1:
+            raise ModelNotFoundError(f"{path} has no config.json (and not exactly one .gguf file)")
+    elif path.exists() or source.startswith((".", "/", "~")):
+        raise ModelNotFoundError(f"Model path not found or not loadable: {source}")
+    else:  # an HF id: it must already be in the local cache (we never download)
+        from huggingface_hub import try_to_load_from_cache
+
+        if not isinstance(try_to_load_from_cache(source, "config.json"), str):
+            raise ModelNotFoundError(_NOT_CACHED.format(source=source))
+
+
+def check_drafter_source(source: str | os.PathLike) -> None:
+    """Like `check_model_source` for a drafter: a `.safetensors` from `asymagent train-drafter`
+    or any model source."""
+    if str(source).endswith(".safetensors"):
+        if not Path(source).expanduser().is_file():
+            raise ModelNotFoundError(f"drafter file not found: {source}")
+    else:
+        check_model_source(source)
+
+
+_NOT_CACHED = ("Model {source!r} is not a local path and is not in the local Hugging Face cache. "
+               "asymagent never downloads weights at run time: download it beforehand "
+               "(e.g. `huggingface-cli download ...`) or pass a local directory / .gguf file.")
+
+
 def load_model(source: str | os.PathLike, *, gguf_file: str | None = None,
                dtype: torch.dtype = torch.float32) -> LoadedModel:
     """Load a causal LM + tokenizer from a local directory, a GGUF file, or an HF id.
@@ -193,11 +232,7 @@ def load_model(source: str | os.PathLike, *, gguf_file: str | None = None,
         tokenizer = AutoTokenizer.from_pretrained(source, local_files_only=True)
         model = AutoModelForCausalLM.from_pretrained(source, dtype=dtype, local_files_only=True)
     except OSError as exc:
-        raise ModelNotFoundError(
-            f"Model {source!r} is not a local path and is not in the local Hugging Face cache. "
-            "asymagent never downloads weights at run time: download it beforehand "
-            "(e.g. `huggingface-cli download ...`) or pass a local directory / .gguf file."
-        ) from exc
+        raise ModelNotFoundError(_NOT_CACHED.format(source=source)) from exc
     model.eval()
     return LoadedModel(model, tokenizer, source, "hf:" + source)
 

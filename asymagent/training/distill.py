@@ -15,88 +15,13 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
+import sys
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict
 from pathlib import Path
 
-
-def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--verifier", default="default", help="'default' (embedded SmolLM2), a dir, a .gguf or a cached HF id")
-    p.add_argument("--layers", type=int, default=2, help="drafter decoder layers (1-2)")
-    p.add_argument("--draft-vocab", type=int, default=6000, help="size N of the reduced draft vocabulary")
-    p.add_argument("--max-minutes", type=float, default=80.0, help="wall-clock budget (final checkpoint when up)")
-    p.add_argument("--max-steps", type=int, default=0, help="stop after this many steps (0: time budget only)")
-    p.add_argument("--out", required=True, help="output dir: checkpoints, drafter.safetensors, card")
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--init", choices=["verifier", "random"], default="verifier",
-                   help="start the layers as copies of the verifier's first ones, or at random")
-    p.add_argument("--init-from", default="",
-                   help="warm start: a drafter .safetensors (or 'default', the shipped one) whose layers "
-                        "replace --init; the card records the earlier run")
-    p.add_argument("--lr", type=float, default=4e-4)
-    p.add_argument("--seq-len", type=int, default=768)
-    p.add_argument("--batch-size", type=int, default=2)
-    p.add_argument("--data-mix", default="agent:0.6,self:0.15,text:0.25")
-    p.add_argument("--ce-weight", type=float, default=0.1, help="weight of next-token CE added to the KL")
-    p.add_argument("--self-turns", type=int, default=240, help="verifier-generated assistant turns to make")
-    p.add_argument("--self-minutes", type=float, default=6.0, help="time cap for generating them")
-    p.add_argument("--self-max-new", type=int, default=48)
-    p.add_argument("--checkpoint-minutes", type=float, default=10.0)
-    p.add_argument("--eval-every", type=int, default=40, help="held-out agreement every N steps (0: off)")
-    p.add_argument("--threads", type=int, default=2, help="torch threads (1 is faster on a contended machine)")
-    p.add_argument("--heldout-episodes", type=int, default=3, help="held-out episodes for agreement checks")
-    p.add_argument("--resume", action="store_true", help="continue from OUT/checkpoint.pt")
-    p.add_argument("--install", action="store_true",
-                   help="also copy the result into asymagent/assets/ as the default drafter (embedded verifier only)")
-    p.add_argument("--no-progress", action="store_true")
-
-
-@dataclass
-class TrainConfig:
-    verifier: str = "default"
-    layers: int = 2
-    draft_vocab: int = 6000
-    max_minutes: float = 80.0
-    max_steps: int = 0
-    out: str = "runs/drafter"
-    seed: int = 0
-    init: str = "verifier"
-    init_from: str = ""
-    lr: float = 4e-4
-    seq_len: int = 768
-    batch_size: int = 2
-    data_mix: str = "agent:0.6,self:0.15,text:0.25"
-    ce_weight: float = 0.1
-    self_turns: int = 240
-    self_minutes: float = 6.0
-    self_max_new: int = 48
-    checkpoint_minutes: float = 10.0
-    eval_every: int = 40
-    threads: int = 2
-    heldout_episodes: int = 3
-    resume: bool = False
-    install: bool = False
-    no_progress: bool = False
-    warmup_steps: int = 20
-    loss_chunk: int = 512  # positions per loss chunk: [512, V] fp32 logits = 100 MB at V=49k
-
-    def validate(self) -> None:
-        if self.layers < 1:
-            raise ValueError(f"--layers must be >= 1, got {self.layers}")
-        if self.draft_vocab < 1:
-            raise ValueError(f"--draft-vocab must be >= 1, got {self.draft_vocab}")
-        if self.max_minutes <= 0 and self.max_steps <= 0:
-            raise ValueError("give --max-minutes > 0 or --max-steps > 0")
-        if self.lr <= 0 or self.batch_size < 1:
-            raise ValueError("--lr must be > 0 and --batch-size >= 1")
-
-
-def lr_at(cfg: TrainConfig, step: int, progress: float) -> float:
-    """Linear warmup, then cosine from lr to lr/10 over the run's progress (time or steps)."""
-    if step < cfg.warmup_steps:
-        return cfg.lr * (step + 1) / cfg.warmup_steps
-    return cfg.lr * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * min(1.0, progress))))
+from asymagent.modeling.drafter import install_default  # noqa: F401  (re-exported)
+from asymagent.training.config import TrainConfig, add_arguments, lr_at  # noqa: F401  (the verb's flags)
 
 
 def distill_step(verifier, drafter, ids, ce_weight: float, chunk: int):
@@ -223,22 +148,6 @@ def warm_start_layers(drafter, verifier, source: str) -> dict:
     keep = ("steps", "train_tokens", "wall_minutes", "data_mix", "self_turns", "heldout_top1_agreement_full_vocab")
     return {"file": path.name, **{k: card[k] for k in keep if k in card},
             **({"warm_start": card["warm_start"]} if "warm_start" in card else {})}
-
-
-def install_default(weights: Path) -> Path:
-    """Copy a trained drafter and its card to where `load_default_drafter` looks."""
-    import shutil
-
-    from asymagent.modeling.drafter import DEFAULT_CARD_FILE, DEFAULT_DRAFTER_FILE, card_path_for
-    from asymagent.modeling.loading import file_sha256, find_embedded_gguf
-
-    card = json.loads(card_path_for(weights).read_text())
-    if card.get("verifier_sha256") != file_sha256(find_embedded_gguf()):
-        raise ValueError("--install is only for drafters trained against the embedded verifier")
-    DEFAULT_DRAFTER_FILE.parent.mkdir(parents=True, exist_ok=True)
-    shutil.copyfile(weights, DEFAULT_DRAFTER_FILE)
-    shutil.copyfile(card_path_for(weights), DEFAULT_CARD_FILE)
-    return DEFAULT_DRAFTER_FILE
 
 
 def run(cfg: TrainConfig, loaded=None) -> dict:
@@ -386,10 +295,47 @@ def run(cfg: TrainConfig, loaded=None) -> dict:
     return card
 
 
-def main(args) -> int:
+def config_from_args(args) -> TrainConfig:
     fields = TrainConfig.__dataclass_fields__
-    cfg = TrainConfig(**{k: v for k, v in vars(args).items() if k in fields})
-    run(cfg)
+    return TrainConfig(**{k: v for k, v in vars(args).items() if k in fields})
+
+
+def check_args(args) -> None:
+    """Refuse mistakes before any model loads (`asymagent` prints them on one line, exit 2)."""
+    from asymagent.modeling.loading import check_model_source
+    from asymagent.training.data import parse_mix
+
+    cfg = config_from_args(args)
+    cfg.validate()
+    parse_mix(cfg.data_mix)
+    check_model_source(cfg.verifier)
+    if cfg.init_from and not Path(cfg.init_from).expanduser().exists():
+        raise FileNotFoundError(f"--init-from: no such file: {cfg.init_from}")
+    missing = [t for t in cfg.traces if not Path(t).expanduser().exists()]
+    if missing:
+        raise FileNotFoundError(f"--traces: no such file or directory: {missing[0]}")
+    if cfg.traces:
+        from asymagent.traces import load_traces
+
+        for path in cfg.traces:  # a bad line is a mistake too: found before any model loads
+            load_traces(Path(path).expanduser())
+    if Path(cfg.out).expanduser().is_file():
+        raise ValueError(f"--out {cfg.out} is a file; it must be a directory (created if missing)")
+
+
+def main(args) -> int:
+    cfg = config_from_args(args)
+    if cfg.objective == "fusion":
+        from asymagent.training import fusion_train
+        from asymagent.traces import TraceMismatchError
+
+        try:
+            fusion_train.run(cfg)
+        except TraceMismatchError as exc:  # known once the verifier is loaded: one line, exit 2
+            print(f"asymagent train-drafter: error: {exc}", file=sys.stderr)
+            return 2
+    else:
+        run(cfg)
     return 0
 
 

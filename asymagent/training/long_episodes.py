@@ -61,12 +61,20 @@ def render_records(records: list[dict], shape: str, rng: random.Random) -> str:
 
 
 def _unique_records(d: Domain, rng: random.Random, n: int) -> list[dict]:
+    """`n` records with distinct ids; a domain with few possible ids (e.g. six regions) gets
+    numbered ones ("north-3"), so that a lookup by id names exactly one record."""
     out, ids = [], set()
-    while len(out) < n:
+    for attempt in range(20 * n):
+        if len(out) == n:
+            break
         r = d.record(rng)
-        if str(r[d.id_field]) not in ids:
-            ids.add(str(r[d.id_field]))
-            out.append(r)
+        key = str(r[d.id_field])
+        if attempt >= 10 * n or key in ids:
+            if attempt < 10 * n:
+                continue
+            r[d.id_field] = key = f"{key}-{len(out) + 1}"
+        ids.add(key)
+        out.append(r)
     return out
 
 

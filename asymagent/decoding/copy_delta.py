@@ -1,0 +1,114 @@
+"""Copy delta: what the full view could copy at a position that the compressed view cannot.
+
+Delta-fusion adds beta (log a - log b) to the compressed-view verifier's row, where a and b are
+the drafter on the full and on the compressed view. A small drafter barely reacts to what
+compression removed (its two views differ by a JSD of ~0.004 on the suites; docs/drafter.md).
+Most of what the verifier loses under compression is literal text that agent turns copy: ids,
+paths, field values from the middle of a long tool output. This module measures that directly
+on the two token arrays, like suffix drafting does (asymagent/decoding/suffix_match.py):
+
+- the *match* is the longest suffix of the full view (length 2..max_len) that occurred earlier in
+  it with a continuation; c_F(x) counts the tokens x that followed its earlier occurrences;
+- c_C(x) counts the same in the compressed view, for the same suffix;
+- the copy delta is log((1 + c_F(x)) / (1 + c_C(x))) on the tokens with c_F(x) > c_C(x), 0
+  elsewhere: positive exactly on continuations that only the removed text holds.
+
+The gate adds `copy_weight` x this delta to the fused row (`fuse(..., copy=...)`): with no
+compression the two views are equal and the delta is 0, so every lossless property of the
+engine is untouched; with compression it moves the compressed verifier toward what the full view
+would copy. Measured in `asymagent eval fusion` (variants `copy=W`, docs/evals.md).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+
+def _match_sets(arr: np.ndarray, suffix: np.ndarray, max_len: int) -> list:
+    """[positions j (suffix of length L ends at j, j + 1 < len(arr)) for L = 1..]: shrinking sets."""
+    n = len(arr)
+    if n < 2 or len(suffix) == 0:
+        return []
+    cand = np.nonzero(arr[: n - 1] == suffix[-1])[0]  # ends of length-1 matches with a next token
+    out = [cand]
+    for length in range(2, min(max_len, len(suffix)) + 1):
+        cand = cand[cand >= length - 1]
+        cand = cand[arr[cand - (length - 1)] == suffix[-length]]
+        if cand.size == 0:
+            break
+        out.append(cand)
+    return out
+
+
+def copy_counts(full: np.ndarray, compressed: np.ndarray, *, min_len: int = 2,
+                max_len: int = 32) -> tuple[dict, dict, int]:
+    """(c_F, c_C, L): continuation counts of the full view's longest repeated suffix of length
+    L >= min_len in both views ({} and 0 when the full view has none)."""
+    full = np.asarray(full, dtype=np.int64)
+    compressed = np.asarray(compressed, dtype=np.int64)
+    sets_f = _match_sets(full, full, max_len)
+    if len(sets_f) < min_len:
+        return {}, {}, 0
+    length = len(sets_f)
+    ends_f = sets_f[-1]
+    suffix = full[len(full) - length:]
+    sets_c = _match_sets(compressed, suffix, length)
+    ends_c = sets_c[length - 1] if len(sets_c) >= length else np.zeros(0, dtype=np.int64)
+    count = lambda arr, ends: dict(zip(*np.unique(arr[ends + 1], return_counts=True)))  # noqa: E731
+    return count(full, ends_f), count(compressed, ends_c), length
+
+
+def copy_delta_entries(full, compressed, **kw) -> tuple[np.ndarray, np.ndarray]:
+    """(token ids, delta values): log((1 + c_F) / (1 + c_C)) where c_F > c_C (float32)."""
+    c_f, c_c, _ = copy_counts(full, compressed, **kw)
+    ids, vals = [], []
+    for tok, cf in c_f.items():
+        cc = c_c.get(tok, 0)
+        if cf > cc:
+            ids.append(int(tok))
+            vals.append(np.log((1.0 + cf) / (1.0 + cc)))
+    return np.asarray(ids, dtype=np.int64), np.asarray(vals, dtype=np.float32)
+
+
+def copy_delta_rows(full_prefix, compressed_prefix, tokens, vocab_size: int, **kw):
+    """Dense delta rows [T, V] (torch float32) for predicting tokens[i] after prefix + tokens[:i]."""
+    import torch
+
+    full_prefix, compressed_prefix = list(full_prefix), list(compressed_prefix)
+    rows = torch.zeros(len(tokens), vocab_size)
+    for i in range(len(tokens)):
+        ids, vals = copy_delta_entries(np.asarray(full_prefix + list(tokens[:i])),
+                                       np.asarray(compressed_prefix + list(tokens[:i])), **kw)
+        keep = ids < vocab_size
+        if keep.any():
+            rows[i, torch.from_numpy(ids[keep])] = torch.from_numpy(vals[keep])
+    return rows  # [T, V]
+
+
+class CopyDelta:
+    """The copy delta of one request's two views, added to the verifier's rows by the Decoder.
+
+    `full` and `compressed` are the request's Views (their `generated` list is shared, so they
+    grow together); rows are computed for the K+1 positions of a round from the views plus the
+    round's drafts. `weight` is SpecConfig.copy_weight.
+    """
+
+    def __init__(self, full, compressed, weight: float, *, min_len: int = 2, max_len: int = 32) -> None:
+        self.full, self.compressed, self.weight = full, compressed, float(weight)
+        self.options = dict(min_len=min_len, max_len=max_len)
+        self._prompts = (np.asarray(full.prompt, dtype=np.int64), np.asarray(compressed.prompt, dtype=np.int64))
+
+    def rows(self, drafts: list, like):
+        """weight x delta rows [len(drafts) + 1, V] on `like`'s device (row j: after drafts[:j])."""
+        import torch
+
+        rows = torch.zeros(len(drafts) + 1, like.shape[-1], dtype=like.dtype)
+        generated = list(self.full.generated)
+        for j in range(len(drafts) + 1):
+            tail = np.asarray(generated + list(drafts[:j]), dtype=np.int64)
+            ids, vals = copy_delta_entries(np.concatenate([self._prompts[0], tail]),
+                                           np.concatenate([self._prompts[1], tail]), **self.options)
+            keep = ids < like.shape[-1]
+            if keep.any():
+                rows[j, torch.from_numpy(ids[keep])] = torch.from_numpy(self.weight * vals[keep]).to(like.dtype)
+        return rows.to(like.device)  # [K+1, V]
