@@ -95,8 +95,9 @@ def assert_same(kernel, ref, label):
     assert torch.allclose(kernel.jsd, ref.jsd, atol=1e-4, rtol=0), label
 
 
-N_INTERPRETED = 12 + 2 + 3 + 1 + 4 + 2 + 1  # CASES, masked/fp16, multi-block/hand-built/dispatch,
-#                                            split plan, SPLIT_CASES, masked slices + ties, bench rows
+# CASES, masked/fp16, multi-block/hand-built/dispatch, no drafts, split plan, SPLIT_CASES,
+# masked slices + ties, bench rows
+N_INTERPRETED = 12 + 2 + 3 + 1 + 1 + 4 + 2 + 1
 CASES = [  # (V, K, B, scale, dtype): every V x K pair, B / scale / dtype rotating over them
     (50, 1, 1, 1.0, torch.float32), (50, 2, 3, 4.0, torch.bfloat16),
     (50, 5, 1, 0.3, torch.float32), (50, 8, 3, 2.0, torch.bfloat16),
@@ -209,6 +210,13 @@ def run_views(ver, aug, base, drafts, label, views=VIEWS, runs=RUNS, **launch):
             if layout == "one":
                 assert (out.jsd == 0).all()  # one view: exactly 0, as the reference
 
+
+@interpreted
+def test_split_kernel_no_drafts():
+    # K = 0, one row per sequence: asym's fused plain step (decoding/round.py) calls the gate so
+    ver, aug, base, drafts = make_case(2, 0, 300, 2.0, torch.float32, seed=11)
+    assert drafts.shape == (2, 0)
+    run_views(ver, aug, base, drafts, "K=0")
 
 def test_split_plan_covers_every_column_once():
     import importlib
