@@ -6,7 +6,7 @@ VENV   := .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
 
-.PHONY: setup demo test test-fast bench eval results clean
+.PHONY: setup demo test test-fast bench eval results clean gpu-wheels
 
 $(STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -52,3 +52,17 @@ results: $(STAMP)
 	$(PY) -m asymagent.evals.report --bench runs/bench.json --eval runs/eval_records.json \
 		--eval runs/eval_injection.json --out docs/results.md
 	cp runs/bench.json runs/eval_records.json runs/eval_injection.json docs/results/
+
+# The CUDA machine's image (python 3.12) lacks pydantic and has an older transformers: fetch the
+# wheels here (pip, this venv's transformers version) for scripts/gpu_check.sh (docs/kernels.md).
+# numpy, tokenizers and safetensors are left out: the image's own satisfy transformers.
+GPU_WHEELS = transformers==$(shell $(PY) -c 'import transformers; print(transformers.__version__)') \
+	pydantic==$(shell $(PY) -c 'import pydantic; print(pydantic.VERSION)')
+
+gpu-wheels:
+	rm -rf .whl
+	$(PY) -m pip download -q --only-binary=:all: --python-version 3.12 --implementation cp \
+		--platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64 \
+		--platform manylinux2014_x86_64 -d .whl $(GPU_WHEELS)
+	rm -f .whl/numpy-* .whl/tokenizers-* .whl/safetensors-*
+	du -sh .whl

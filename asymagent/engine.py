@@ -57,7 +57,11 @@ class Engine:
     def __init__(self, verifier, drafter=None, tokenizer=None, spec: SpecConfig | None = None,
                  compression=None, draft_vocab: torch.Tensor | None = None,
                  max_sessions: int = 4, suffix_store: SuffixStore | None = None,
-                 verifier_fingerprint: str | None = None) -> None:
+                 verifier_fingerprint: str | None = None, static_kv: bool = False,
+                 cuda_graphs: bool | None = None) -> None:
+        """`cuda_graphs`: decode with static KV caches and CUDA-graph captured forwards
+        (asymagent/kv/static_cache.py); None reads ASYMAGENT_CUDA_GRAPHS on CUDA, off on CPU.
+        `static_kv`: the static caches without graphs (any device)."""
         self.verifier = verifier.eval()
         self.drafter = drafter.eval() if drafter is not None else None
         for model in (self.verifier, self.drafter):  # verify forwards read grouped KV in place
@@ -92,7 +96,11 @@ class Engine:
         roles = {"verifier_full": verifier, "verifier_compressed": verifier}
         if self.drafter is not None:
             roles.update(drafter_full=self.drafter, drafter_compressed=self.drafter)
-        self.caches = CacheStore(roles, max_sessions=max_sessions)
+        from asymagent.kv.static_cache import static_roles  # transformers' cache classes
+
+        self.static_roles = static_roles(roles, self.device, static_kv=static_kv,
+                                         cuda_graphs=cuda_graphs)
+        self.caches = CacheStore(roles, max_sessions=max_sessions, static=self.static_roles)
         self._chat_format: ChatFormat | None = None  # built on first use (`chat_format`)
         self._format_lock = threading.Lock()  # builds chat_format once (not the request lock)
         # one request at a time, first come first served: sessions, caches and views are shared
@@ -277,6 +285,9 @@ class Engine:
             """(the role's cache on `view`, tokens to prefill incl. the re-fed last one, FLOPs)."""
             cache = session.get(role)
             ids = view.ids()
+            # a static cache is sized once for the request: the view, the new tokens, the drafts
+            cache.reserve(len(ids) + max_new_tokens + 2
+                          + max(self.spec.k, self.spec.k_max, self.spec.lookup_k))
             kept = cache.reuse_prefix(ids)
             cache.prefill(ids[kept:-1], desc=f"prefill {role}")
             return ViewCache(cache, view), len(ids) - kept, self.flops.forward(len(ids) - 1 - kept, kept)

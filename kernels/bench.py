@@ -3,7 +3,8 @@
 `python -m asymagent.kernels.bench` (CUDA): V in {49152, 151936, 262144}, K in {2, 4, 8},
 B in {1, 16, 64}; reports each variant's median time, the kernel's speed-up over eager and its
 achieved GB/s against the memory-bandwidth bound, where the bound is the time to read the three
-logit tensors once at the device's measured copy bandwidth (override with --peak-gbps).
+logit tensors once at the device's measured copy bandwidth (override with --peak-gbps);
+`--splits`/`--block-v` force the split-V launch, `--variants kernel_s1` adds it without a split.
 Without CUDA it says so and exits 0; `--cpu` instead times the eager reference against its
 torch.compile'd form on CPU (the engine's per-round case: B=1, fp32, V=49152), interleaved;
 `--compile-only` compiles the kernel for a CUDA arch without a GPU (Triton ships ptxas) and
@@ -108,54 +109,76 @@ def _copy_bandwidth_gbps() -> float:
     return 2 * src.numel() / (ms * 1e-3) / 1e9
 
 
-def bench_gpu(args) -> list[dict]:
-    """Kernel vs eager vs torch.compile on CUDA over the issue's grid."""
+def bench_gpu(args, device: str = "cuda") -> list[dict]:
+    """Kernel vs eager vs torch.compile on CUDA over the issue's grid (`--variants` picks).
+
+    `kernel` is the split-V launch `fused_gate` makes (`--splits`/`--block-v` force its plan),
+    `kernel_s1` the same kernels with one slice per row (no split: the split's own effect).
+    `device="cpu"` only runs this code under the interpreter (a test), timing nothing real."""
+    import importlib
+
     import triton.testing
     from tqdm import tqdm
 
-    from asymagent.kernels.fused_gate import fused_gate_triton
-
+    gate = importlib.import_module("asymagent.kernels.fused_gate")
     peak = args.peak_gbps or _copy_bandwidth_gbps()
     dtype = DTYPES[args.dtype]
-    compiled = _compiled_reference()
+    compiled = _compiled_reference() if "compiled" in args.variants else None
+    rule = args.rules[0]
     rows = []
     cases = [(v, k, b) for v in args.vocabs for k in args.ks for b in args.batches]
     for vocab, k, batch in tqdm(cases, desc="gpu gate", file=sys.stderr):
-        ver, aug, base, drafts = make_inputs(batch, k, vocab, dtype, "cuda")
-        kwargs = dict(beta=1.0, gamma=0.5, acceptance=args.rules[0],
-                      temperature=1.0 if args.rules[0] == "exact" else 0.0)
+        ver, aug, base, drafts = make_inputs(batch, k, vocab, dtype, device)
+        kwargs = dict(beta=1.0, gamma=0.5, acceptance=rule,
+                      temperature=1.0 if rule == "exact" else 0.0)
+        launch = dict(splits=args.splits, block_v=args.block_v)
         variants = {
-            "kernel": lambda: fused_gate_triton(ver, aug, base, drafts, **kwargs),
+            "kernel": lambda: gate.fused_gate_triton(ver, aug, base, drafts, **kwargs, **launch),
+            "kernel_s1": lambda: gate.fused_gate_triton(ver, aug, base, drafts, **kwargs,
+                                                        block_v=args.block_v, splits=1),
             "eager": lambda: fused_gate_reference(ver, aug, base, drafts, **kwargs),
             "compiled": lambda: compiled(ver, aug, base, drafts, **kwargs),
         }
+        variants = {name: variants[name] for name in args.variants}
         for fn in variants.values():
             fn()  # compile / autotune outside the timed region
         times = {name: triton.testing.do_bench(fn, return_mode="median")
                  for name, fn in variants.items()}  # ms
         read_bytes = 3 * ver.numel() * ver.element_size()  # three logit tensors read once
         bound_ms = read_bytes / (peak * 1e9) * 1e3
-        rows.append(dict(device=torch.cuda.get_device_name(), vocab=vocab, k=k, batch=batch,
-                         rule=args.rules[0], dtype=args.dtype,
-                         kernel_ms=times["kernel"], eager_ms=times["eager"],
-                         compiled_ms=times["compiled"],
-                         speedup_vs_eager=times["eager"] / times["kernel"],
-                         kernel_gbps=read_bytes / (times["kernel"] * 1e-3) / 1e9,
-                         peak_gbps=peak, bound_ms=bound_ms,
-                         x_of_bound=times["kernel"] / bound_ms))
+        block_v, _ = gate.launch_config(vocab, device, args.block_v)
+        n_split, _ = gate.split_plan(batch * (k + 1), vocab, block_v, ver.device, args.splits)
+        name = torch.cuda.get_device_name() if device == "cuda" else device
+        row = dict(device=name, vocab=vocab, k=k, batch=batch, rule=rule,
+                   dtype=args.dtype, block_v=block_v, splits=n_split)
+        row.update({f"{name}_ms": ms for name, ms in times.items()})
+        if "kernel" in times:
+            if "eager" in times:
+                row["speedup_vs_eager"] = times["eager"] / times["kernel"]
+            row.update(kernel_gbps=read_bytes / (times["kernel"] * 1e-3) / 1e9, peak_gbps=peak,
+                       bound_ms=bound_ms, x_of_bound=times["kernel"] / bound_ms)
+        rows.append(row)
     return rows
 
 
-ROWS_ARG_TYPES = {  # the rows kernel's runtime arguments (logit pointers get --dtype)
-    "d_ptr": "*i64", "u_ptr": "*fp32", "e_ptr": "*fp32", "jsd_ptr": "*fp32",
-    "cand_ptr": "*i64", "acc_ptr": "*i32", "K": "i32", "V": "i32", "stride_b": "i64",
-    "stride_r": "i64", "g_stride_b": "i64", "g_stride_r": "i64", "beta": "fp32",
-    "beta_bonus": "fp32", "log_gamma": "fp32", "temperature": "fp32",
+ARG_TYPES = {  # the kernels' runtime arguments by name (logit pointers get --dtype)
+    "part_ptr": "*fp32", "ipart_ptr": "*i32", "d_ptr": "*i64", "u_ptr": "*fp32", "e_ptr": "*fp32",
+    "jsd_ptr": "*fp32", "n_ptr": "*i64", "next_ptr": "*i64", "K": "i32", "V": "i32",
+    "CHUNK": "i32", "S": "i32", "stride_b": "i64", "stride_r": "i64", "g_stride_b": "i64",
+    "g_stride_r": "i64", "beta": "fp32", "beta_bonus": "fp32", "log_gamma": "fp32",
+    "temperature": "fp32",
 }
+# which kernels a call runs: (rule, one view?) -> kernel names (fused_gate.fused_gate_triton)
+COMPILE_CASES = [
+    ("cda", False, ("gate_stats", "gate_jsd", "gate_finish")),
+    ("greedy", False, ("gate_stats", "gate_jsd", "gate_finish")),
+    ("exact", False, ("gate_stats", "gate_jsd", "gate_race", "gate_finish")),
+    ("exact", True, ("gate_stats", "gate_race", "gate_finish")),  # mode spec, sampled
+]
 
 
 def compile_report(args) -> list[dict]:
-    """Compile the rows kernel for a CUDA arch without a GPU; registers, spills, exp count."""
+    """Compile the gate's kernels for a CUDA arch without a GPU; registers, spills, exp count."""
     import importlib
     import pathlib
     import subprocess
@@ -165,32 +188,41 @@ def compile_report(args) -> list[dict]:
     from triton.backends.compiler import GPUTarget
 
     gate = importlib.import_module("asymagent.kernels.fused_gate")
-    rows_kernel, _ = gate.jitted_kernels()
+    kern = gate.gate_kernels()
     logit = {"bf16": "*bf16", "fp16": "*fp16", "fp32": "*fp32"}[args.dtype]
-    signature = {n: logit for n in ("v_ptr", "a_ptr", "b_ptr", "g_ptr")}
-    signature.update(ROWS_ARG_TYPES)
-    signature.update(RULE="constexpr", BLOCK_V="constexpr")
-    block_v, num_warps = gate.launch_config(max(args.vocabs), "cuda")
+    vocab = max(args.vocabs)
+    block_v, num_warps = gate.launch_config(vocab, "cuda")
+    block_s = triton.next_power_of_2(-(-vocab // block_v))  # the most slices a row can get
     cuobjdump = pathlib.Path(triton.__file__).parent / "backends/nvidia/bin/cuobjdump"
     rows = []
-    for rule_name, rule in (("cda", 0), ("greedy", 1), ("exact", 2)):
-        src = triton.compiler.ASTSource(fn=rows_kernel, signature=signature,
-                                        constexprs={"RULE": rule, "BLOCK_V": block_v})
-        compiled = triton.compile(src, target=GPUTarget("cuda", args.arch, 32),
-                                  options={"num_warps": num_warps, "enable_fp_fusion": False})
-        with tempfile.NamedTemporaryFile(suffix=".cubin") as fh:
-            fh.write(compiled.asm["cubin"])
-            fh.flush()
-            usage = subprocess.run([str(cuobjdump), "-res-usage", fh.name], capture_output=True,
-                                   text=True, check=True).stdout
-            sass = subprocess.run([str(cuobjdump), "-sass", fh.name], capture_output=True,
-                                  text=True, check=True).stdout
-        fields = dict(item.split(":") for line in usage.splitlines() if "REG:" in line
-                      for item in line.split() if ":" in item)
-        rows.append(dict(arch=f"sm_{args.arch}", rule=rule_name, dtype=args.dtype,
-                         block_v=block_v, num_warps=num_warps, registers=int(fields["REG"]),
-                         local_bytes=int(fields["LOCAL"]), spill_stores=sass.count("STL"),
-                         exp_instructions=sass.count("MUFU.EX2")))
+    for rule_name, one_view, names in COMPILE_CASES:
+        rule = {"cda": gate.RULE_CDA, "greedy": gate.RULE_GREEDY, "exact": gate.RULE_SAMPLE}[rule_name]
+        for name in names:
+            fn = getattr(kern, name)
+            values = {"RULE": rule, "ONE_VIEW": one_view, "BLOCK_V": block_v, "BLOCK_S": block_s}
+            constexprs = {p.name: values[p.name] for p in fn.params if p.is_constexpr}
+            signature = {p.name: "constexpr" if p.is_constexpr else
+                         (logit if p.name in ("v_ptr", "a_ptr", "b_ptr", "g_ptr") else ARG_TYPES[p.name])
+                         for p in fn.params}
+            warps = 1 if name == "gate_finish" else num_warps
+            src = triton.compiler.ASTSource(fn=fn, signature=signature, constexprs=constexprs)
+            compiled = triton.compile(src, target=GPUTarget("cuda", args.arch, 32),
+                                      options={"num_warps": warps, "enable_fp_fusion": False})
+            with tempfile.NamedTemporaryFile(suffix=".cubin") as fh:
+                fh.write(compiled.asm["cubin"])
+                fh.flush()
+                usage = subprocess.run([str(cuobjdump), "-res-usage", fh.name], capture_output=True,
+                                       text=True, check=True).stdout
+                sass = subprocess.run([str(cuobjdump), "-sass", fh.name], capture_output=True,
+                                      text=True, check=True).stdout
+            fields = dict(item.split(":") for line in usage.splitlines() if "REG:" in line
+                          for item in line.split() if ":" in item)
+            rows.append(dict(arch=f"sm_{args.arch}", rule=rule_name, views=1 if one_view else 2,
+                             kernel=name, dtype=args.dtype,
+                             block_v=block_v if name != "gate_finish" else None,
+                             num_warps=warps, registers=int(fields["REG"]),
+                             local_bytes=int(fields["LOCAL"]), spill_stores=sass.count("STL"),
+                             exp_instructions=sass.count("MUFU.EX2")))
     return rows
 
 
@@ -220,6 +252,12 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--batches", type=int, nargs="+", default=list(GPU_BATCHES))
     p.add_argument("--rules", nargs="+", default=["cda"], choices=["cda", "greedy", "exact"])
     p.add_argument("--dtype", default="bf16", choices=sorted(DTYPES))
+    p.add_argument("--variants", nargs="+", default=["kernel", "eager", "compiled"],
+                   choices=["kernel", "kernel_s1", "eager", "compiled"], help="what to time (GPU)")
+    p.add_argument("--splits", type=int, default=None,
+                   help="force the slices per row (default: fused_gate.split_plan's choice)")
+    p.add_argument("--block-v", type=int, default=None,
+                   help="force BLOCK_V, a power of two (default: fused_gate.launch_config's)")
     p.add_argument("--repeats", type=int, default=20, help="interleaved rounds of 5 calls (CPU)")
     p.add_argument("--peak-gbps", type=float, default=None,
                    help="memory bandwidth for the bound (default: measured copy bandwidth)")

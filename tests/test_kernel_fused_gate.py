@@ -1,4 +1,4 @@
-"""The Triton gate kernel against the torch reference (CPU via TRITON_INTERPRET=1; GPU if present).
+"""The Triton gate kernels against the torch reference (CPU via TRITON_INTERPRET=1; GPU if present).
 
 Triton reads TRITON_INTERPRET when it is imported (its own library functions are decorated
 then), so the interpreter tests run in a child pytest process with the variable set:
@@ -6,7 +6,9 @@ then), so the interpreter tests run in a child pytest process with the variable 
 Equality is exact for accepted counts and tokens: the kernel computes the fused scores with the
 same float operations in the same order as the reference (argmax ties break identically), and
 consumes the same uniforms and exponentials for sampling. JSD sums V terms in a different order
-(lane-wise, then across lanes), hence the 1e-4 tolerance (observed differences are ~1e-6).
+(lane-wise, then across lanes, then across slices), hence the 1e-4 tolerance (observed
+differences are ~1e-6). The kernels split each row over V (kernels/gate_kernels.py); on CPU a
+fixed small split (INTERPRET_SPLITS) is always used, and the split tests force others.
 """
 
 from __future__ import annotations
@@ -19,8 +21,8 @@ import sys
 import pytest
 import torch
 
-from asymagent.kernels import draw_gate_noise, fused_gate, fused_gate_reference
-from asymagent.kernels.fused_gate import fused_gate_triton, triton
+from asymagent.kernels import GateNoise, draw_gate_noise, fused_gate, fused_gate_reference
+from asymagent.kernels.fused_gate import fused_gate_triton, split_plan, triton
 
 IN_INTERPRETER = os.environ.get("TRITON_INTERPRET") == "1"
 pytestmark = [
@@ -60,7 +62,9 @@ def test_kernel_compiles_for_hopper_without_spills():
     if not (tools / "cuobjdump").exists():
         pytest.skip("this triton build has no NVIDIA backend tools")
     rows = compile_report(parse_args(["--compile-only", "--arch", "90"]))
-    assert [r["rule"] for r in rows] == ["cda", "greedy", "exact"]
+    assert {(r["rule"], r["views"]) for r in rows} == {("cda", 2), ("greedy", 2), ("exact", 2),
+                                                       ("exact", 1)}
+    assert {r["kernel"] for r in rows} == {"gate_stats", "gate_jsd", "gate_race", "gate_finish"}
     for row in rows:
         assert row["local_bytes"] == 0 and row["spill_stores"] == 0, row  # no register spills
         assert row["registers"] <= 255, row  # the per-thread hardware limit
@@ -91,7 +95,9 @@ def assert_same(kernel, ref, label):
     assert torch.allclose(kernel.jsd, ref.jsd, atol=1e-4, rtol=0), label
 
 
-N_INTERPRETED = 12 + 2 + 3  # CASES, masked/fp16 parameters, multi-block, hand-built, dispatch
+# CASES, masked/fp16, multi-block/hand-built/dispatch, no drafts, split plan, SPLIT_CASES,
+# masked slices + ties, bench rows
+N_INTERPRETED = 12 + 2 + 3 + 1 + 1 + 4 + 2 + 1
 CASES = [  # (V, K, B, scale, dtype): every V x K pair, B / scale / dtype rotating over them
     (50, 1, 1, 1.0, torch.float32), (50, 2, 3, 4.0, torch.bfloat16),
     (50, 5, 1, 0.3, torch.float32), (50, 8, 3, 2.0, torch.bfloat16),
@@ -182,6 +188,134 @@ def test_dispatch_env_forces_triton_on_cpu(monkeypatch):
     monkeypatch.setenv("ASYMAGENT_GATE", "torch")
     eager = fused_gate(ver, aug, base, drafts, beta=1.0, gamma=0.5)
     assert_same(forced, eager, "dispatch")
+
+
+VIEWS = ("two", "one", "none")  # base and drafter rows; base_logits=None; drafter_logits=None too
+
+
+def run_views(ver, aug, base, drafts, label, views=VIEWS, runs=RUNS, **launch):
+    """Kernel == reference for every rule of `runs` and every drafter-view layout of `views`."""
+    k, vocab = drafts.shape[1], ver.shape[-1]
+    noise = draw_gate_noise(ver.shape[0], k, vocab, generator=torch.Generator().manual_seed(k))
+    for rule, temp, fuse_bonus in runs:
+        for layout in views:
+            a = None if layout == "none" else aug
+            b = base if layout == "two" else None
+            kwargs = dict(beta=1.0, gamma=0.5, acceptance=rule, temperature=temp,
+                          fuse_bonus=fuse_bonus, noise=noise,
+                          proposal_logits=aug[:, :k] if layout == "none" else None)
+            ref = fused_gate_reference(ver, a, b, drafts, **kwargs)
+            out = fused_gate_triton(ver, a, b, drafts, **kwargs, **launch)
+            assert_same(out, ref, (label, rule, temp, fuse_bonus, layout))
+            if layout == "one":
+                assert (out.jsd == 0).all()  # one view: exactly 0, as the reference
+
+
+@interpreted
+def test_split_kernel_no_drafts():
+    # K = 0, one row per sequence: asym's fused plain step (decoding/round.py) calls the gate so
+    ver, aug, base, drafts = make_case(2, 0, 300, 2.0, torch.float32, seed=11)
+    assert drafts.shape == (2, 0)
+    run_views(ver, aug, base, drafts, "K=0")
+
+def test_split_plan_covers_every_column_once():
+    import importlib
+
+    gate = importlib.import_module("asymagent.kernels.fused_gate")  # the module, not the function
+    cuda = torch.device("cuda")
+    for vocab in (1, 50, 1000, 4099, 151936, 262144):
+        for block_v in (16, 128, 1024):
+            for forced in (None, 1, 2, 3, 7, 10 ** 6):
+                for rows in (1, 9, 576):
+                    plan = split_plan(rows, vocab, block_v, torch.device("cpu"), forced)
+                    n, chunk = plan
+                    assert chunk % block_v == 0 and n >= 1
+                    assert (n - 1) * chunk < vocab <= n * chunk, (vocab, block_v, forced, plan)
+                    assert n <= -(-vocab // block_v)  # never more slices than blocks
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(gate, "sm_count", lambda device: 132)
+        # small batches get many slices, large ones few: ~PROGRAMS_PER_SM x 132 programs
+        assert split_plan(9, 151936, 1024, cuda) == (75, 2048)
+        assert split_plan(576, 151936, 1024, cuda) == (2, 76800)
+        assert split_plan(2000, 151936, 1024, cuda)[0] == 1
+
+
+SPLIT_CASES = [  # (V, K, B, BLOCK_V, forced splits) -> slices: none divides V evenly
+    (1000, 2, 2, 64, 5),  # 4 slices of 256, the last 232 wide
+    (777, 3, 1, 32, 7),  # 7 slices of 128, the last 9 wide
+    (300, 2, 1, 16, 19),  # 19 one-block slices, the last 12 wide
+    (1000, 1, 3, 128, 1),  # no split: one program sweeps the whole row
+]
+
+
+@interpreted
+@pytest.mark.parametrize("vocab, k, batch, block_v, splits", SPLIT_CASES)
+def test_split_kernel_matches_reference(vocab, k, batch, block_v, splits):
+    ver, aug, base, drafts = make_case(batch, k, vocab, 2.0, torch.bfloat16, seed=vocab + splits)
+    run_views(ver, aug, base, drafts, (vocab, splits), block_v=block_v, splits=splits)
+
+
+@interpreted
+def test_split_kernel_masked_slices():
+    # whole slices -inf in one view at a time, a row masked only in its first or last slice, a
+    # verifier row masked everywhere (cda/greedy: emits token 0 as the reference's argmax)
+    vocab, k, batch = 600, 2, 3  # BLOCK_V 32, splits 6 -> 5 slices of 128 (the last 88 wide)
+    ver, aug, base, drafts = make_case(batch, k, vocab, 3.0, torch.float32, seed=11)
+    ver[0, :, :256] = float("-inf")  # the first two slices of every verifier row
+    aug[0, 1, 128:384] = float("-inf")  # two middle slices of one full-view row
+    base[1, :, 512:] = float("-inf")  # the ragged last slice of the compressed view
+    base[2, 0, :128] = float("-inf")
+    aug[2, 2, 512:] = float("-inf")
+    drafts[0] = torch.tensor([300, 5])  # allowed in v, masked in v
+    drafts[1, 1] = 600 - 1  # in the ragged last slice
+    run_views(ver, aug, base, drafts, "masked", block_v=32, splits=6)
+    ver[2, 1] = float("-inf")  # a verifier row with nothing allowed
+    for rule in ("cda", "greedy"):
+        for b in (base, None):
+            kwargs = dict(beta=1.0, gamma=0.5, acceptance=rule, block_v=32, splits=6)
+            out = fused_gate_triton(ver, aug, b, drafts, **kwargs)
+            kwargs.pop("block_v"), kwargs.pop("splits")
+            assert_same(out, fused_gate_reference(ver, aug, b, drafts, **kwargs), (rule, "all -inf"))
+
+
+@interpreted
+def test_split_kernel_ties_across_slice_boundaries():
+    # BLOCK_V 16, 4 slices of 64 columns: the row maximum sits on both sides of a boundary and
+    # again later; the first index must win for the fused argmax (cda, greedy) and for the
+    # exponential race (exact, with equal Exp(1) draws the race is an argmax of p)
+    vocab, k = 256, 2
+    ver = torch.randn(2, k + 1, vocab, generator=torch.Generator().manual_seed(3))
+    ver[0, :, [63, 64, 200]] = 9.0  # last lane of slice 0, first lane of slice 1, slice 3
+    ver[1, :, [128, 191, 192]] = 9.0  # first and last lane of slice 2, first of slice 3
+    aug = torch.randn(2, k + 1, vocab, generator=torch.Generator().manual_seed(4))
+    base = aug.clone()  # two views that agree: delta 0 exactly, the fused score is v
+    drafts = torch.tensor([[64, 63], [191, 128]])
+    noise = GateNoise(uniform=torch.full((2, k), 0.5), exponential=torch.ones(2, vocab))
+    for rule, temp, fuse_bonus in RUNS:
+        for b in (base, None):
+            kwargs = dict(beta=1.0, gamma=0.5, acceptance=rule, temperature=temp,
+                          fuse_bonus=fuse_bonus, noise=noise)
+            ref = fused_gate_reference(ver, aug, b, drafts, **kwargs)
+            out = fused_gate_triton(ver, aug, b, drafts, block_v=16, splits=4, **kwargs)
+            assert_same(out, ref, (rule, temp, b is None))
+            if rule == "greedy":  # the first index of the tie is the argmax: 63 / 128
+                assert out.num_accepted.tolist() == [0, 0]
+                assert out.next_token.tolist() == [63, 128]
+
+
+@interpreted
+def test_bench_gpu_rows_code_path(monkeypatch):
+    # the GPU bench's row code, run on CPU with a stand-in timer (times nothing real)
+    import triton.testing
+
+    from asymagent.kernels import bench
+
+    monkeypatch.setattr(triton.testing, "do_bench", lambda fn, **kw: (fn(), 1.0)[1])
+    args = bench.parse_args(["--vocabs", "300", "--ks", "2", "--batches", "1", "--peak-gbps",
+                             "1000", "--variants", "kernel", "kernel_s1", "eager"])
+    (row,) = bench.bench_gpu(args, device="cpu")
+    assert row["splits"] == 2 and row["kernel_ms"] == row["eager_ms"] == 1.0
+    assert row["x_of_bound"] == 1.0 / row["bound_ms"] and row["speedup_vs_eager"] == 1.0
 
 
 @pytest.mark.gpu

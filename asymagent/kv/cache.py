@@ -9,6 +9,10 @@ re-feeds at least the last prompt token (whose logits start decoding).
 
 transformers 5.24: `DynamicCache.crop(n)` wants a NEGATIVE n (tokens to remove; a positive n
 raises), and the model forward takes `cache=` (the `past_key_values=` keyword is deprecated).
+
+A ModelCache made with `static=StaticKVOptions(...)` keeps its K/V in a fixed-capacity StaticKV
+(asymagent/kv/static_cache.py: static shapes, CUDA graphs on CUDA) instead of a DynamicCache;
+tokens, crop and prefix reuse work the same.
 """
 
 from __future__ import annotations
@@ -68,8 +72,9 @@ class ModelCache:
     """One model's DynamicCache plus the token ids it holds (see the module invariant)."""
 
     model: torch.nn.Module
-    cache: object = None  # DynamicCache (a GrowingCache if GROWING_KV), made on first use
+    cache: object = None  # DynamicCache (a GrowingCache if GROWING_KV) or StaticKV, made on first use
     tokens: list = field(default_factory=list)  # ids whose K/V are cached
+    static: object = None  # StaticKVOptions: keep K/V in a StaticKV (the CUDA-graph decode path)
 
     def __len__(self) -> int:
         return len(self.tokens)
@@ -82,6 +87,10 @@ class ModelCache:
         self.cache, self.tokens = None, []
 
     def _new_cache(self):
+        if self.static is not None:
+            from asymagent.kv.static_cache import StaticKV
+
+            return StaticKV(self.model, self.static)
         if GROWING_KV:
             from asymagent.kv.growing_cache import GrowingCache
 
@@ -95,11 +104,20 @@ class ModelCache:
         remove = len(self.tokens) - keep
         if remove <= 0:
             return
-        if keep == 0:
+        if keep == 0 and self.static is None:  # a StaticKV keeps its buffers (and graphs)
             self.reset()
             return
         self.cache.crop(-remove)
         del self.tokens[keep:]
+
+    def reserve(self, total: int) -> None:
+        """Room for `total` cached positions up front: a StaticKV reallocates (and recaptures its
+        graphs) at most once per request; a dynamic cache needs nothing."""
+        if self.static is None:
+            return
+        if self.cache is None:
+            self.cache = self._new_cache()
+        self.cache.reserve(total)
 
     def reuse_prefix(self, view_ids: list) -> int:
         """Crop to the longest common prefix with `view_ids[:-1]`; returns the tokens kept."""
@@ -119,19 +137,28 @@ class ModelCache:
         """Feed `ids`; return the logits of the last `keep` positions, [keep, V] (float32)."""
         if self.cache is None:
             self.cache = self._new_cache()
-        out = self.model(input_ids=self._inputs(ids), cache=self.cache, use_cache=True,
-                         logits_to_keep=keep)
+        if self.static is not None:
+            logits = self.cache.run(ids, head=True)[-keep:]  # [keep, V] float32
+        else:
+            out = self.model(input_ids=self._inputs(ids), cache=self.cache, use_cache=True,
+                             logits_to_keep=keep)
+            logits = out.logits[0, -keep:].float()  # [keep, V]
         self.tokens.extend(ids)
-        return out.logits[0, -keep:].float()  # [keep, V]
+        return logits
 
     @torch.inference_mode()
     def forward_hidden(self, ids: list) -> torch.Tensor:
         """Feed `ids` through the decoder body only; final hidden states [T, H] (no head)."""
         if self.cache is None:
             self.cache = self._new_cache()
-        out = decoder_of(self.model)(input_ids=self._inputs(ids), cache=self.cache, use_cache=True)
+        if self.static is not None:
+            hidden = self.cache.run(ids, head=False)  # [T, H]
+        else:
+            out = decoder_of(self.model)(input_ids=self._inputs(ids), cache=self.cache,
+                                         use_cache=True)
+            hidden = out.last_hidden_state[0]  # [T, H]
         self.tokens.extend(ids)
-        return out.last_hidden_state[0]  # [T, H]
+        return hidden
 
     @torch.inference_mode()
     def prefill(self, ids: list, desc: str = "prefill") -> None:
@@ -181,10 +208,12 @@ class CacheSession:
     """The caches of one conversation (`cache_key`): one ModelCache per (model, view) role.
 
     Roles: "verifier_full", "verifier_compressed", "drafter_full", "drafter_compressed" (base).
+    `static` maps a role to its StaticKVOptions (roles not in it use a dynamic cache).
     """
 
-    def __init__(self, models: dict) -> None:
+    def __init__(self, models: dict, static: dict | None = None) -> None:
         self._models = models  # role -> model
+        self._static = static or {}
         self.caches: dict = {}
         self.views = None  # the conversation's asymagent.context.views.ContextViews (chat)
         self.logprobs: list = []  # drafter log p(token_t | tokens_<t) for logprob_ids (chat)
@@ -192,17 +221,18 @@ class CacheSession:
 
     def get(self, role: str) -> ModelCache:
         if role not in self.caches:
-            self.caches[role] = ModelCache(self._models[role])
+            self.caches[role] = ModelCache(self._models[role], static=self._static.get(role))
         return self.caches[role]
 
 
 class CacheStore:
     """A bounded LRU of CacheSessions keyed by `cache_key` (oldest session dropped first)."""
 
-    def __init__(self, models: dict, max_sessions: int = 4) -> None:
+    def __init__(self, models: dict, max_sessions: int = 4, static: dict | None = None) -> None:
         if max_sessions < 1:
             raise ValueError("max_sessions must be >= 1")
         self._models = models
+        self._static = static  # role -> StaticKVOptions (CacheSession)
         self.max_sessions = max_sessions
         self._sessions: OrderedDict = OrderedDict()
 
@@ -210,7 +240,7 @@ class CacheStore:
         if key in self._sessions:
             self._sessions.move_to_end(key)
             return self._sessions[key]
-        session = CacheSession(self._models)
+        session = CacheSession(self._models, self._static)
         self._sessions[key] = session
         while len(self._sessions) > self.max_sessions:
             self._sessions.popitem(last=False)

@@ -1,0 +1,55 @@
+"""GraphSet: CUDA graphs of one StaticKV's forwards, one per (tokens T, head or body), replayed.
+
+A decode step of a small model is bound by kernel launches, not by the GPU (docs/kernels.md):
+a CUDA graph records the whole forward once and replays it with a single launch. The engine's
+forwards have few shapes: 1 token (a plain step, a drafter step, the drafter's bonus row) and
+K+1 tokens (the verify forward, the base pass), each with the head (logits) or without it (the
+drafter's body: its head runs separately, on the draft vocabulary). A graph is captured on the
+first forward of each (T, head) and keyed by it; it reads its input ids from a static buffer and
+writes its output into a static tensor, which the next replay overwrites (StaticKV.run copies).
+
+Capture follows torch.cuda.graphs' recipe: one warm-up forward on a side stream (lazy cuBLAS and
+allocator state), the cache's length put back (the warm-up wrote K/V past it, which the mask
+hides and the next forward overwrites), then the capture, which records and runs nothing. A graph
+holds the StaticKV's buffer addresses, so StaticKV drops its GraphSet when it reallocates.
+"""
+
+from __future__ import annotations
+
+import torch
+
+
+class GraphSet:
+    """The captured forwards of one StaticKV (asymagent/kv/static_cache.py)."""
+
+    def __init__(self, kv) -> None:
+        self.kv = kv
+        self.graphs: dict = {}  # (T, head) -> (CUDAGraph, static ids [1, T], static output)
+
+    def __len__(self) -> int:
+        return len(self.graphs)
+
+    def replay(self, cpu_ids: torch.Tensor, head: bool) -> torch.Tensor:
+        """Run the graph for `cpu_ids` [1, T] (captured now if new); its static output tensor."""
+        key = (int(cpu_ids.shape[1]), bool(head))
+        if key not in self.graphs:
+            self.graphs[key] = self._capture(*key)
+        graph, ids, out = self.graphs[key]
+        ids.copy_(cpu_ids)  # [1, T]
+        graph.replay()
+        return out
+
+    def _capture(self, tokens: int, head: bool) -> tuple:
+        kv = self.kv
+        ids = torch.zeros((1, tokens), dtype=torch.long, device=kv.device)  # static input
+        current = torch.cuda.current_stream(kv.device)
+        side = torch.cuda.Stream(device=kv.device)
+        side.wait_stream(current)
+        with torch.cuda.stream(side):
+            kv.step(ids, head)  # warm-up; writes past the cached length, which is put back
+            kv.length.fill_(kv.seen)
+        current.wait_stream(side)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            out = kv.step(ids, head)  # recorded, not run: the length is unchanged
+        return graph, ids, out
