@@ -1,6 +1,6 @@
 """Context-policy frontier: how close each verifier view stays to mode full, and at what speed.
 
-    python -m asymagent.evals.frontier --workloads bench,records,tickets,fs_audit,injection,domain:parcels \
+    python -m asymagent.evals.running.frontier --workloads bench,records,tickets,fs_audit,injection,domain:parcels \
         --split test --episodes 2 --max-steps 8 --json docs/results/frontier.json --plot docs/context_frontier.png
 
 A *policy* is a decoding mode label (evals/runner.py: `asym`, `compressed:...`, `asym:copy_weight=0`)
@@ -71,10 +71,8 @@ class Conversation:
 
 # --------------------------------------------------------------------------- workloads
 def bench_conversation(steps: int = 12) -> Conversation:
-    from asymagent.evals.bench import workload
-    from asymagent.evals.environments import make_env, oracle_episode
-    from asymagent.evals.runner import output_action
-    from asymagent.evals.environments import actions_equal, parse_call
+    from asymagent.evals.bench.bench import workload
+    from asymagent.evals.suites.environments import make_env, oracle_episode
 
     work = workload("records", 0, steps)
     env = make_env("records")
@@ -88,8 +86,8 @@ def bench_conversation(steps: int = 12) -> Conversation:
 
 
 def _judge(env, expected: dict):
-    from asymagent.evals.environments import actions_equal, parse_call
-    from asymagent.evals.runner import output_action
+    from asymagent.evals.suites.environments import actions_equal, parse_call
+    from asymagent.evals.running.runner import output_action
 
     calls = expected.get("tool_calls") or []
     if calls:
@@ -99,7 +97,7 @@ def _judge(env, expected: dict):
 
 
 def suite_conversations(suite: str, seeds: list, max_steps: int | None) -> list:
-    from asymagent.evals.environments import make_env, oracle_episode
+    from asymagent.evals.suites.environments import make_env, oracle_episode
 
     out = []
     for seed in seeds:
@@ -165,7 +163,7 @@ def _quotes_ok(expected: str, text: str) -> bool:
 
 
 def conversations(workload: str, split: str, episodes: int, max_steps: int | None, bench_steps: int) -> list:
-    from asymagent.evals.environments import SUITES, pick_seeds
+    from asymagent.evals.suites.environments import SUITES, pick_seeds
 
     seeds = pick_seeds(split, episodes, None)
     if workload == "bench":
@@ -201,8 +199,8 @@ class Record:
 def run_conversation(engine, conv: Conversation, policies: list, *, max_new_tokens: int, bench: bool,
                      bar=None) -> list:
     """Every policy on every step of `conv`, interleaved (order rotated per step)."""
-    from asymagent.evals.engine_setup import reset_suffix_stores, use_suffix_store
-    from asymagent.evals.runner import parse_mode, spec_overrides
+    from asymagent.evals.running.engine_setup import reset_suffix_stores, use_suffix_store
+    from asymagent.evals.running.runner import parse_mode, spec_overrides
 
     keys = {p.name: f"frontier-{p.name}" for p in policies}
     for key in keys.values():
@@ -373,7 +371,7 @@ def main(args) -> int:
     import torch
     from tqdm.auto import tqdm
 
-    from asymagent.evals.engine_setup import build_engine
+    from asymagent.evals.running.engine_setup import build_engine
 
     if args.threads:
         torch.set_num_threads(args.threads)
@@ -384,7 +382,7 @@ def main(args) -> int:
     setup = build_engine("default")
     records: list = []
     t0 = time.perf_counter()
-    cmd = " ".join(["python -m asymagent.evals.frontier"] + sys.argv[1:])
+    cmd = " ".join(["python -m asymagent.evals.running.frontier"] + sys.argv[1:])
 
     def save(partial: bool) -> dict:
         doc = {"command": cmd, "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
@@ -421,6 +419,6 @@ def main(args) -> int:
 
 
 if __name__ == "__main__":
-    _p = argparse.ArgumentParser(prog="python -m asymagent.evals.frontier", description=__doc__.splitlines()[0])
+    _p = argparse.ArgumentParser(prog="python -m asymagent.evals.running.frontier", description=__doc__.splitlines()[0])
     add_arguments(_p)
     raise SystemExit(main(_p.parse_args()))
