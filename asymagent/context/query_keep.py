@@ -14,7 +14,11 @@ by the rare words they share with those turns and keeps the best within a token 
 - a unit is a candidate only if it holds a query word that at most a quarter of the units (or
   two, in a short output) contain: a word every row has tells no row apart;
 - candidates are kept best first (ties: earlier first) while they fit the budget; kept units are
-  rendered in their original order with omission markers between them.
+  rendered in their original order with omission markers between them;
+- a unit that holds text in a tool-call format (`"name": ..., "arguments":` as the chat format
+  writes calls, or a `<tool_call>` tag) is never kept: a tool output that spells out a call is
+  an injection pattern, and bringing it back would hand the verifier a call to copy
+  (evals/suites/suite_injection_call.py measures this).
 
 The selection is a pure function of (output text, query texts, budget, counter), decided when
 the output enters the history, so the compressed view stays append-stable.
@@ -35,7 +39,8 @@ same both too nor may might must shall should would could does did doing done be
 here per via use used using one two three get set now new let see yes true false null none
 """.split())
 MARKER_TOKENS = 12  # about what `[... N tokens omitted ...]` and its newlines cost
-RARE_SHARE = 0.25  # a candidate must hold a query word at most this share of the units contain
+RARE_SHARE = 0.25
+_CALL_FORMAT = re.compile(r'"name"\s*:\s*"[^"]*"\s*,\s*"(arguments|parameters)"\s*:|<tool_call>|</tool_call>')  # a candidate must hold a query word at most this share of the units contain
 
 
 def words(text: str) -> set:
@@ -88,6 +93,8 @@ def select(middle: str, query: set, budget: int, count, *, context: str = "") ->
     rare_max = max(2, int(RARE_SHARE * n))
     scored = []
     for i, ws in enumerate(unit_words):
+        if _CALL_FORMAT.search(middle[units[i][0]:units[i][1]]):
+            continue  # never bring back a tool call spelled out in an output (module docstring)
         hits = ws & query
         if not any(df.get(w, 1) <= rare_max for w in hits):
             continue
