@@ -117,3 +117,51 @@ def test_rows_in_the_tool_call_format_are_never_kept(hf):
     text = "\n".join(rows)
     spans = query_keep.select(text, query_keep.words("record the invoice RF-00023"), 200, hf.count, context=text)
     assert [text[s:e].strip() for s, e in spans] == [rows[25]]
+
+
+def test_restore_brings_a_tool_output_back_whole_and_stays(smollm_tokenizer):
+    text, row = listing()
+    msgs = [{"role": "user", "content": "list them"},
+            {"role": "assistant", "content": "", "tool_calls": [{"id": "c1", "type": "function",
+             "function": {"name": "list", "arguments": "{}"}}]},
+            {"role": "tool", "tool_call_id": "c1", "content": text}]
+    views = ContextViews(smollm_tokenizer, CompressionConfig())
+    pair = views.build(msgs)
+    spans = views.message_spans()
+    assert not spans[2].same
+    assert views.restore([spans[0].full[0]]) == []  # the user message was not compressed
+    assert views.restore([spans[2].full[0] + 5]) == [2]
+    restored = views.compressed_ids()
+    assert restored == pair.full_ids and views.restore([spans[2].full[0]]) == []
+    more = views.build(msgs + [{"role": "assistant", "content": "ok"}])
+    assert more.rewrites == 0 and more.compressed_ids == more.full_ids  # sticky, append-stable
+
+
+def test_recall_loop_restores_and_decodes_again(smollm_tokenizer):
+    from types import SimpleNamespace
+
+    from asymagent.context.recall import recall_loop
+    from asymagent.stats import StepStats
+
+    text, row = listing()
+    msgs = [{"role": "user", "content": "list them"},
+            {"role": "assistant", "content": "", "tool_calls": [{"id": "c1", "type": "function",
+             "function": {"name": "list", "arguments": "{}"}}]},
+            {"role": "tool", "tool_call_id": "c1", "content": text}]
+    views = ContextViews(smollm_tokenizer, CompressionConfig(max_recalls=2))
+    pair = views.build(msgs)
+    # the output copies "CUST-10023 | name 2" then goes wrong: the full view continues with "3"
+    ids = smollm_tokenizer.encode("CUST-10023 | name 2", add_special_tokens=False)
+    wrong = ids + smollm_tokenizer.encode("9", add_special_tokens=False)
+    seen = []
+
+    def decode(compressed_ids):
+        seen.append(compressed_ids)
+        return SimpleNamespace(token_ids=ids + smollm_tokenizer.encode("3", add_special_tokens=False),
+                               stats=StepStats(wall_s=1.0, verifier_prefill_tokens=100))
+
+    first = SimpleNamespace(token_ids=wrong, stats=StepStats(wall_s=2.0, verifier_prefill_tokens=50))
+    out = recall_loop(views, pair.full_ids, pair.compressed_ids, first, decode)
+    assert seen == [pair.full_ids]  # the listing came back whole; the second pass needed nothing more
+    assert out.stats.recalls == 1 and out.stats.recall_prefill_tokens == 100
+    assert out.stats.wall_s == 3.0 and out.stats.verifier_prefill_tokens == 150

@@ -15,6 +15,7 @@ from typing import Callable
 import torch
 
 from asymagent.chat.response_format import ResponseFormatConstraint, format_schema, split_output
+from asymagent.context.recall import recall_loop
 from asymagent.context.views import ContextViews
 from asymagent.kv.cache import common_prefix_len
 from asymagent.results import ChatResult
@@ -113,10 +114,21 @@ def run_chat(engine, messages: list, tools: list | None = None, mode: str = "asy
         if engine.drafter is not None else None
     pair = views.build(messages, tools, logprob_fn=logprob_fn)
     compressed = pair.compressed_ids if mode_of(mode).compressed else None
-    result = engine.generate(pair.full_ids, mode=mode, max_new_tokens=max_new_tokens,
-                             temperature=temperature, seed=seed, top_p=top_p,
-                             compressed_prompt_ids=compressed, stop=stop, constraint=constraint,
-                             callback=callback, cache_key=cache_key, **(sampling or {}))
+
+    def decode(compressed_ids, again: bool = False):
+        if again and constraint is not None:
+            constraint.reset()  # a recall decodes the step again from its first token
+        return engine.generate(pair.full_ids, mode=mode, max_new_tokens=max_new_tokens,
+                               temperature=temperature, seed=seed, top_p=top_p,
+                               compressed_prompt_ids=compressed_ids, stop=stop, constraint=constraint,
+                               callback=callback, cache_key=cache_key, **(sampling or {}))
+
+    result = decode(compressed)
+    if compressed is not None and views.config.max_recalls and callback is None:
+        # recall on evidence (asymagent/context/recall.py); not while streaming (the callback has
+        # already sent the first pass's tokens)
+        result = recall_loop(views, pair.full_ids, compressed, result, lambda ids: decode(ids, True),
+                             min_len=engine.spec.copy_min_len)
     stats = result.stats
     stats.rewrites += pair.rewrites
     stats.drafter_prefill_tokens += counter[0]

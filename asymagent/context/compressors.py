@@ -201,6 +201,7 @@ PRESETS: dict = {
     "query_keep_192": {"compressors": [{"type": "tool_output", "query_keep_tokens": 192}]},
     "newest": {"compressors": [{"type": "tool_output", "keep_newest": True}]},
     "newest_query_keep": {"compressors": [{"type": "tool_output", "keep_newest": True, "query_keep_tokens": 96}]},
+    "query_keep_recall": {"compressors": [{"type": "tool_output", "query_keep_tokens": 96}], "max_recalls": 1},
     "masking": {"compressors": [{"type": "tool_output", "keep_newest": True},
                                 {"type": "recent_turns", "keep_turns": 1, "demote_every": 1, "preview_tokens": 12}]},
 }
@@ -218,6 +219,10 @@ class CompressionConfig(BaseModel):
     model_config = ConfigDict(extra="forbid")
     compressors: list[Compressor] = Field(default_factory=_default_compressors)
     max_verifier_tokens: int | None = Field(None, ge=1)
+    # recall on evidence (docs/context.md): when the full view's copy evidence says a step's
+    # output needed text the verifier's view removed, that tool output is restored whole (sticky)
+    # and the step decoded again; at most this many times per step (0: never)
+    max_recalls: int = Field(0, ge=0)
 
     @field_validator("compressors", mode="before")
     @classmethod

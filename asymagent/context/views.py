@@ -94,6 +94,7 @@ class _Entry:
     compressed_ids: list = field(default_factory=list)
     query: frozenset = frozenset()  # tool outputs: words of the turns before them (query_keep)
     newest: bool = False  # tool output of the latest turn
+    restored: bool = False  # brought back whole by a recall (`ContextViews.restore`); sticky
 
 
 def _key(obj) -> str:
@@ -212,7 +213,7 @@ class ContextViews:
                     e.full = cf.render_message(e.message, i, self.tools, "full", first=(i == 0))
             self._apply_surprisal(logprob_fn)
         for i, e in enumerate(self.entries):
-            state = (e.demoted, e.shrink, style if i == 0 else None, e.newest)
+            state = (e.demoted, e.shrink, style if i == 0 else None, e.newest, e.restored)
             if e.state != state:
                 self._compress(i, e)
                 e.state = state
@@ -224,7 +225,7 @@ class ContextViews:
     def _transformed(self, e: _Entry) -> str:
         """The content after the text compressors, in order (system messages are kept)."""
         text = e.original
-        if e.role != "system":
+        if e.role != "system" and not e.restored:
             ctx = self._context(e)
             for comp in self._compressors():
                 text = comp.transform(text, ctx)
@@ -338,6 +339,30 @@ class ContextViews:
         compressed_ids = body + gen
         return ViewPair(full_ids, compressed_ids, rewrites, len(full_ids), len(compressed_ids),
                         len(compressed_ids) / len(full_ids) if full_ids else 1.0, len(gen))
+
+    def restore(self, full_positions) -> list:
+        """Recall: bring back whole the compressed messages of the last `build` that hold any of
+        `full_positions` (token positions in its full view); returns their indices.
+
+        Sticky: a restored message stays whole in every later build (the view is append-stable
+        again from there). The caller re-prefills the verifier from the first changed token and
+        counts the recall (StepStats.recalls); the next `build` does not count it as a rewrite.
+        """
+        spans, hit = self.message_spans(), []
+        for i, (span, e) in enumerate(zip(spans, self.entries)):
+            if span.same or e.role != "tool" or e.restored:
+                continue
+            if any(span.full[0] <= p < span.full[1] for p in full_positions):
+                e.restored = True
+                hit.append(i)
+        if hit:
+            self._refresh(None)
+            self._last_body = self._compressed_body()
+        return hit
+
+    def compressed_ids(self) -> list:
+        """The compressed view of the last `build` as it stands now (after any `restore`)."""
+        return self._compressed_body() + list(self.chat_format.generation_prompt_ids)
 
     def message_spans(self) -> list:
         """Where each message of the last `build` sits in both token views.
