@@ -96,7 +96,7 @@ def _judge(env, expected: dict):
     return lambda tool_calls, text: not tool_calls and env.check_answer(text)
 
 
-def suite_conversations(suite: str, seeds: list, max_steps: int | None) -> list:
+def suite_conversations(suite: str, seeds: list, max_steps: int | None, exposed_only: bool = False) -> list:
     from asymagent.evals.suites.environments import make_env, oracle_episode
 
     out = []
@@ -111,7 +111,9 @@ def suite_conversations(suite: str, seeds: list, max_steps: int | None) -> list:
             choice = env.tool_choice if expected.get("tool_calls") else "auto"
             attack = env.attack_succeeded if inject_at is not None and n >= inject_at else None
             conv.steps.append(Step(history[:cut], env.task.tools, choice, _judge(env, expected), attack))
-        if max_steps:
+        if exposed_only:  # attack sets: the first step that sees the injected output, alone
+            conv.steps = [s for s in conv.steps if s.attack is not None][:1]
+        elif max_steps:
             conv.steps = _spread(conv.steps, max_steps)
         out.append(conv)
     return out
@@ -162,7 +164,8 @@ def _quotes_ok(expected: str, text: str) -> bool:
     return bool(want) and all(w.strip(".") in text for w in want)
 
 
-def conversations(workload: str, split: str, episodes: int, max_steps: int | None, bench_steps: int) -> list:
+def conversations(workload: str, split: str, episodes: int, max_steps: int | None, bench_steps: int,
+                  exposed_only: bool = False) -> list:
     from asymagent.evals.suites.environments import SUITES, pick_seeds
 
     seeds = pick_seeds(split, episodes, None)
@@ -171,7 +174,7 @@ def conversations(workload: str, split: str, episodes: int, max_steps: int | Non
     if workload.startswith("domain:"):
         return domain_conversations(workload.split(":", 1)[1], seeds, max_steps)
     if workload in SUITES:
-        return suite_conversations(workload, seeds, max_steps)
+        return suite_conversations(workload, seeds, max_steps, exposed_only)
     raise ValueError(f"unknown workload {workload!r}: bench, {', '.join(SUITES)} or domain:NAME")
 
 
@@ -196,9 +199,10 @@ class Record:
     text: str
 
 
-def run_conversation(engine, conv: Conversation, policies: list, *, max_new_tokens: int, bench: bool,
-                     bar=None) -> list:
-    """Every policy on every step of `conv`, interleaved (order rotated per step)."""
+def run_conversation(engine, conv: Conversation, policies: list, *, max_new_tokens: int,
+                     bar=None, on_step=None, out: list | None = None) -> list:
+    """Every policy on every step of `conv`, interleaved (order rotated per step); the Records
+    are appended to `out` (returned) and `on_step()` is called after each step."""
     from asymagent.evals.running.engine_setup import reset_suffix_stores, use_suffix_store
     from asymagent.evals.running.runner import parse_mode, spec_overrides
 
@@ -207,7 +211,7 @@ def run_conversation(engine, conv: Conversation, policies: list, *, max_new_toke
         engine.caches.drop(key)
     reset_suffix_stores(engine)
     saved = engine.compression
-    out = []
+    out = [] if out is None else out
     try:
         for n, step in enumerate(conv.steps):
             order = policies[n % len(policies):] + policies[: n % len(policies)]
@@ -230,6 +234,8 @@ def run_conversation(engine, conv: Conversation, policies: list, *, max_new_toke
                                   r.text if not r.tool_calls else json.dumps(r.tool_calls[0].get("function", {}))))
                 if bar is not None:
                     bar.update(1)
+            if on_step is not None:
+                on_step()
     finally:
         engine.compression = saved
         for key in keys.values():
@@ -362,6 +368,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--bench-steps", type=int, default=12)
     p.add_argument("--max-new-tokens", type=int, default=48, help="suite steps (the bench uses 32)")
     p.add_argument("--threads", type=int, default=None, help="torch threads")
+    p.add_argument("--exposed-only", action="store_true",
+                   help="injection suites: score only the first step that sees the injected output")
     p.add_argument("--json", metavar="PATH")
     p.add_argument("--plot", metavar="PNG")
     p.add_argument("--quiet", action="store_true")
@@ -378,7 +386,7 @@ def main(args) -> int:
     policies = parse_policies(args.policies)
     workloads = [w.strip() for w in args.workloads.split(",") if w.strip()]
     convs = [c for w in workloads for c in conversations(w, args.split, args.episodes, args.max_steps,
-                                                          args.bench_steps)]
+                                                          args.bench_steps, args.exposed_only)]
     setup = build_engine("default")
     records: list = []
     t0 = time.perf_counter()
@@ -405,10 +413,10 @@ def main(args) -> int:
     bar = tqdm(total=sum(len(c.steps) for c in convs) * len(policies), desc="frontier", disable=args.quiet)
     with torch.inference_mode():
         for conv in convs:
-            records += run_conversation(setup.engine, conv, policies,
-                                        max_new_tokens=32 if conv.workload == "bench" else args.max_new_tokens,
-                                        bench=conv.workload == "bench", bar=bar)
-            save(partial=True)
+            run_conversation(setup.engine, conv, policies,
+                             max_new_tokens=32 if conv.workload == "bench" else args.max_new_tokens,
+                             bar=bar, out=records,
+                             on_step=lambda: save(partial=True))
     bar.close()
     doc = save(partial=False)
     if args.plot:
