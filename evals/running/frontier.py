@@ -289,6 +289,22 @@ def report(records: list, policies: list) -> dict:
     return res
 
 
+def merge_reports(docs: list) -> dict:
+    """One report from several runs' JSON documents: each policy's figures come from the run that
+    measured it (speed and prefill against that run's own mode full, interleaved in one process);
+    the first run's `full` is kept."""
+    out: dict = {"workloads": {}, "sources": []}
+    for doc in docs:
+        out["sources"].append({"command": doc.get("command"), "date": doc.get("date")})
+        for key in ("workloads", "suites_pooled"):
+            groups = doc.get("workloads", {}) if key == "workloads" else {"_": doc.get(key)} if doc.get(key) else {}
+            for w, pols in groups.items():
+                dest = out["workloads"].setdefault(w, {}) if key == "workloads" else out.setdefault("suites_pooled", {})
+                for name, d in pols.items():
+                    dest.setdefault(name, d)
+    return out
+
+
 def markdown(result: dict) -> str:
     lines = []
     groups = dict(result["workloads"])
@@ -373,6 +389,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--json", metavar="PATH")
     p.add_argument("--plot", metavar="PNG")
     p.add_argument("--quiet", action="store_true")
+    p.add_argument("--merge", metavar="JSON,JSON", default=None,
+                   help="no runs: merge these runs' JSON into one table (--json) and plot (--plot)")
 
 
 def main(args) -> int:
@@ -381,6 +399,15 @@ def main(args) -> int:
 
     from asymagent.evals.running.engine_setup import build_engine
 
+    if args.merge:
+        merged = merge_reports([json.load(open(p)) for p in args.merge.split(",") if p.strip()])
+        if args.json:
+            with open(args.json, "w") as f:
+                json.dump(merged, f, indent=1)
+        if args.plot:
+            plot(merged, args.plot)
+        print(markdown(merged))
+        return 0
     if args.threads:
         torch.set_num_threads(args.threads)
     policies = parse_policies(args.policies)
