@@ -27,23 +27,14 @@ class LogitProcessors:
     top_k: int = 0  # 0: off
     min_p: float = 0.0  # 0: off; keep tokens with p >= min_p * p_max
 
-    def validate(self, vocab_size: int) -> "LogitProcessors":
-        """Raise a ValueError naming the bad field; returns self."""
-        for name in ("frequency_penalty", "presence_penalty"):
-            value = getattr(self, name)
-            if not -2.0 <= value <= 2.0:
-                raise ValueError(f"{name} must be in [-2, 2], got {value!r}")
-        if not isinstance(self.top_k, int) or self.top_k < 0:
-            raise ValueError(f"top_k must be an integer >= 0 (0: off), got {self.top_k!r}")
-        if not 0.0 <= self.min_p <= 1.0:
-            raise ValueError(f"min_p must be in [0, 1], got {self.min_p!r}")
-        for token, bias in self.logit_bias.items():
-            if not isinstance(token, int) or not 0 <= token < vocab_size:
-                raise ValueError(f"logit_bias token {token!r} is not a token id in "
-                                 f"[0, {vocab_size})")
-            if not -100.0 <= bias <= 100.0:
-                raise ValueError(f"logit_bias for token {token} must be in [-100, 100], got {bias!r}")
-        return self
+    @classmethod
+    def of(cls, sampling) -> "LogitProcessors":
+        """The processors a request's SamplingParams (asymagent/request.py, where each field is
+        checked) ask for."""
+        return cls(frequency_penalty=sampling.frequency_penalty,
+                   presence_penalty=sampling.presence_penalty,
+                   logit_bias=dict(sampling.logit_bias or {}), top_k=sampling.top_k,
+                   min_p=sampling.min_p)
 
     @property
     def penalises(self) -> bool:
