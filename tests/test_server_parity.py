@@ -89,7 +89,7 @@ COMPLETION_VALUES = {
     "top_k": 5, "min_p": 0.05, "seed": 1, "stop": ["zzz"], "n": 2, "stream": False,
     "stream_options": None, "frequency_penalty": 0.5, "presence_penalty": 0.5,
     "logit_bias": {"100": 1.0}, "logprobs": 2, "echo": True, "mode": "spec", "user": "u1",
-    "suffix": "tail", "best_of": 2,
+    "suffix": "tail", "best_of": 2, "prompt_cache_key": "k",
 }
 
 

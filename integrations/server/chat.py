@@ -29,15 +29,18 @@ from asymagent.integrations.server.streaming import DONE, SSE_HEADERS, error_lin
 from asymagent.integrations.server.worker import count_prompt_tokens
 
 
-def cache_key_for(messages: list[dict], tools: list | None, mode: str) -> str:
+def cache_key_for(messages: list[dict], tools: list | None, mode: str,
+                  prompt_cache_key: str | None = None) -> str:
     """Conversation identity: tools, mode and every message up to and including the first user
-    message. Later turns of the same agent conversation keep that prefix, so they share a session."""
+    message. Later turns of the same agent conversation keep that prefix, so they share a session.
+    A client's `prompt_cache_key` (OpenAI's name for a conversation) replaces the messages."""
     head = []
     for message in messages:
         head.append(message)
         if message.get("role") == "user":
             break
-    blob = json.dumps({"m": head, "t": tools, "mode": mode}, sort_keys=True, ensure_ascii=False)
+    ident = {"m": head} if prompt_cache_key is None else {"k": prompt_cache_key}
+    blob = json.dumps({**ident, "t": tools, "mode": mode}, sort_keys=True, ensure_ascii=False)
     return "conv-" + hashlib.sha256(blob.encode()).hexdigest()[:24]
 
 
@@ -51,37 +54,66 @@ class ChatTask:
     cache_key: str
     options: dict = field(default_factory=dict)  # Engine.chat's other keywords
     where: str = "messages"
+    call_prefix: str = field(default_factory=lambda: "call_" + uuid.uuid4().hex[:22])
 
     @property
     def mode(self) -> str:
         return self.options["mode"]
 
+    def call_id(self, index: int) -> str:
+        """The id of this turn's tool call at `index`: the same in the stream, the answer and
+        the trace (the engine's own ids are replaced with these)."""
+        return f"{self.call_prefix}{index:02d}"
+
     def prompt_tokens(self, engine, chat_format) -> int:
         return count_prompt_tokens(chat_format, self.messages, self.tools)
 
     def run(self, engine, callback):
-        return engine.chat(messages=self.messages, tools=self.tools, max_new_tokens=self.max_new_tokens,
-                           cache_key=self.cache_key, callback=callback, **self.options)
+        result = engine.chat(messages=self.messages, tools=self.tools,
+                             max_new_tokens=self.max_new_tokens, cache_key=self.cache_key,
+                             callback=callback, **self.options)
+        for index, call in enumerate(getattr(result, "tool_calls", None) or []):
+            call["id"] = self.call_id(index)
+        return result
 
     def record(self, trace_writer, engine, result) -> None:
         trace_writer.record(engine, self.messages, self.tools, result, source="serve",
                             mode=self.mode, temperature=self.options.get("temperature") or 0.0)
 
 
-def chat_task(req: S.ChatCompletionRequest, limits, recorder) -> ChatTask:
-    """The worker's task for a chat request (the server's defaults where the request is silent)."""
-    mode = req.mode or limits.default_mode
-    messages = [m.to_engine() for m in req.messages]
-    tool_choice = req.engine_tool_choice()
+@dataclass
+class Turn:
+    """What a chat-shaped request asks the engine for, in the engine's terms (chat.py builds it
+    from a chat completion request, responses.py from a Responses request)."""
+
+    messages: list[dict]
+    tools: list[dict] | None  # OpenAI chat tool dicts
+    tool_choice: object  # "none" | "auto" | "required" | {"type": "function", "function": ...}
+    response_format: dict | None
+    max_new_tokens: int
+    prompt_cache_key: str | None = None
+
+
+def chat_task(turn: Turn, sampling: S.SamplingFields, limits, recorder) -> ChatTask:
+    """The worker's task for a turn (the server's defaults where the request is silent)."""
+    mode = sampling.mode or limits.default_mode
+    engine_tools = turn.tools if turn.tool_choice != "none" else None
+    temperature = limits.default_temperature if sampling.temperature is None \
+        else sampling.temperature
+    options = dict(mode=mode, temperature=temperature, seed=sampling.seed, top_p=sampling.top_p,
+                   stop=sampling.stop, tool_choice=turn.tool_choice if engine_tools else "auto",
+                   response_format=turn.response_format, logprobs=recorder,
+                   **sampling.sampling())
+    return ChatTask(turn.messages, engine_tools, turn.max_new_tokens,
+                    cache_key_for(turn.messages, engine_tools, mode, turn.prompt_cache_key),
+                    options)
+
+
+def chat_turn(req: S.ChatCompletionRequest, limits) -> Turn:
     tools = [t.model_dump(exclude_none=True) for t in req.tools] if req.tools else None
-    engine_tools = tools if tool_choice != "none" else None
-    temperature = limits.default_temperature if req.temperature is None else req.temperature
-    options = dict(mode=mode, temperature=temperature, seed=req.seed, top_p=req.top_p,
-                   stop=req.stop, tool_choice=tool_choice if engine_tools else "auto",
-                   response_format=req.response_format.to_engine() if req.response_format
-                   else None, logprobs=recorder, **req.sampling())
-    return ChatTask(messages, engine_tools, req.max_new_tokens(limits.default_max_tokens),
-                    cache_key_for(messages, engine_tools, mode), options)
+    return Turn([m.to_engine() for m in req.messages], tools, req.engine_tool_choice(),
+                req.response_format.to_engine() if req.response_format else None,
+                req.max_new_tokens(limits.default_max_tokens), req.prompt_cache_key)
 
 
 class ChatCompletions:
@@ -97,7 +129,7 @@ class ChatCompletions:
             return ctx.respond(refused)
         top = req.top_logprobs_count()
         recorder = None if top is None else LogprobRecorder(top)
-        task = chat_task(req, ctx.limits, recorder)
+        task = chat_task(chat_turn(req, ctx.limits), req, ctx.limits, recorder)
         max_calls = 1 if req.parallel_tool_calls is False else None
         job = ctx.new_job(task)
         first = await ctx.start(job, request)
@@ -146,7 +178,7 @@ class ChatChunks:
             include_usage
         self.tools_enabled = task.tools is not None
         self.streamer = DeltaStreamer(tools_enabled=self.tools_enabled, stop=stop,
-                                      max_calls=max_calls)
+                                      max_calls=max_calls, call_id=task.call_id)
         self.created = int(time.time())
         self.sent = 0  # log-prob entries sent so far
         self.covered = 0  # tokens the text sent so far covers

@@ -15,6 +15,7 @@ prefix (few-shot examples) reuse its KV.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import time
 import uuid
@@ -130,11 +131,18 @@ class CompletionTask:
         """Text completions are not captured (a trace is a chat conversation)."""
 
 
+def completions_cache_key(mode: str, prompt_cache_key: str | None) -> str:
+    """The cache session of text completions: one per mode, or per mode and `prompt_cache_key`."""
+    if prompt_cache_key is None:
+        return f"completions-{mode}"
+    return f"completions-{mode}-" + hashlib.sha256(prompt_cache_key.encode()).hexdigest()[:24]
+
+
 def completion_task(req: CompletionRequest, prompt, mode: str, limits) -> CompletionTask:
     recorder = None if req.logprobs is None else LogprobRecorder(req.logprobs)
     kwargs = dict(mode=mode, seed=req.seed, top_p=req.top_p, stop=req.stop,
                   temperature=limits.default_temperature if req.temperature is None
-                  else req.temperature, cache_key=f"completions-{mode}",
+                  else req.temperature, cache_key=completions_cache_key(mode, req.prompt_cache_key),
                   logprobs=recorder, **req.sampling())
     return CompletionTask(prompt, req.max_tokens, kwargs, echo=req.echo,
                           score_top=req.logprobs if req.echo else None, recorder=recorder)

@@ -112,6 +112,8 @@ class SamplingFields(BaseModel):
     logit_bias: Optional[dict[str, float]] = None
     mode: Optional[Literal["full", "compressed", "spec", "asym"]] = None  # extension
     user: Optional[str] = None  # no effect: an end-user id for the caller's own records
+    # OpenAI's name for a conversation: the engine cache session (and a router's affinity key)
+    prompt_cache_key: Optional[str] = Field(default=None, max_length=1024)
 
     @field_validator("temperature")
     @classmethod

@@ -185,7 +185,6 @@ class ChatCompletionRequest(SamplingFields):
     # No effect on the answer (accepted so clients that always send them work):
     metadata: Optional[dict[str, str]] = None  # tags for stored completions; nothing is stored
     service_tier: Optional[str] = None  # one local tier
-    prompt_cache_key: Optional[str] = None  # prefix caching is automatic (cache_key_for)
     safety_identifier: Optional[str] = None  # an end-user id for the caller's own records
     # Refused with a 400 naming the field (REFUSED says why):
     functions: Optional[Any] = None
@@ -312,6 +311,7 @@ class ModelCard(BaseModel):
     object: Literal["model"] = "model"
     created: int
     owned_by: str = "asymagent"
+    max_model_len: Optional[int] = None  # vLLM's field: the context limit (prompt + completion)
 
 
 class ModelList(BaseModel):
