@@ -129,7 +129,7 @@ def test_request_schema_rejects_bad_input():
         {**ok, "max_completion_tokens": -3},
         {**ok, "temperature": 2.5},
         {**ok, "top_p": 0},
-        {**ok, "n": 2},
+        {**ok, "n": 0},
         {**ok, "messages": [{"role": "robot", "content": "x"}]},
         {**ok, "messages": [{"role": "tool", "content": "x"}]},  # no tool_call_id
         {**ok, "tools": [{"type": "function", "function": {"name": "bad name!"}}]},

@@ -115,6 +115,13 @@ class ResponseRequest(SamplingFields):
     conversation: Optional[Any] = None  # refused: use previous_response_id
     prompt: Optional[Any] = None  # refused: no stored prompt templates
 
+    @field_validator("n")
+    @classmethod
+    def _one_output(cls, value):
+        if value != 1:
+            raise ValueError("n is not a Responses API field: one output per response")
+        return value
+
     @field_validator("reasoning")
     @classmethod
     def _reasoning(cls, value):
