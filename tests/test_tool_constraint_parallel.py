@@ -87,3 +87,39 @@ def test_repeated_root_renames_root_references_only_outside_literals():
                                                   ("code", " b")]
     with pytest.raises(ValueError):
         repeated_root(ebnf, 0)
+
+
+def _call_msg(i: int, city: str) -> dict:
+    return {"id": f"c{i}", "type": "function",
+            "function": {"name": "get_weather", "arguments": json.dumps({"city": city})}}
+
+
+@pytest.mark.slow
+def test_default_engine_calls_the_weather_tool_twice_for_two_cities():
+    """Issue 27: "weather in Oslo and in Lima" under tool_choice required with
+    parallel_tool_calls yields two calls in one turn (one earlier turn shows the 135M model the
+    two-call form); without parallel calls the grammar admits exactly one."""
+    from asymagent.engine import Engine
+
+    engine = Engine.from_default()
+    tools = [{"type": "function", "function": {
+        "name": "get_weather", "description": "Current weather in a city.",
+        "parameters": {"type": "object", "properties": {"city": {"type": "string"}},
+                       "required": ["city"]}}}]
+    messages = [
+        {"role": "user", "content": "What is the weather in Paris and in Rome?"},
+        {"role": "assistant", "content": "", "tool_calls": [_call_msg(1, "Paris"),
+                                                            _call_msg(2, "Rome")]},
+        {"role": "tool", "tool_call_id": "c1", "content": "Paris: 18 C, sunny"},
+        {"role": "tool", "tool_call_id": "c2", "content": "Rome: 24 C, clear"},
+        {"role": "assistant", "content": "Paris is 18 C and sunny; Rome is 24 C and clear."},
+        {"role": "user", "content": "What is the weather in Oslo and in Lima?"}]
+    two = engine.chat(messages, tools=tools, tool_choice="required", parallel_tool_calls=True,
+                      max_new_tokens=64, mode="asym")
+    assert two.finish_reason == "tool_calls" and two.text == ""
+    assert [c["function"]["name"] for c in two.tool_calls] == ["get_weather"] * 2
+    assert len({c["id"] for c in two.tool_calls}) == 2
+    one = engine.chat(messages, tools=tools, tool_choice="required", parallel_tool_calls=False,
+                      max_new_tokens=64, mode="asym")
+    assert len(one.tool_calls) == 1
+    assert one.tool_calls[0]["function"] == two.tool_calls[0]["function"]  # same first call
