@@ -15,7 +15,7 @@ from concurrent.futures import ThreadPoolExecutor
 import httpx
 import pytest
 
-from asymagent.integrations.openai_server import create_app
+from asymagent.integrations.server import create_app
 from asymagent.agents.tools import schema_errors
 from conftest import make_tiny_llama
 from server_probe import metric

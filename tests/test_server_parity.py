@@ -15,9 +15,9 @@ from pydantic import BaseModel, Field
 from test_server import serving, tiny_engine
 
 from asymagent.agents.tools import schema_errors
-from asymagent.integrations.openai_server import create_app
-from asymagent.integrations.server_completions import CompletionRequest
-from asymagent.integrations.server_schemas import ChatCompletionRequest
+from asymagent.integrations.server import create_app
+from asymagent.integrations.server.completions import CompletionRequest
+from asymagent.integrations.server.schemas import ChatCompletionRequest
 
 DOCS = Path(__file__).resolve().parent.parent / "docs" / "serving.md"
 USER = [{"role": "user", "content": "Weather in Paris as JSON, please."}]

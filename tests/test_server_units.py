@@ -9,11 +9,11 @@ import pytest
 from pydantic import ValidationError
 
 from asymagent.integrations.loadtest import check_loopback, percentile
-from asymagent.integrations.openai_server import cache_key_for
-from asymagent.integrations.server_metrics import ServerMetrics, accepted_per_position
-from asymagent.integrations.server_schemas import ChatCompletionRequest
-from asymagent.integrations.server_streaming import DeltaStreamer
-from asymagent.integrations.server_worker import IncrementalDetokenizer
+from asymagent.integrations.server.chat import cache_key_for
+from asymagent.integrations.server.metrics import ServerMetrics, accepted_per_position
+from asymagent.integrations.server.schemas import ChatCompletionRequest
+from asymagent.integrations.server.deltas import DeltaStreamer
+from asymagent.integrations.server.worker import IncrementalDetokenizer
 from asymagent.stats import StepStats
 
 

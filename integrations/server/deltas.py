@@ -28,17 +28,6 @@ _CALL_HEAD = re.compile(r'\{\s*"name"\s*:\s*"((?:[^"\\]|\\.)*)"\s*,\s*"arguments
 _DECODER = json.JSONDecoder()
 
 
-def sse_error(ev) -> str:
-    """A server-sent event carrying an OpenAI error body (`ev`: server_worker.Failed), sent
-    when an error happens after a stream has started (through ErrorDetail, which keeps a
-    dependency's internals out of the message)."""
-    from asymagent.integrations.server_schemas import ErrorBody, ErrorDetail
-
-    body = ErrorBody(error=ErrorDetail(message=ev.message, type=ev.type, param=ev.param,
-                                       code=ev.code))
-    return f"data: {json.dumps(body.model_dump())}\n\n"
-
-
 def new_call_id() -> str:
     return "call_" + uuid.uuid4().hex[:24]
 
