@@ -417,12 +417,16 @@ class Engine:
              top_k: int = 0, min_p: float = 0.0, frequency_penalty: float = 0.0,
              presence_penalty: float = 0.0, logit_bias: dict | None = None,
              logprobs: int | LogprobRecorder | None = None,
+             parallel_tool_calls: bool | None = None,
              request: GenerationRequest | None = None) -> ChatResult:
         """OpenAI-style chat: render both views, generate, parse text and tool calls.
 
         The keywords build one `GenerationRequest` (asymagent/request.py); `request=` passes a
         ready one instead (the other keywords are then not read). The sampling keywords are
-        `generate`'s. The chat layer is asymagent/chat/session.py: message validation,
+        `generate`'s. `parallel_tool_calls` (OpenAI's field): True lets a constrained turn hold
+        1..8 calls, False keeps at most one call (the first); None (the default) constrains to
+        one call and keeps every call an unconstrained turn wrote. The chat layer is
+        asymagent/chat/session.py: message validation,
         tool_choice -> ToolCallConstraint, response_format (OpenAI's json_object / json_schema)
         -> ResponseFormatConstraint, the conversation's ContextViews (per `cache_key`), the
         drafter's log-probs for surprisal compression (`prepare_chat`), and output parsing into
@@ -435,7 +439,7 @@ class Engine:
                 top_p=top_p, stop=stop, tools=tools, tool_choice=tool_choice, callback=callback,
                 cache_key=cache_key, response_format=response_format, top_k=top_k, min_p=min_p,
                 frequency_penalty=frequency_penalty, presence_penalty=presence_penalty,
-                logit_bias=logit_bias, logprobs=logprobs)
+                logit_bias=logit_bias, logprobs=logprobs, parallel_tool_calls=parallel_tool_calls)
         self.check(request)
         with self.lock:
             turn = prepare_chat(self, messages, request)

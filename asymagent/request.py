@@ -144,7 +144,9 @@ class GenerationRequest:
     to keep per token (0..20), or a LogprobRecorder to read while streaming. `cache_key`: the
     conversation (its KV caches and views are reused by the next request with the same key).
     `callback(new_ids)`: called with each batch of emitted tokens while the request holds the
-    engine's lock (streaming); returning False cancels.
+    engine's lock (streaming); returning False cancels. `parallel_tool_calls` (OpenAI's field):
+    True lets a constrained turn hold 1..8 calls, False keeps at most one call (the first); None
+    constrains to one call and keeps every call an unconstrained turn wrote.
     """
 
     mode: str = "asym"
@@ -158,6 +160,7 @@ class GenerationRequest:
     logprobs: Any = None
     cache_key: str = "default"
     callback: Callable | None = None
+    parallel_tool_calls: bool | None = None  # OpenAI's: True 1..8 calls, False at most one
 
     def __post_init__(self) -> None:
         mode_of(self.mode)  # a ValueError naming the modes
@@ -175,6 +178,9 @@ class GenerationRequest:
             if isinstance(lp, bool) or not isinstance(lp, int) or not 0 <= lp <= MAX_TOP_LOGPROBS:
                 raise RequestError("logprobs", f"top logprobs must be an integer in "
                                                f"[0, {MAX_TOP_LOGPROBS}], got {lp!r}")
+        if self.parallel_tool_calls not in (None, True, False):
+            raise RequestError("parallel_tool_calls", f"parallel_tool_calls must be true, false "
+                                                      f"or null, got {self.parallel_tool_calls!r}")
         if not isinstance(self.cache_key, str):
             raise RequestError("cache_key", f"cache_key must be a string, got {self.cache_key!r}")
 

@@ -81,20 +81,22 @@ def _check_messages(engine, messages) -> None:
             raise ValueError(f"messages[{i}] must be a dict with a 'role'")
 
 
-def build_constraint(engine, tools: list | None, tool_choice, response_format):
+def build_constraint(engine, tools: list | None, tool_choice, response_format,
+                     parallel: bool = False):
     """The request's constraint: a forced call (tool_choice required/named) is decoded under
     ToolCallConstraint; else a JSON response_format under ResponseFormatConstraint (which admits
-    one call instead when tools are offered); else None. xgrammar is imported only when asked."""
+    calls instead when tools are offered); else None. `parallel`: 1..8 calls, else one.
+    xgrammar is imported only when asked."""
     if tool_choice not in (None, "auto", "none"):
         from asymagent.chat.tool_constraint import ToolCallConstraint
 
         return ToolCallConstraint(engine.tokenizer, tools, tool_choice,
-                                  vocab_size=engine.vocab_size)
+                                  vocab_size=engine.vocab_size, parallel=parallel)
     if format_schema(response_format) is None:
         return None
     return ResponseFormatConstraint(engine.tokenizer, response_format,
                                     tools=tools if tool_choice != "none" else None,
-                                    vocab_size=engine.vocab_size)
+                                    vocab_size=engine.vocab_size, parallel=parallel)
 
 
 @dataclass
@@ -106,13 +108,15 @@ class ChatTurn:
     constraint: object  # TokenConstraint from tool_choice / response_format, or None
     rewrites: int  # earlier messages whose compressed form changed (StepStats.rewrites)
     drafter_tokens: list  # [tokens the drafter fed for surprisal log-probs]
+    parallel_tool_calls: bool | None = None  # the request's (False: at most one call kept)
 
 
 def prepare_chat(engine, messages: list, request: GenerationRequest) -> ChatTurn:
     """Validate the messages, build the constraint and both views of the conversation."""
     _check_messages(engine, messages)
     constraint = build_constraint(engine, request.tools, request.tool_choice,
-                                  request.response_format)
+                                  request.response_format,
+                                  parallel=bool(request.parallel_tool_calls))
     views = conversation_views(engine, request.cache_key)
     counter = [0]
     # the drafter's log-probs feed surprisal compression (only called when one is configured
@@ -123,7 +127,8 @@ def prepare_chat(engine, messages: list, request: GenerationRequest) -> ChatTurn
     pair = views.build(messages, request.tools, logprob_fn=logprob_fn)
     compressed = pair.compressed_ids if mode_of(request.mode).compressed else None
     return ChatTurn(full_ids=pair.full_ids, compressed_ids=compressed, constraint=constraint,
-                    rewrites=pair.rewrites, drafter_tokens=counter)
+                    rewrites=pair.rewrites, drafter_tokens=counter,
+                    parallel_tool_calls=request.parallel_tool_calls)
 
 
 def chat_result(engine, turn: ChatTurn, result: GenerationResult) -> ChatResult:
@@ -133,9 +138,12 @@ def chat_result(engine, turn: ChatTurn, result: GenerationResult) -> ChatResult:
     stats.drafter_prefill_tokens += turn.drafter_tokens[0]
     constraint = turn.constraint
     if isinstance(constraint, ResponseFormatConstraint):
-        parsed = split_output(result.text, [f["name"] for f in constraint.functions])
+        parsed = split_output(result.text, [f["name"] for f in constraint.functions],
+                              max_calls=constraint.max_calls)
     else:
         parsed = engine.chat_format.parse_output(result.text)
+    if turn.parallel_tool_calls is False:
+        del parsed.tool_calls[1:]  # OpenAI's parallel_tool_calls=false: at most one call
     finish = result.finish_reason
     if parsed.tool_calls and finish == "stop":
         finish = "tool_calls"
