@@ -162,3 +162,17 @@ def test_unknown_route_names_the_path_and_the_endpoints(server):
 
 def test_models_carry_max_model_len(client):
     assert client.models.list().data[0].model_extra["max_model_len"] == 1024
+
+
+def test_streamed_chat_call_id_is_the_traced_one(client, server):
+    tool = {"type": "function", "function": {k: WEATHER[k] for k in ("name", "description",
+                                                                      "parameters")}}
+    ids = set()
+    for chunk in client.chat.completions.create(
+            model="asymagent", messages=[{"role": "user", "content": "Weather in Rome?"}],
+            tools=[tool], tool_choice="required", max_tokens=40, stream=True):
+        for c in chunk.choices:
+            ids |= {tc.id for tc in c.delta.tool_calls or [] if tc.id}
+    assert len(ids) >= 1
+    traced = {c["id"] for ex in load_traces(server[1]) for c in ex.expected.get("tool_calls") or []}
+    assert ids <= traced
