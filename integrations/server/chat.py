@@ -92,6 +92,7 @@ class Turn:
     response_format: dict | None
     max_new_tokens: int
     prompt_cache_key: str | None = None
+    parallel_tool_calls: bool | None = None  # the request's; OpenAI's default (None) is true
 
 
 def chat_task(turn: Turn, sampling: S.SamplingFields, limits, recorder,
@@ -105,6 +106,7 @@ def chat_task(turn: Turn, sampling: S.SamplingFields, limits, recorder,
     options = dict(mode=mode, temperature=temperature, seed=seed, top_p=sampling.top_p,
                    stop=sampling.stop, tool_choice=turn.tool_choice if engine_tools else "auto",
                    response_format=turn.response_format, logprobs=recorder,
+                   parallel_tool_calls=turn.parallel_tool_calls is not False,
                    **sampling.sampling())
     return ChatTask(turn.messages, engine_tools, turn.max_new_tokens,
                     cache_key_for(turn.messages, engine_tools, mode, turn.prompt_cache_key),
@@ -115,7 +117,8 @@ def chat_turn(req: S.ChatCompletionRequest, limits) -> Turn:
     tools = [t.model_dump(exclude_none=True) for t in req.tools] if req.tools else None
     return Turn([m.to_engine() for m in req.messages], tools, req.engine_tool_choice(),
                 req.response_format.to_engine() if req.response_format else None,
-                req.max_new_tokens(limits.default_max_tokens), req.prompt_cache_key)
+                req.max_new_tokens(limits.default_max_tokens), req.prompt_cache_key,
+                req.parallel_tool_calls)
 
 
 def choices_usage(results: list, prompt_tokens: int) -> dict:
