@@ -96,9 +96,9 @@ class Turn:
 
 
 def chat_task(turn: Turn, sampling: S.SamplingFields, limits, recorder,
-              seed: int | None = None) -> ChatTask:
+              seed: int | None = None, eos_ids=()) -> ChatTask:
     """The worker's task for a turn (the server's defaults where the request is silent);
-    `seed` the choice's (SamplingFields.choice_seeds)."""
+    `seed` the choice's (SamplingFields.choice_seeds); `eos_ids` the engine's end tokens."""
     mode = sampling.mode or limits.default_mode
     engine_tools = turn.tools if turn.tool_choice != "none" else None
     temperature = limits.default_temperature if sampling.temperature is None \
@@ -107,7 +107,7 @@ def chat_task(turn: Turn, sampling: S.SamplingFields, limits, recorder,
                    stop=sampling.stop, tool_choice=turn.tool_choice if engine_tools else "auto",
                    response_format=turn.response_format, logprobs=recorder,
                    parallel_tool_calls=turn.parallel_tool_calls is not False,
-                   **sampling.sampling())
+                   **sampling.sampling(eos_ids))
     return ChatTask(turn.messages, engine_tools, turn.max_new_tokens,
                     cache_key_for(turn.messages, engine_tools, mode, turn.prompt_cache_key),
                     options)
@@ -146,7 +146,7 @@ class ChatCompletions:
     def tasks(self, req: S.ChatCompletionRequest) -> list[ChatTask]:
         turn, top = chat_turn(req, self.ctx.limits), req.top_logprobs_count()
         return [chat_task(turn, req, self.ctx.limits,
-                          None if top is None else LogprobRecorder(top), seed)
+                          None if top is None else LogprobRecorder(top), seed, self.ctx.stop_ids)
                 for seed in req.choice_seeds()]
 
     async def create(self, req: S.ChatCompletionRequest, request: Request):

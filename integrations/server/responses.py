@@ -130,7 +130,7 @@ class Responses:
         turn = self.turn(req) if refused is None else refused
         if isinstance(turn, Failed):
             return ctx.respond(turn)
-        task = chat_task(turn, req, ctx.limits, None)
+        task = chat_task(turn, req, ctx.limits, None, req.seed, ctx.stop_ids)
         job = ctx.new_job(task)
         first = await ctx.start(job, request)
         if isinstance(first, Failed):
