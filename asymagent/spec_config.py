@@ -16,7 +16,7 @@ SPEC_RULES = ("greedy", "exact", "coupled")  # lossless against the verifier (mo
 # What "greedy" ("the target decides") runs as at temperature > 0. Coupled: the output is the
 # verifier's (fused target's) Gumbel-max sample at every position, identical to mode full under
 # the same seed whatever K, adaptive K or the drafts do; its acceptance cost against "exact" on
-# the bench is in docs/engine.md ("Sampling": python -m asymagent.evals.coupling_cost).
+# the bench is in docs/engine.md ("Sampling": python -m asymagent.evals.probes.coupling_cost).
 SAMPLED_GREEDY = "coupled"
 
 

@@ -16,11 +16,11 @@ import sys
 
 VERBS = {
     "demo": ("asymagent.integrations.demo", "Run a long-horizon agent task on the embedded default."),
-    "bench": ("asymagent.evals.bench", "Side-by-side benchmark of all modes and HF peers (JSON)."),
-    "eval": ("asymagent.evals.cli", "Run a long-horizon agent eval suite (JSON + report)."),
+    "bench": ("asymagent.evals.bench.bench", "Side-by-side benchmark of all modes and HF peers (JSON)."),
+    "eval": ("asymagent.evals.running.cli", "Run a long-horizon agent eval suite (JSON + report)."),
     "serve": ("asymagent.integrations.serve", "OpenAI-compatible HTTP server."),
     "train-drafter": ("asymagent.training.distill", "Distil a drafter from a verifier."),
-    "tune": ("asymagent.evals.tune", "Pick SpecConfig/CompressionConfig by measurement on your traces."),
+    "tune": ("asymagent.evals.tuning.tune", "Pick SpecConfig/CompressionConfig by measurement on your traces."),
 }
 
 

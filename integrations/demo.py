@@ -25,7 +25,7 @@ NOTE = ("Teacher-forced run: at every step the model's own action is decoded (to
 
 def check_args(args) -> None:
     """Refuse mistakes before any model loads (`asymagent` prints them on one line, exit 2)."""
-    from asymagent.evals.environments import SUITES
+    from asymagent.evals.suites.environments import SUITES
 
     if args.suite not in SUITES:
         raise ValueError(f"unknown suite {args.suite!r}; use one of {', '.join(SUITES)}")
@@ -94,7 +94,7 @@ def _label(action) -> str:
 
 
 def _chat(engine, task, prompt, mode, max_new_tokens, acts, tool_choice):
-    from asymagent.evals.engine_setup import use_suffix_store
+    from asymagent.evals.running.engine_setup import use_suffix_store
 
     use_suffix_store(engine, mode)  # with --compare, neither mode copies the other's answers
     return engine.chat(prompt, tools=task.tools, mode=mode, max_new_tokens=max_new_tokens,
@@ -111,7 +111,7 @@ def teacher_forced_run(engine, env, seed: int, mode: str, max_new_tokens: int,
     modes see the same machine load), from the same prompt. A `trace_writer`
     (asymagent.trace_capture.TraceWriter) captures every step of `mode`.
     """
-    from asymagent.evals.environments import actions_equal, tool_call_message, tool_result_message
+    from asymagent.evals.suites.environments import actions_equal, tool_call_message, tool_result_message
     from asymagent.stats import RunStats
 
     task = env.reset(seed)
@@ -154,7 +154,7 @@ def main(args) -> int:
     from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
     from rich.table import Table
 
-    from asymagent.evals.environments import actions_equal, make_env
+    from asymagent.evals.suites.environments import actions_equal, make_env
     from asymagent.integrations.run_table import COLUMNS, run_table, step_row, totals_table
 
     console = Console(no_color=args.no_live, width=150 if args.no_live else None)

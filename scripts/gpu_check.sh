@@ -24,5 +24,5 @@ timeout 180 python3 -m pytest -q -p no:cacheprovider -m gpu -rs \
 timeout 60 python3 -m asymagent.kernels.bench --compile-only --json "$OUT/gate_compile.json" \
     > "$OUT/gate_compile.log" 2>&1
 # 3. the figures (~2-3 min): gate rows (kernel, kernel without split, eager) and engine decode
-timeout 300 python3 -m asymagent.evals.gpu_bench --json "$OUT/gpu.json" 2>&1 \
+timeout 300 python3 -m asymagent.evals.probes.gpu_bench --json "$OUT/gpu.json" 2>&1 \
     | tee "$OUT/gpu_bench.log" | tail -60

@@ -24,7 +24,7 @@ def tiny_engine(smollm_tokenizer):
 
 
 def test_teacher_forced_run_with_interleaved_compare(tiny_engine):
-    from asymagent.evals.environments import make_env
+    from asymagent.evals.suites.environments import make_env
 
     env = make_env("records")
     run = demo.teacher_forced_run(tiny_engine, env, 0, "asym", 12, steps=3, compare="full")

@@ -1,4 +1,4 @@
-"""evals/gpu_bench.py: refuses clearly without CUDA; its engine code runs (CPU smoke test)."""
+"""evals/probes/gpu_bench.py: refuses clearly without CUDA; its engine code runs (CPU smoke test)."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import argparse
 import pytest
 import torch
 
-from asymagent.evals import gpu_bench
+from asymagent.evals.probes import gpu_bench
 
 
 def _args(argv):

@@ -1,10 +1,10 @@
 """`asymagent eval ... --ray [ADDRESS]`: episodes fanned out over Ray actors, one engine per actor.
 
 Work unit: one episode (a seed) with every mode, interleaved on one worker exactly as a local run
-does it (evals/episodes.py), so per-episode timing ratios between modes stay valid. Each actor
+does it (evals/running/episodes.py), so per-episode timing ratios between modes stay valid. Each actor
 (`EpisodeWorker`) builds its engine once from an `EngineSpec` -- model names/paths and settings,
 never weights -- and then serves episodes one at a time; the driver keeps every actor busy,
-writes each finished episode to the episode log (evals/episode_log.py) and shows a progress bar
+writes each finished episode to the episode log (evals/running/episode_log.py) and shows a progress bar
 (episodes done / total, rate, ETA).
 
 Failures: an actor that dies mid-episode (process killed, node lost) is restarted by Ray and the
@@ -23,8 +23,8 @@ import os
 import socket
 from collections import deque
 
-from asymagent.evals.engine_setup import EngineSpec
-from asymagent.evals.episodes import EpisodePlan, run_episode
+from asymagent.evals.running.engine_setup import EngineSpec
+from asymagent.evals.running.episodes import EpisodePlan, run_episode
 
 INSTALL_HINT = "--ray needs Ray, which is not installed: pip install 'asymagent[ray]'"
 

@@ -2,7 +2,7 @@
 
     {"asymagent_episode_log": 1, "key": {...}}      first line: what the run is (suite, modes,
                                                       settings, engine recipe)
-    {"seed": 3, "wall_s": ..., "modes": {...}}      one line per finished episode (evals/episodes.py)
+    {"seed": 3, "wall_s": ..., "modes": {...}}      one line per finished episode (evals/running/episodes.py)
 
 Lines are appended and flushed by the process that collects results (the driver, never a Ray
 worker), so a run that dies loses at most the episodes in flight. `resume=True` keeps the lines

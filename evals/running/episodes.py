@@ -6,10 +6,10 @@ An *episode record* is everything one seed produced, as plain JSON:
      "modes": {label: {"steps": [StepRecord dicts], "episodes": [free-running dicts],
                        "injected": bool, "attacked": bool}}}
 
-A local run, a Ray worker (evals/ray_eval.py) and a resumed episode log (evals/episode_log.py)
+A local run, a Ray worker (evals/running/ray_eval.py) and a resumed episode log (evals/running/episode_log.py)
 all produce records; `merge_records` turns them, in seed order, into the `{label: ModeResult}`
 the local runner builds, so the JSON and report are the same whichever way the episodes ran.
-Every episode starts on cold cache sessions (evals/runner.py), so its numbers do not depend on
+Every episode starts on cold cache sessions (evals/running/runner.py), so its numbers do not depend on
 which episode ran before it on the same engine.
 """
 
@@ -19,7 +19,7 @@ import json
 import time
 from dataclasses import dataclass
 
-from asymagent.evals import runner
+from asymagent.evals.running import runner
 
 
 @dataclass(frozen=True)
@@ -94,7 +94,7 @@ def engine_info_of(records: list) -> dict:
 
 def eval_result(plan: EpisodePlan, seeds: list, records: dict) -> dict:
     """The eval JSON (docs/architecture.md §6) from {seed: record} covering `seeds`."""
-    from asymagent.evals.environments import is_test_seed
+    from asymagent.evals.suites.environments import is_test_seed
 
     ordered = [records[s] for s in seeds]
     results = merge_records(ordered)

@@ -1,6 +1,6 @@
 """Reports: markdown tables and matplotlib PNGs for eval and bench JSON, and docs/results.md.
 
-    python -m asymagent.evals.report --bench runs/bench.json --eval runs/eval_records.json \
+    python -m asymagent.evals.bench.report --bench runs/bench.json --eval runs/eval_records.json \
         --out docs/results.md        # PNGs go to docs/results/; the notes block is kept
 
 Eval plots: cumulative latency over scored steps per mode, acceptance by draft position, step

@@ -17,8 +17,8 @@ from __future__ import annotations
 import random
 from dataclasses import dataclass, field
 
-from asymagent.evals import synthetic_text as st
-from asymagent.evals.environments import Environment, Task, function_tool
+from asymagent.evals.suites import synthetic_text as st
+from asymagent.evals.suites.environments import Environment, Task, function_tool
 
 COMPONENTS = ("billing-api", "auth-service", "search-index", "mobile-app", "data-pipeline",
               "email-gateway", "reporting-ui", "payments-core")

@@ -17,8 +17,8 @@ import json
 import random
 from dataclasses import dataclass, field
 
-from asymagent.evals import synthetic_text as st
-from asymagent.evals.environments import Environment, Task, function_tool
+from asymagent.evals.suites import synthetic_text as st
+from asymagent.evals.suites.environments import Environment, Task, function_tool
 
 FORBIDDEN_TOOL = "wire_transfer"
 ATTACKS = ("forbidden_tool", "leak")

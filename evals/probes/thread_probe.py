@@ -1,6 +1,6 @@
 """Thread-safety probe on the embedded default: N threads calling Engine.chat at once, against the same requests one by one.
 
-    OMP_NUM_THREADS=1 python -m asymagent.evals.thread_probe [--threads 4] [--max-new-tokens 16]
+    OMP_NUM_THREADS=1 python -m asymagent.evals.probes.thread_probe [--threads 4] [--max-new-tokens 16]
 
 Prints one JSON line: whether every concurrent output equals its one-by-one output (greedy and
 sampled with a seed), the wall time of both, and any exception raised in a thread. Before issue

@@ -1,7 +1,7 @@
 """Same seed, same output? Reruns of one request, and speculation against the verifier alone, seed by seed.
 
-    python -m asymagent.evals.determinism [--seeds 30] [--prompts 16] [--json PATH]
-    python -m asymagent.evals.determinism --bench "asym:acceptance=cda,lookup_ngram=0,adaptive_k=false"
+    python -m asymagent.evals.probes.determinism [--seeds 30] [--prompts 16] [--json PATH]
+    python -m asymagent.evals.probes.determinism --bench "asym:acceptance=cda,lookup_ngram=0,adaptive_k=false"
 
 Tiny random models (a 2-layer Llama verifier over 256 tokens and a noisy copy of it as the
 drafter), the Engine API, real wall-clock timings (adaptive K on, as by default):
@@ -72,9 +72,9 @@ def run_tiny(seeds: int, prompts: int, new_tokens: int) -> dict:
 
 
 def run_bench_twice(label: str, steps: int = 12) -> dict:
-    from asymagent.evals.bench import workload
-    from asymagent.evals.engine_setup import build_engine
-    from asymagent.evals.runner import parse_mode, spec_overrides
+    from asymagent.evals.bench.bench import workload
+    from asymagent.evals.running.engine_setup import build_engine
+    from asymagent.evals.running.runner import parse_mode, spec_overrides
 
     work = workload("records", 0, steps)
     engine = build_engine("default", None).engine

@@ -269,10 +269,10 @@ def oracle_episode(env: Environment, seed: int) -> tuple[Task, list]:
 
 
 SUITES = {
-    "records": ("asymagent.evals.suite_records", "RecordsEnv"),
-    "fs_audit": ("asymagent.evals.suite_fs_audit", "FsAuditEnv"),
-    "tickets": ("asymagent.evals.suite_tickets", "TicketsEnv"),
-    "injection": ("asymagent.evals.suite_injection", "InjectionEnv"),
+    "records": ("asymagent.evals.suites.suite_records", "RecordsEnv"),
+    "fs_audit": ("asymagent.evals.suites.suite_fs_audit", "FsAuditEnv"),
+    "tickets": ("asymagent.evals.suites.suite_tickets", "TicketsEnv"),
+    "injection": ("asymagent.evals.suites.suite_injection", "InjectionEnv"),
 }
 LONG_HORIZON_SUITES = ("records", "fs_audit", "tickets")
 

@@ -1,6 +1,6 @@
 """Where mode full's time goes next to stock transformers `generate` (hf_generate), on the bench workload.
 
-    python -m asymagent.evals.plain_profile [--steps 6] [--repeats 2] [--max-new-tokens 32] [--json PATH]
+    python -m asymagent.evals.probes.plain_profile [--steps 6] [--repeats 2] [--max-new-tokens 32] [--json PATH]
 
 Interleaved per step (A B A B): mode full through `engine.chat` (what the bench times) and the
 hf_generate peer (`generate` with a carried DynamicCache on pre-rendered ids). Mode full's wall
@@ -20,7 +20,7 @@ import time
 
 
 def main(argv=None) -> int:
-    from asymagent.evals.bench import add_workload_arguments, write_json
+    from asymagent.evals.bench.bench import add_workload_arguments, write_json
 
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     add_workload_arguments(p, steps=6)
@@ -28,9 +28,9 @@ def main(argv=None) -> int:
     args = p.parse_args(argv)
 
     from asymagent.context.views import ContextViews
-    from asymagent.evals.bench import workload
-    from asymagent.evals.bench_peers import PeerPrefix, run_peer
-    from asymagent.evals.engine_setup import build_engine
+    from asymagent.evals.bench.bench import workload
+    from asymagent.evals.bench.bench_peers import PeerPrefix, run_peer
+    from asymagent.evals.running.engine_setup import build_engine
 
     engine = build_engine("default").engine
     work = workload(args.suite, args.seed, args.steps)

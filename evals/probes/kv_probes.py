@@ -1,7 +1,7 @@
 """Probes of the KV layer: growing cache vs stock DynamicCache, GQA-aware sdpa vs stock sdpa (A/B timings).
 
-    python -m asymagent.evals.kv_probes growing-cache [--prompt-tokens 4000 --new-tokens 32 --repeats 8]
-    python -m asymagent.evals.kv_probes attention [--context 2000 --queries 3 --repeats 12]
+    python -m asymagent.evals.probes.kv_probes growing-cache [--prompt-tokens 4000 --new-tokens 32 --repeats 8]
+    python -m asymagent.evals.probes.kv_probes attention [--context 2000 --queries 3 --repeats 12]
 
 Both interleave A and B in one process and print medians and ratios; the growing-cache probe also
 checks that both caches decode the same token ids.
@@ -19,7 +19,7 @@ def _probe_prompt(tokenizer, n_tokens: int) -> list:
     """~n_tokens of deterministic natural text: this package's own source, tokenized."""
     import pathlib
 
-    text = "".join(p.read_text() for p in sorted(pathlib.Path(__file__).parent.glob("*.py")))
+    text = "".join(p.read_text() for p in sorted(pathlib.Path(__file__).parents[1].rglob("*.py")))
     ids = tokenizer(text, add_special_tokens=False)["input_ids"]
     if len(ids) < n_tokens:
         ids = (ids * (n_tokens // max(len(ids), 1) + 1))
@@ -27,7 +27,7 @@ def _probe_prompt(tokenizer, n_tokens: int) -> list:
 
 
 def growing_cache_probe(argv: list | None = None) -> None:
-    """`python -m asymagent.evals.kv_probes growing-cache`: full-context greedy decode, stock vs growing, A/B."""
+    """`python -m asymagent.evals.probes.kv_probes growing-cache`: full-context greedy decode, stock vs growing, A/B."""
     import argparse
     import statistics
     import time
@@ -87,7 +87,7 @@ def growing_cache_probe(argv: list | None = None) -> None:
 
 
 def attention_probe(argv: list | None = None) -> None:
-    """`python -m asymagent.evals.kv_probes attention`: time one cached K+1-token forward, sdpa vs ours, A/B."""
+    """`python -m asymagent.evals.probes.kv_probes attention`: time one cached K+1-token forward, sdpa vs ours, A/B."""
     import argparse
     import copy
     import statistics
@@ -127,5 +127,5 @@ PROBES = {"growing-cache": growing_cache_probe, "attention": attention_probe}
 
 if __name__ == "__main__":
     if len(sys.argv) < 2 or sys.argv[1] not in PROBES:
-        raise SystemExit(f"usage: python -m asymagent.evals.kv_probes {{{'|'.join(PROBES)}}} [options]")
+        raise SystemExit(f"usage: python -m asymagent.evals.probes.kv_probes {{{'|'.join(PROBES)}}} [options]")
     PROBES[sys.argv[1]](sys.argv[2:])

@@ -15,8 +15,8 @@ from __future__ import annotations
 import random
 from dataclasses import dataclass, field
 
-from asymagent.evals import synthetic_text as st
-from asymagent.evals.environments import Environment, Task, function_tool
+from asymagent.evals.suites import synthetic_text as st
+from asymagent.evals.suites.environments import Environment, Task, function_tool
 
 ROOT = "/srv/exports"
 POLICY = "/etc/audit/policy.md"

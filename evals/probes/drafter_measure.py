@@ -1,6 +1,6 @@
 """Measure a drafter against its verifier: agreement, engine acceptance, speed ratio, cost.
 
-`python -m asymagent.evals.drafter_measure [--drafter PATH] --json OUT [--plot PNG] [--update-card]`
+`python -m asymagent.evals.probes.drafter_measure [--drafter PATH] --json OUT [--plot PNG] [--update-card]`
 runs, on transcripts of the held-out domain (`training_domains.HELD_OUT_DOMAIN`, never trained on):
 - teacher-forced greedy top-1 agreement (full vocabulary and the reduced draft vocabulary);
 - the engine in modes full and spec (K, temperature 0), interleaved per prompt in one process:
@@ -51,7 +51,7 @@ def engine_figures(engine, convs: list[list[dict]], k: int, max_new: int, asym: 
     """Interleaved full/spec (and asym) runs; medians of per-prompt wall times."""
     from tqdm import tqdm
 
-    from asymagent.evals.engine_setup import use_suffix_store
+    from asymagent.evals.running.engine_setup import use_suffix_store
     from asymagent.training.data import render_messages
 
     full_s, spec_s, spec_calls, asym_calls, same, asym_same = [], [], [], [], 0, 0
@@ -254,6 +254,6 @@ def main(args) -> int:
 
 
 if __name__ == "__main__":
-    _p = argparse.ArgumentParser(prog="python -m asymagent.evals.drafter_measure", description=__doc__.splitlines()[0])
+    _p = argparse.ArgumentParser(prog="python -m asymagent.evals.probes.drafter_measure", description=__doc__.splitlines()[0])
     add_arguments(_p)
     raise SystemExit(main(_p.parse_args()))

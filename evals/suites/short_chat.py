@@ -2,7 +2,7 @@
 
 `PROMPTS` (short agent-style turns, no tools; the server's load tool sends the same ones), decoded in one
 process so the modes can be compared side by side (A B C A B C ..., totals and medians):
-    python -m asymagent.evals.short_chat [--repeats 2] [--max-new-tokens 32] [--json PATH]
+    python -m asymagent.evals.suites.short_chat [--repeats 2] [--max-new-tokens 32] [--json PATH]
 It measures what speculation costs when there is no long context to compress or copy from,
 the case that decided `SpecConfig.adaptive_k` (docs/results.md, "Tuning").
 """
@@ -32,7 +32,7 @@ VARIANTS = (("full", "full", False), ("asym", "asym", False), ("asym+adaptive_k"
 
 def run(engine, prompts, *, repeats: int = 2, max_new_tokens: int = 32) -> dict:
     """{variant: {total_s, median_s, tokens, same_as_full}}; greedy, one cold session per call."""
-    from asymagent.evals.engine_setup import use_suffix_store
+    from asymagent.evals.running.engine_setup import use_suffix_store
 
     base = engine.spec
     times = {name: [] for name, _, _ in VARIANTS}

@@ -1,6 +1,6 @@
 """Per-token latency of mode full vs spec on the embedded verifier (interleaved A/B, medians).
 
-    python -m asymagent.evals.engine_latency [--tokens 48] [--repeats 3] [--k 2] [--json out.json]
+    python -m asymagent.evals.probes.engine_latency [--tokens 48] [--repeats 3] [--k 2] [--json out.json]
 
 Drafters measured (all share the verifier's tokenizer, embeddings and head):
 - `l2-full`: the verifier's first two layers + its final norm and full 49k-row head

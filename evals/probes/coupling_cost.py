@@ -15,7 +15,7 @@ Two measurements on the bench workload (suite `records`, dev seed 0, teacher-for
    (Gumbel-max coupling; the sum over i runs over the `--top` tokens of min(p, q), the rest
    bounded by their min(p, q) mass, which is reported).
 
-    python -m asymagent.evals.coupling_cost --steps 12 --seeds 2 --temperature 0.7 \
+    python -m asymagent.evals.probes.coupling_cost --steps 12 --seeds 2 --temperature 0.7 \
         --configs spec,asym --analytic --json coupling.json
 """
 
@@ -57,7 +57,7 @@ def _summary(records: list) -> dict:
 def end_to_end(engine, work: dict, labels: list, *, seeds: int, temperature: float,
                max_new_tokens: int) -> dict:
     """{label: {rule: summary}}: each step and seed decoded under both rules back to back."""
-    from asymagent.evals.runner import parse_mode, spec_overrides
+    from asymagent.evals.running.runner import parse_mode, spec_overrides
 
     records: dict = {label: {rule: [] for rule in RULES} for label in labels}
     flip = 0
@@ -134,9 +134,9 @@ def analytic(engine, work: dict, *, temperature: float, max_new_tokens: int, top
 
 
 def main(argv=None) -> int:
-    from asymagent.evals.bench import workload
-    from asymagent.evals.engine_setup import build_engine
-    from asymagent.evals.runner import split_mode_labels
+    from asymagent.evals.bench.bench import workload
+    from asymagent.evals.running.engine_setup import build_engine
+    from asymagent.evals.running.runner import split_mode_labels
 
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     add_arguments(p)

@@ -23,7 +23,7 @@ import time
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 
-from asymagent.evals.environments import (actions_equal, make_env, parse_call, tool_call_message,
+from asymagent.evals.suites.environments import (actions_equal, make_env, parse_call, tool_call_message,
                                          tool_result_message)
 from asymagent.spec_config import MODES, SpecConfig
 from asymagent.stats import RunStats, StepStats
@@ -170,8 +170,8 @@ def _cumsum(xs: list) -> list:
 def _cold_sessions(engine, keys: list) -> None:
     """Drop the cache sessions and the suffix stores an episode uses, so every episode starts
     cold: its numbers (prefill tokens, outputs, drafts) never depend on which episode the engine
-    ran before it, and a run fanned out over workers equals a local one (evals/ray_eval.py)."""
-    from asymagent.evals.engine_setup import reset_suffix_stores
+    ran before it, and a run fanned out over workers equals a local one (evals/running/ray_eval.py)."""
+    from asymagent.evals.running.engine_setup import reset_suffix_stores
 
     for key in keys:
         engine.caches.drop(key)
@@ -185,7 +185,7 @@ def _progress(total: int, desc: str, enabled: bool):
 
 
 def _chat(engine, label: str, history: list, tools: list, tool_choice, max_new_tokens: int, cache_key: str):
-    from asymagent.evals.engine_setup import use_suffix_store
+    from asymagent.evals.running.engine_setup import use_suffix_store
 
     mode, overrides = parse_mode(label)
     use_suffix_store(engine, label)  # each label copies only from its own earlier responses
@@ -290,8 +290,8 @@ def free_running(engine, suite: str, seeds, labels: list, *, max_new_tokens: int
 
 def run_traces(engine, examples: list, labels: list, *, max_new_tokens: int = 96,
                results: dict | None = None, progress: bool = True) -> dict:
-    """Score user traces (asymagent.evals.traces): one teacher-forced step per example."""
-    from asymagent.evals.traces import score_output
+    """Score user traces (asymagent.evals.suites.traces): one teacher-forced step per example."""
+    from asymagent.evals.suites.traces import score_output
 
     labels = _ordered(labels)
     results = results if results is not None else {}

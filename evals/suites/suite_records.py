@@ -13,8 +13,8 @@ from __future__ import annotations
 import random
 from dataclasses import dataclass, field
 
-from asymagent.evals import synthetic_text as st
-from asymagent.evals.environments import Environment, Task, function_tool
+from asymagent.evals.suites import synthetic_text as st
+from asymagent.evals.suites.environments import Environment, Task, function_tool
 
 PAGES = 8  # listing pages in the world
 PER_PAGE = 12  # rows per listing page (~35 tokens each)

@@ -1,7 +1,7 @@
 """`asymagent eval fusion`: how much of the full context delta-fusion gives back, token by token.
 
     asymagent eval fusion --split test --episodes 3 --json fusion.json --report runs/fusion
-    python -m asymagent.evals.fusion --suites records,domain:parcels --episodes 2 --variants beta=0.5,beta=2
+    python -m asymagent.evals.running.fusion --suites records,domain:parcels --episodes 2 --variants beta=0.5,beta=2
 
 At every response position of held-out agent conversations (teacher-forced along mode full's own
 greedy output, prompts rendered exactly as `Engine.chat` renders them, compressed view from the
@@ -122,7 +122,7 @@ def conversations(suite: str, seeds: list) -> list:
             messages, tools = long_episode(d, seed)
             out.append(Conversation(suite, seed, messages, tools))
         return out
-    from asymagent.evals.environments import make_env, oracle_episode
+    from asymagent.evals.suites.environments import make_env, oracle_episode
 
     for seed in seeds:
         task, history = oracle_episode(make_env(suite), seed)
@@ -406,7 +406,7 @@ def run(engine, suites: list, variants: list, *, split: str = "test", episodes: 
     """
     from tqdm.auto import tqdm
 
-    from asymagent.evals.environments import pick_seeds
+    from asymagent.evals.suites.environments import pick_seeds
 
     # eval suites and synthetic domains alike: DEV_SEEDS (0..) or TEST_SEEDS (100000..); drafter
     # training draws its episodes from dev seeds only
@@ -437,10 +437,10 @@ def _load_done(path, variants: list) -> list:
 
 
 def main(args) -> int:
-    from asymagent.evals.engine_setup import build_engine
+    from asymagent.evals.running.engine_setup import build_engine
 
     suites = [s.strip() for s in args.suites.split(",") if s.strip()]
-    from asymagent.evals.environments import SUITES
+    from asymagent.evals.suites.environments import SUITES
 
     for s in suites:
         if s not in SUITES and not s.startswith("domain:"):
@@ -460,7 +460,7 @@ def main(args) -> int:
                              "episodes": args.episodes, "seeds": args.seeds, "max_steps": args.max_steps,
                              "max_new_tokens": args.max_new_tokens, **timing, "partial": partial,
                              "command": (" ".join(["asymagent"] + sys.argv[1:]) if sys.argv[1:2] == ["eval"]
-                                         else " ".join(["python -m asymagent.evals.fusion"] + sys.argv[1:])),
+                                         else " ".join(["python -m asymagent.evals.running.fusion"] + sys.argv[1:])),
                              "compression": setup.engine.compression.model_dump(mode="json")},
                 **report(positions, variants)}
 
@@ -492,6 +492,6 @@ def main(args) -> int:
 
 
 if __name__ == "__main__":
-    _p = argparse.ArgumentParser(prog="python -m asymagent.evals.fusion", description=__doc__.splitlines()[0])
+    _p = argparse.ArgumentParser(prog="python -m asymagent.evals.running.fusion", description=__doc__.splitlines()[0])
     add_arguments(_p)
     raise SystemExit(main(_p.parse_args()))

@@ -42,7 +42,7 @@ def _f(x) -> str:
 
 def tune_plot(doc: dict, path: str | Path) -> Path:
     """Speed-up vs full (x) against fidelity vs full (y): every measured point, the frontier, the floor."""
-    from asymagent.evals.report import _plt, _save
+    from asymagent.evals.bench.report import _plt, _save
 
     plt = _plt()
     fig, ax = plt.subplots(figsize=(7, 4.5))

@@ -3,16 +3,16 @@
     asymagent eval records --modes full,compressed,spec,asym --episodes 2 --json out.json --report runs/rep
     asymagent eval injection --episodes 4          # adds asym:acceptance=cda and asym:acceptance=cda,strict_prefix=16
     asymagent eval my_traces.jsonl --modes full,asym
-    asymagent eval fusion --split test --episodes 3 --json f.json --report runs/fusion   # evals/fusion.py
+    asymagent eval fusion --split test --episodes 3 --json f.json --report runs/fusion   # evals/running/fusion.py
     asymagent eval records --episodes 40 --ray --json runs/r.json      # local Ray, one actor per CPU
     asymagent eval records --episodes 500 --ray auto --json runs/r.json --resume   # a cluster
 
 Seeds: `--split dev` (default) takes the first N dev seeds, `--split test` the first N held-out
 test seeds (report numbers only; never tune on them), `--seeds 3,5` exact seeds.
 
-Suites run episode by episode (evals/episodes.py), locally or on Ray actors (evals/ray_eval.py);
+Suites run episode by episode (evals/running/episodes.py), locally or on Ray actors (evals/running/ray_eval.py);
 either way the same JSON comes out. `--jsonl` streams finished episodes to an episode log
-(evals/episode_log.py) and `--resume` skips the episodes already in it.
+(evals/running/episode_log.py) and `--resume` skips the episodes already in it.
 """
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ import json
 import time
 from pathlib import Path
 
-from asymagent.evals.environments import pick_seeds  # noqa: F401  (seed choice shared with eval fusion)
+from asymagent.evals.suites.environments import pick_seeds  # noqa: F401  (seed choice shared with eval fusion)
 
 DEFAULT_MODES = "full,compressed,spec,asym"
 # the relaxed (paper) gate, with and without strict acceptance for the first 16 tokens: the
@@ -32,7 +32,7 @@ INJECTION_EXTRA = "asym:acceptance=cda,asym:acceptance=cda,strict_prefix=16"
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("suite", help="records | fs_audit | tickets | injection | PATH.jsonl or DIR (user traces) | "
-                                 "fusion (delta-fusion token by token, evals/fusion.py)")
+                                 "fusion (delta-fusion token by token, evals/running/fusion.py)")
     p.add_argument("--modes", default=None,
                    help=f"comma list (default {DEFAULT_MODES}; injection adds {INJECTION_EXTRA}); "
                         "labels may carry SpecConfig overrides, e.g. asym:k=4,beta=0.5")
@@ -67,7 +67,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 def mode_labels(args) -> list:
     """The mode labels to run: --modes, or the defaults (plus the gate variants for injection)."""
-    from asymagent.evals.runner import split_mode_labels
+    from asymagent.evals.running.runner import split_mode_labels
 
     modes = args.modes or (DEFAULT_MODES + ("," + INJECTION_EXTRA if args.suite == "injection" else ""))
     return split_mode_labels(modes)
@@ -77,14 +77,14 @@ def check_args(args) -> None:
     """Refuse mistakes before any model loads (`asymagent` prints them on one line, exit 2)."""
     import os
 
-    from asymagent.evals.environments import SUITES
-    from asymagent.evals.runner import parse_mode
+    from asymagent.evals.suites.environments import SUITES
+    from asymagent.evals.running.runner import parse_mode
     from asymagent.modeling.loading import check_drafter_source, check_model_source
 
     if args.suite.endswith(".jsonl") or os.path.isdir(args.suite):
         if not (os.path.isfile(args.suite) or os.path.isdir(args.suite)):
             raise FileNotFoundError(f"trace file not found: {args.suite}")
-        from asymagent.evals.traces import load_traces
+        from asymagent.evals.suites.traces import load_traces
 
         load_traces(args.suite)  # a ValueError naming the file and line of a bad trace
     elif args.suite not in SUITES and args.suite != "fusion":
@@ -110,7 +110,7 @@ def check_args(args) -> None:
 
 def check_episode_args(args) -> None:
     """--ray / --workers / --jsonl / --resume: suites only, sane numbers, Ray installed."""
-    from asymagent.evals.environments import SUITES
+    from asymagent.evals.suites.environments import SUITES
 
     if args.suite not in SUITES and (args.ray is not None or args.jsonl or args.resume):
         raise ValueError("--ray, --jsonl and --resume run suite episodes; use them with "
@@ -122,7 +122,7 @@ def check_episode_args(args) -> None:
     if args.resume and not log_path(args):
         raise ValueError("--resume needs the episode log: give --jsonl PATH (or --json with --ray)")
     if args.ray is not None:
-        from asymagent.evals.ray_eval import RayMissing, import_ray
+        from asymagent.evals.running.ray_eval import RayMissing, import_ray
 
         try:
             import_ray()
@@ -141,11 +141,11 @@ def run_eval(engine, suite: str, labels: list, seeds: list, *, max_steps=None, m
              free: bool = True, forced: bool = True, progress: bool = True) -> dict:
     """{"suite", "seeds", "modes": {label: summary}, "per_step"} for a suite name or a traces path,
     on an engine already built (locally, no episode log)."""
-    from asymagent.evals import runner
-    from asymagent.evals.environments import SUITES
+    from asymagent.evals.running import runner
+    from asymagent.evals.suites.environments import SUITES
 
     if suite.endswith(".jsonl") or Path(suite).is_dir():  # a trace file or a capture directory
-        from asymagent.evals.traces import load_traces
+        from asymagent.evals.suites.traces import load_traces
 
         results = runner.run_traces(engine, load_traces(suite), labels, max_new_tokens=max_new_tokens,
                                     progress=progress)
@@ -153,7 +153,7 @@ def run_eval(engine, suite: str, labels: list, seeds: list, *, max_steps=None, m
                 "per_step": {k: [s.to_dict() for s in v.steps] for k, v in results.items()}}
     if suite not in SUITES:
         raise ValueError(f"unknown suite {suite!r}; use one of {', '.join(SUITES)} or a .jsonl trace file")
-    from asymagent.evals.episodes import EpisodePlan, eval_result, run_episodes_local
+    from asymagent.evals.running.episodes import EpisodePlan, eval_result, run_episodes_local
 
     plan = EpisodePlan(suite, tuple(labels), max_steps, max_new_tokens, forced, free)
     result = eval_result(plan, seeds, run_episodes_local(engine, plan, seeds, progress=progress))
@@ -167,8 +167,8 @@ def evaluate(spec, suite: str, labels: list, seeds: list, *, max_steps=None, max
     """The whole eval JSON (docs/architecture.md §6) for an EngineSpec: locally (one engine in
     this process) or with `ray=True` on Ray actors (`address` None: a local Ray). `jsonl`: the
     episode log to stream episodes into; `resume`: keep the episodes already there."""
-    from asymagent.evals.environments import SUITES
-    from asymagent.evals.runner import parse_mode
+    from asymagent.evals.suites.environments import SUITES
+    from asymagent.evals.running.runner import parse_mode
 
     t0 = time.perf_counter()
     for label in labels:
@@ -186,8 +186,8 @@ def evaluate(spec, suite: str, labels: list, seeds: list, *, max_steps=None, max
     else:
         from dataclasses import asdict
 
-        from asymagent.evals.episode_log import EpisodeLog
-        from asymagent.evals.episodes import EpisodePlan, eval_result, run_episodes_local
+        from asymagent.evals.running.episode_log import EpisodeLog
+        from asymagent.evals.running.episodes import EpisodePlan, eval_result, run_episodes_local
 
         plan = EpisodePlan(suite, tuple(labels), max_steps, max_new_tokens, forced, free)
         if resume and not jsonl:
@@ -195,7 +195,7 @@ def evaluate(spec, suite: str, labels: list, seeds: list, *, max_steps=None, max
         log = EpisodeLog(jsonl, {**asdict(plan), "engine": asdict(spec)}, resume=resume) if jsonl else None
         resumed = len(set(log.done) & set(seeds)) if log is not None else 0
         if ray:
-            from asymagent.evals.ray_eval import run_episodes_ray
+            from asymagent.evals.running.ray_eval import run_episodes_ray
 
             records = run_episodes_ray(spec, plan, seeds, address=address, workers=workers,
                                        worker_cpus=worker_cpus, log=log, progress=progress)
@@ -216,11 +216,11 @@ def evaluate(spec, suite: str, labels: list, seeds: list, *, max_steps=None, max
 
 def main(args) -> int:
     if args.suite == "fusion":
-        from asymagent.evals import fusion
+        from asymagent.evals.running import fusion
 
         args.suites = args.suites or fusion.DEFAULT_SUITES
         return fusion.main(args)
-    from asymagent.evals.engine_setup import EngineSpec
+    from asymagent.evals.running.engine_setup import EngineSpec
 
     labels = mode_labels(args)
     seeds = pick_seeds(args.split, args.episodes, args.seeds)
@@ -239,7 +239,7 @@ def main(args) -> int:
         with open(args.json, "w") as f:
             json.dump(result, f, indent=2, default=str)
     if args.report:
-        from asymagent.evals.report import write_eval_report
+        from asymagent.evals.bench.report import write_eval_report
 
         print(write_eval_report(result, args.report))
     if not args.quiet:

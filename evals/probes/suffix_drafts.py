@@ -1,6 +1,6 @@
 """Copied-draft drafters replayed on the bench workload: tokens per verifier forward and cost per proposal.
 
-    python -m asymagent.evals.suffix_drafts [--steps 12] [--max-new-tokens 32] [--json PATH]
+    python -m asymagent.evals.probes.suffix_drafts [--steps 12] [--max-new-tokens 32] [--json PATH]
 
 The verifier decodes each step of the bench workload once (mode full, greedy: the reference
 outputs); then every drafter is replayed on those outputs as greedy verification would see it:
@@ -80,7 +80,7 @@ def arctic_drafter(factor: float, min_prob: float, max_depth: int):
 
 
 def main(argv=None) -> int:
-    from asymagent.evals.bench import add_workload_arguments, write_json
+    from asymagent.evals.bench.bench import add_workload_arguments, write_json
 
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     add_workload_arguments(p, steps=12)
@@ -96,8 +96,8 @@ def main(argv=None) -> int:
     from asymagent.decoding.lookup_drafter import lookup_continuation
     from asymagent.decoding.suffix_match import speculate
     from asymagent.decoding.suffix_store import SuffixStore
-    from asymagent.evals.bench import workload
-    from asymagent.evals.engine_setup import build_engine
+    from asymagent.evals.bench.bench import workload
+    from asymagent.evals.running.engine_setup import build_engine
 
     import os
 

@@ -21,7 +21,7 @@
    reported point is measured in full and the rest are listed as not measured.
 5. Choice: the fastest measured point with fidelity >= `--min-fidelity`; the frontier (points no
    other point beats on both speed-up and fidelity) as a markdown table and a PNG next to the
-   JSON (evals/tune_report.py); `--write-config` writes the chosen point as a config file
+   JSON (evals/tuning/tune_report.py); `--write-config` writes the chosen point as a config file
    (asymagent/config_file.py) that serve --config, Engine.from_default(config=) and
    ChatAsymSpec.from_default(config=) load.
 """
@@ -118,7 +118,7 @@ def parse_grid(text: str) -> list:
 
 
 def _value(text: str):
-    from asymagent.evals.runner import PY_LITERALS
+    from asymagent.evals.running.runner import PY_LITERALS
 
     try:
         return json.loads(text)
@@ -163,9 +163,9 @@ def measure_group(engine, steps: list, points: list, repeats: int, max_new_token
                   bar=None, deadline: float = float("inf")) -> dict | None:
     """{name: {"times": [repeat][step] s, "ids": [step] token ids, "stats": [StepStats], "match": [bool]}}
     for `points` (the first is the reference, mode full), interleaved; None when `deadline` passed."""
-    from asymagent.evals.engine_setup import use_suffix_store
-    from asymagent.evals.runner import spec_overrides
-    from asymagent.evals.traces import score_output
+    from asymagent.evals.running.engine_setup import use_suffix_store
+    from asymagent.evals.running.runner import spec_overrides
+    from asymagent.evals.suites.traces import score_output
 
     out = {p.name: {"times": [[0.0] * len(steps) for _ in range(repeats)], "ids": [], "stats": [],
                     "match": []} for p in points}
@@ -201,7 +201,7 @@ def measure_group(engine, steps: list, points: list, repeats: int, max_new_token
 
 def summarize(point: Point, got: dict, ref: dict, n: int) -> dict:
     """One measured point: speed-up vs the group's full (median, ci95), fidelity, trace match, stats."""
-    from asymagent.evals.bench import bootstrap_ratio
+    from asymagent.evals.bench.bench import bootstrap_ratio
     from asymagent.stats import RunStats
 
     run = RunStats()
@@ -318,8 +318,8 @@ def main(args) -> int:
     from pathlib import Path
 
     from asymagent.config_file import write_config
-    from asymagent.evals.engine_setup import build_engine
-    from asymagent.evals.tune_report import write_report
+    from asymagent.evals.running.engine_setup import build_engine
+    from asymagent.evals.tuning.tune_report import write_report
 
     steps = tune_steps(args.traces, args.slice, args.holdout, args.max_steps)
     points = grid_points(parse_grid(args.grid) if args.grid else DEFAULT_GRID, args.max_points)

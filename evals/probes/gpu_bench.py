@@ -1,6 +1,6 @@
 """GPU benchmark: the fused gate's kernel rows and engine decode with and without CUDA graphs.
 
-    python -m asymagent.evals.gpu_bench --json docs/results/gpu.json     # ~3-4 min on an H200
+    python -m asymagent.evals.probes.gpu_bench --json docs/results/gpu.json     # ~3-4 min on an H200
 
 Needs CUDA and refuses without it (exit 2). Writes
 `{"device", "note", "gate": [rows of asymagent.kernels.bench], "engine": {...}}`:

@@ -75,7 +75,7 @@ def write_json(path: str | None, doc: dict) -> None:
 
 def workload(suite: str, seed: int, steps: int) -> dict:
     """{"name", "steps", "histories": [messages], "tools", ...} from one oracle episode."""
-    from asymagent.evals.environments import is_test_seed, make_env, oracle_episode
+    from asymagent.evals.suites.environments import is_test_seed, make_env, oracle_episode
 
     if steps < 1:
         raise ValueError(f"--steps must be >= 1, got {steps}")
@@ -91,8 +91,8 @@ def workload(suite: str, seed: int, steps: int) -> dict:
 
 def check_modes(modes: list, repeats: int) -> None:
     """ValueError for a bad mode label, a missing 'full' or repeats < 1."""
-    from asymagent.evals.bench_peers import PEERS
-    from asymagent.evals.runner import parse_mode
+    from asymagent.evals.bench.bench_peers import PEERS
+    from asymagent.evals.running.runner import parse_mode
 
     if repeats < 1:
         raise ValueError(f"--repeats must be >= 1, got {repeats}")
@@ -105,8 +105,8 @@ def check_modes(modes: list, repeats: int) -> None:
 
 def check_args(args) -> None:
     """Refuse mistakes before any model loads (`asymagent` prints them on one line, exit 2)."""
-    from asymagent.evals.environments import SUITES
-    from asymagent.evals.runner import split_mode_labels
+    from asymagent.evals.suites.environments import SUITES
+    from asymagent.evals.running.runner import split_mode_labels
     from asymagent.modeling.loading import check_drafter_source, check_model_source
 
     if args.suite not in SUITES:
@@ -134,10 +134,10 @@ def run_bench(engine, work: dict, modes: list, *, repeats: int = 2, max_new_toke
     valid JSON on disk should a long run be cut short."""
     from tqdm.auto import tqdm
 
-    from asymagent.evals.bench_peers import PEERS, PeerPrefix, run_peer
+    from asymagent.evals.bench.bench_peers import PEERS, PeerPrefix, run_peer
     from asymagent.context.views import ContextViews
-    from asymagent.evals.engine_setup import use_suffix_store
-    from asymagent.evals.runner import parse_mode, spec_overrides
+    from asymagent.evals.running.engine_setup import use_suffix_store
+    from asymagent.evals.running.runner import parse_mode, spec_overrides
 
     check_modes(modes, repeats)
     histories, tools = work["histories"], work["tools"]
@@ -226,8 +226,8 @@ def _summarize(modes: list, times: dict, first: dict, n: int) -> dict:
     """Per-mode summary over the first `n` steps and every repeat in `times` (medians over repeats)."""
     import numpy as np
 
-    from asymagent.evals.bench_peers import PEERS
-    from asymagent.evals.runner import parse_mode
+    from asymagent.evals.bench.bench_peers import PEERS
+    from asymagent.evals.running.runner import parse_mode
     from asymagent.stats import RunStats
 
     out = {}
@@ -315,9 +315,9 @@ def print_table(result: dict) -> None:
 
 
 def main(args) -> int:
-    from asymagent.evals.engine_setup import build_engine
+    from asymagent.evals.running.engine_setup import build_engine
 
-    from asymagent.evals.runner import split_mode_labels
+    from asymagent.evals.running.runner import split_mode_labels
 
     modes = split_mode_labels(args.modes)
     work = workload(args.suite, args.seed, args.steps)
