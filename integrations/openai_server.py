@@ -90,7 +90,7 @@ def create_app(engine, *, model_name: str = DEFAULT_MODEL_NAME, api_key: str | N
                         ttft_s=(job.first_token - job.received) if job.first_token else None,
                         queue_s=job.started - job.received,
                         finish_reason=finish_reason_for(result))
-        if trace_writer is not None:
+        if trace_writer is not None and job.task is None:  # chat only: a task has no messages
             kw = job.chat_kwargs
             try:
                 trace_writer.record(engine, kw["messages"], kw.get("tools"), result, source="serve",
