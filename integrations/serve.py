@@ -96,7 +96,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def check_args(args) -> None:
     """The verb's hook: refuse what cannot work before any model loads (serve_setup.py; the
     --ray flags and Ray itself: ray_serve/launch.py)."""
-    check_single(args)
+    if args.ray and args.device != "cpu":  # a cluster: each replica's node checks its device
+        check_single(argparse.Namespace(**{**vars(args), "device": "cpu"}))
+    else:
+        check_single(args)
     if args.ray is not None:
         from asymagent.integrations.ray_serve.launch import check_ray
 

@@ -134,6 +134,8 @@ def test_ray_flags_are_checked_before_any_model_loads(monkeypatch):
     with pytest.raises(ValueError, match="needs 400 CPUs"):
         serve.check_args(_serve_args(["--ray", "--replicas", "400"]))
     serve.check_args(_serve_args(["--ray", "auto", "--replicas", "400"]))  # a cluster may hold them
+    with pytest.raises(ValueError, match="--replica-gpus needs --device cuda"):
+        serve.check_args(_serve_args(["--ray", "auto", "--replica-gpus", "1"]))
     args = _serve_args(["--ray", "--replicas", "1", "--replica-cpus", "0.5"])
     assert args.ray == "" and args.replicas == 1 and args.replica_cpus == 0.5
 

@@ -28,12 +28,22 @@ ENGINE_DEPLOYMENT = "engine"
 SLACK_ONGOING = 8  # a replica's Ray-level cap is its queue + this: its own 429 comes first
 
 
+def ray_logging(log_level: str = "warning") -> dict:
+    """Ray Serve's LoggingConfig for our deployments: its per-request access lines only at
+    --log-level debug/trace (they would print a line per request on the driver)."""
+    verbose = log_level in ("debug", "trace")
+    return {"log_level": "DEBUG" if verbose else log_level.upper(), "enable_access_log": verbose}
+
+
 def check_ray(args) -> None:
     """Refuse `--ray` flags that cannot work (ValueError: one line, exit 2), before any model."""
     if args.replicas < 1:
         raise ValueError(f"--replicas must be >= 1, got {args.replicas}")
     if not args.replica_cpus > 0 or args.replica_gpus < 0:
         raise ValueError("--replica-cpus must be > 0 and --replica-gpus >= 0")
+    if args.replica_gpus > 0 and args.device == "cpu":
+        raise ValueError("--replica-gpus needs --device cuda (or auto): the replicas would "
+                         "hold GPUs and decode on the CPU")
     try:
         import ray  # noqa: F401
         from ray import serve  # noqa: F401
@@ -91,7 +101,7 @@ class RayServer:
 
 def build_application(engine_factory: Callable[[], Any], app_kwargs: dict, *, replicas: int,
                       replica_cpus: float, replica_gpus: float, trace: dict | None = None,
-                      threads: int | None = None):
+                      threads: int | None = None, log_level: str = "warning"):
     """The bound Ray Serve application (engine deployment + ingress), not yet running."""
     from ray import serve
     from ray.serve.config import RequestRouterConfig
@@ -108,10 +118,11 @@ def build_application(engine_factory: Callable[[], Any], app_kwargs: dict, *, re
         request_router_config=RequestRouterConfig(
             request_router_class=f"{ConversationRouter.__module__}.{ConversationRouter.__name__}"),
         health_check_period_s=2.0, graceful_shutdown_timeout_s=5.0,
+        logging_config=ray_logging(log_level),
     ).bind(engine_factory, app_kwargs, trace, threads or max(1, int(replica_cpus)))
     ingress = serve.deployment(
         Ingress, name="ingress", num_replicas=1, ray_actor_options={"num_cpus": 0},
-        max_ongoing_requests=max(100, 4 * replicas * ongoing),
+        max_ongoing_requests=max(100, 4 * replicas * ongoing), logging_config=ray_logging(log_level),
     ).bind(engine, model_name=app_kwargs.get("model_name", "asymagent"),
            max_body_bytes=app_kwargs.get("max_body_bytes", 8 * 2**20),
            request_timeout=app_kwargs.get("request_timeout", 600.0))
@@ -121,7 +132,7 @@ def build_application(engine_factory: Callable[[], Any], app_kwargs: dict, *, re
 def start(engine_factory: Callable[[], Any], app_kwargs: dict, *, address: str | None = None,
           host: str = "127.0.0.1", port: int = 8000, replicas: int = 2, replica_cpus: float = 1.0,
           replica_gpus: float = 0.0, trace: dict | None = None, threads: int | None = None,
-          num_cpus: int | None = None) -> RayServer:
+          num_cpus: int | None = None, log_level: str = "warning") -> RayServer:
     """Start Ray if needed (None: a new local one on 127.0.0.1), deploy, wait until ready."""
     import ray
     from ray import serve
@@ -136,10 +147,11 @@ def start(engine_factory: Callable[[], Any], app_kwargs: dict, *, address: str |
     try:
         port = port or free_port(host)
         serve.start(http_options={"host": host, "port": port},
-                    proxy_location="HeadOnly" if not address else "EveryNode")
+                    proxy_location="HeadOnly" if not address else "EveryNode",
+                    logging_config=ray_logging(log_level))
         app = build_application(engine_factory, app_kwargs, replicas=replicas,
                                 replica_cpus=replica_cpus, replica_gpus=replica_gpus,
-                                trace=trace, threads=threads)
+                                trace=trace, threads=threads, log_level=log_level)
         serve.run(app, name=APP_NAME, route_prefix="/", blocking=False)
     except BaseException:
         if started:
@@ -158,7 +170,7 @@ def main(args) -> int:
                    address=args.ray or None, host=args.host, port=args.port,
                    replicas=args.replicas, replica_cpus=args.replica_cpus,
                    replica_gpus=args.replica_gpus, trace=trace_from(args, app_kwargs["api_key"]),
-                   threads=args.threads)
+                   threads=args.threads, log_level=args.log_level)
     print(f"asymagent serve --ray: {args.replicas} engine replica(s) at {server.url}", flush=True)
     stop = threading.Event()
     for sig in (signal.SIGINT, signal.SIGTERM):
