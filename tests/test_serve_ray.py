@@ -71,7 +71,7 @@ def ray_url(traces):
 def single_url():
     import torch
 
-    from asymagent.integrations.openai_server import create_app
+    from asymagent.integrations.server import create_app
     from test_server import serving
 
     threads = torch.get_num_threads()

@@ -51,7 +51,7 @@ def test_conversation_key_responses_completions_and_no_key():
 
 
 def test_merge_expositions_labels_each_replica_and_adds_the_total():
-    from asymagent.integrations.server_metrics import ServerMetrics
+    from asymagent.integrations.server.metrics import ServerMetrics
 
     a, b = ServerMetrics("m"), ServerMetrics("m")
     a.prompt_tokens.labels("m").inc(5)

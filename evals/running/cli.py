@@ -69,8 +69,13 @@ def mode_labels(args) -> list:
     """The mode labels to run: --modes, or the defaults (plus the gate variants for injection)."""
     from asymagent.evals.running.runner import split_mode_labels
 
-    modes = args.modes or (DEFAULT_MODES + ("," + INJECTION_EXTRA if args.suite == "injection" else ""))
-    return split_mode_labels(modes)
+    if args.modes is not None:  # given, even empty: never the defaults in its place
+        labels = split_mode_labels(args.modes)
+        if not labels:
+            raise ValueError(f"--modes {args.modes!r} names no mode; give e.g. full,asym "
+                             "(leave --modes out for the defaults)")
+        return labels
+    return split_mode_labels(DEFAULT_MODES + ("," + INJECTION_EXTRA if args.suite == "injection" else ""))
 
 
 def check_args(args) -> None:

@@ -170,7 +170,7 @@ def main(args) -> int:
                    address=args.ray or None, host=args.host, port=args.port,
                    replicas=args.replicas, replica_cpus=args.replica_cpus,
                    replica_gpus=args.replica_gpus, trace=trace_from(args, app_kwargs["api_key"]),
-                   threads=args.threads, log_level=args.log_level)
+                   threads=args.threads, log_level=getattr(args, "log_level", None) or "info")
     print(f"asymagent serve --ray: {args.replicas} engine replica(s) at {server.url}", flush=True)
     stop = threading.Event()
     for sig in (signal.SIGINT, signal.SIGTERM):

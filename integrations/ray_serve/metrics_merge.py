@@ -1,6 +1,6 @@
 """/metrics of `serve --ray`: every replica's series with a `replica` label, plus their totals.
 
-Each engine replica keeps the single server's metrics (server_metrics.py) in its own registry.
+Each engine replica keeps the single server's metrics (integrations/server/metrics.py) in its own registry.
 The ingress collects their expositions (`EngineReplica.metrics`, broadcast to all replicas) and
 merges them: each sample gets the label `replica="<id>"`, and a sample of the same name and
 labels summed over the replicas is added with `replica="all"` (counters, gauges and histogram

@@ -49,7 +49,7 @@ class EngineReplica:
                  trace: dict | None = None, threads: int = 1) -> None:
         import torch
 
-        from asymagent.integrations.openai_server import create_app
+        from asymagent.integrations.server import create_app
 
         torch.set_num_threads(max(1, int(threads)))  # the CPUs Ray gave this replica, no more
         self.name = replica_name()

@@ -8,12 +8,14 @@ answer, accepted with no effect; unknown fields are a 400 (`extra="forbid"`).
 
 from __future__ import annotations
 
+import secrets
 from typing import Any, Literal, Optional, Union
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator, model_validator
 
 MIN_SAMPLING_TEMPERATURE = 1e-4  # smaller positive temperatures decode greedily (see below)
 MIN_TOP_P = 1e-6
+MAX_CHOICES = 8  # n: choices are generated one after another on one CPU worker
 
 
 class StreamOptions(BaseModel):
@@ -104,7 +106,7 @@ class SamplingFields(BaseModel):
     min_p: Optional[float] = Field(default=None, ge=0.0, le=1.0)  # vLLM extension
     seed: Optional[int] = None
     stop: Optional[Union[str, list[str]]] = None
-    n: int = 1
+    n: int = Field(default=1, ge=1, le=MAX_CHOICES)  # choice i samples with seed + i
     stream: bool = False
     stream_options: Optional[StreamOptions] = None
     presence_penalty: float = Field(default=0.0, ge=-2.0, le=2.0)
@@ -112,6 +114,8 @@ class SamplingFields(BaseModel):
     logit_bias: Optional[dict[str, float]] = None
     mode: Optional[Literal["full", "compressed", "spec", "asym"]] = None  # extension
     user: Optional[str] = None  # no effect: an end-user id for the caller's own records
+    # OpenAI's name for a conversation: the engine cache session (and a router's affinity key)
+    prompt_cache_key: Optional[str] = Field(default=None, max_length=1024)
 
     @field_validator("temperature")
     @classmethod
@@ -126,14 +130,6 @@ class SamplingFields(BaseModel):
         # A nucleus of mass 1e-6 is already the top token alone; smaller values round to 0 in
         # float32, and a zero nucleus would drop every token.
         return max(value, MIN_TOP_P)
-
-    @field_validator("n")
-    @classmethod
-    def _one(cls, value: int) -> int:
-        if value != 1:
-            raise ValueError("only n=1 is supported: one completion per request (send n "
-                             "requests, with different seeds when sampling)")
-        return value
 
     @field_validator("stop")
     @classmethod
@@ -160,6 +156,14 @@ class SamplingFields(BaseModel):
         if value is not None and not info.data.get("stream", False):
             raise ValueError("stream_options is only allowed when stream is true")
         return value
+
+    def choice_seeds(self) -> list[int | None]:
+        """The seed of each of the n choices: `seed + i` (a random base without a seed), so
+        choice 0 is the n=1 answer and a seeded request repeats; n=1 keeps `seed` as given."""
+        if self.n == 1:
+            return [self.seed]
+        base = self.seed if self.seed is not None else secrets.randbits(62)
+        return [base + i for i in range(self.n)]
 
     def sampling(self) -> dict:
         """The engine's sampling keywords (penalties, bias, top-k, min-p)."""
