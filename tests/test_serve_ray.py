@@ -155,6 +155,10 @@ PARITY = [
                          "max_tokens": 8}),
     ("/v1/completions", {"model": "asymagent", "prompt": "Once upon", "max_tokens": 6,
                          "stream": True}),
+    ("/v1/responses", {"model": "asymagent", "input": "Say hello.", "max_output_tokens": 8,
+                       "store": False}),
+    ("/v1/responses", {"model": "asymagent", "input": "Say bye.", "max_output_tokens": 8,
+                       "stream": True, "store": False}),
     ("/v1/chat/completions", {"model": "asymagent", "messages": user("x"), "bogus": 1}),
     ("/v1/chat/completions", {"model": "other", "messages": user("x")}),
     ("/v1/chat/completions", {"model": "asymagent", "messages": [], "max_tokens": 0}),
@@ -172,6 +176,27 @@ def test_same_answers_as_the_single_server(ray_url, single_url):
     assert r.status_code == 200 and normal(r.json()) == normal(
         httpx.get(single_url + "/v1/models", trust_env=False, timeout=30).json())
     assert httpx.get(ray_url + "/nowhere", trust_env=False, timeout=30).status_code == 404
+
+
+def test_stored_responses_are_found_on_their_replica(ray_url):
+    ids = []
+    for i in range(4):  # new conversations: spread over both replicas by load
+        r = post(ray_url, "/v1/responses", {"model": "asymagent", "input": f"Topic {i}.",
+                                            "max_output_tokens": 4, "stream": i % 2 == 1})
+        assert r.status_code == 200, r.text
+        if i % 2:
+            created = next(json.loads(line[6:]) for line in r.text.splitlines()
+                           if line.startswith("data: ") and "response.created" in line)
+            ids.append(created["response"]["id"])
+        else:
+            ids.append(r.json()["id"])
+    for rid in ids:
+        got = httpx.get(f"{ray_url}/v1/responses/{rid}", trust_env=False, timeout=60)
+        assert got.status_code == 200 and got.json()["id"] == rid
+        more = post(ray_url, "/v1/responses", {"model": "asymagent", "input": "Go on.",
+                                               "previous_response_id": rid, "max_output_tokens": 4})
+        assert more.status_code == 200, more.text
+        assert more.json()["usage"]["input_tokens_details"]["cached_tokens"] > 0
 
 
 def test_steps_after_the_first_reuse_the_conversations_cache(ray_url):

@@ -152,3 +152,21 @@ def test_ray_missing_refuses_in_one_line_with_exit_2(monkeypatch, capsys):
     assert exc.value.code == 2 and not loaded
     err = capsys.readouterr().err.strip()
     assert err.count("\n") == 0 and "pip install 'asymagent[ray]'" in err
+
+
+def test_response_owners_route_a_stored_response_back_to_its_conversation():
+    from asymagent.integrations.ray_serve.response_owners import ResponseOwners, response_id_in
+
+    owners = ResponseOwners(max_ids=2)
+    assert response_id_in(b'{"id": "resp_1", "object": "response"}') == "resp_1"
+    event = (b'event: response.created\ndata: {"type": "response.created", "sequence_number": 0, '
+             b'"response": {"id": "resp_2", "status": "in_progress"}}\n\n')
+    assert response_id_in(event) == "resp_2"
+    assert response_id_in(b'event: response.output_text.delta\ndata: {"type": "x"}\n\n') is None
+    owners.learn("chat:abc", "resp_1")
+    owners.learn("pck:k", "resp_2")
+    assert owners.key_for("POST", "/v1/responses", {"previous_response_id": "resp_1"}) == "chat:abc"
+    assert owners.key_for("GET", "/v1/responses/resp_2", None) == "pck:k"
+    assert owners.key_for("POST", "/v1/responses", {"previous_response_id": "resp_9"}) is None
+    owners.learn("x", "resp_3")  # the oldest id is forgotten past max_ids
+    assert owners.key_for("GET", "/v1/responses/resp_1", None) is None

@@ -15,7 +15,9 @@ that dies in the middle of a stream ends that stream with an SSE error event (50
 `max_ongoing_requests` and the router's queue full) is a 429 with Retry-After; a replica's full
 queue answers its own 429. Every wait is bounded by `request_timeout` + a grace: never a hang.
 
-/health answers 200 with the live replica count and total queue depth (503 with no replica);
+Stored Responses API answers live on the replica that made them: a request naming one
+(`previous_response_id`, GET /v1/responses/{id}) inherits its conversation key
+(response_owners.py). /health answers 200 with the live replica count and total queue depth (503 with no replica);
 /metrics merges every replica's metrics (metrics_merge.py) and adds the router's counters.
 """
 
@@ -33,6 +35,7 @@ from starlette.responses import JSONResponse, Response, StreamingResponse
 from asymagent.integrations.ray_serve.affinity import conversation_key
 from asymagent.integrations.ray_serve.asgi_call import HttpRequest
 from asymagent.integrations.ray_serve.metrics_merge import merge_expositions
+from asymagent.integrations.ray_serve.response_owners import ResponseOwners, response_id_in
 from asymagent.integrations.ray_serve.route_counts import ROUTES
 
 log = logging.getLogger("asymagent.serve.ray")
@@ -67,6 +70,7 @@ class Ingress:
         self.wait_s = float(request_timeout) + GRACE_S
         self.retries = int(retries)
         self.counts = {"retries": 0, "unavailable": 0, "backpressure": 0, "cut_streams": 0}
+        self.owners = ResponseOwners()  # stored /v1/responses answers live on one replica
 
     async def __call__(self, request: Request) -> Response:
         path = request.url.path
@@ -87,7 +91,9 @@ class Ingress:
                           headers=[(k, v) for k, v in request.headers.items()
                                    if k != "content-length"] + [("content-length", str(len(body)))],
                           body=body)
-        return await self.forward(req, conversation_key(path, parsed))
+        key = self.owners.key_for(request.method, path, parsed) or conversation_key(path, parsed)
+        learn = request.method == "POST" and path == "/v1/responses"
+        return await self.forward(req, key, learn=learn)
 
     async def read_body(self, request: Request) -> bytes:
         declared = request.headers.get("content-length")
@@ -101,7 +107,7 @@ class Ingress:
             chunks.append(chunk)
         return b"".join(chunks)
 
-    async def forward(self, req: HttpRequest, key: str | None) -> Response:
+    async def forward(self, req: HttpRequest, key: str | None, learn: bool = False) -> Response:
         payload = req.to_dict()
         for attempt in range(1 + self.retries):
             stream = self.engine.options(stream=True).handle_request.remote(payload,
@@ -130,15 +136,18 @@ class Ingress:
             except StopAsyncIteration:
                 return error_body(500, "internal error (the replica sent no response)",
                                   "server_error", None)
-            response = StreamingResponse(self.rest(stream, start), status_code=start["status"])
+            learn_key = key if learn and start["status"] == 200 else None
+            response = StreamingResponse(self.rest(stream, start, learn_key),
+                                         status_code=start["status"])
             response.raw_headers = [(k.encode("latin-1"), v.encode("latin-1"))
                                     for k, v in start["headers"]]
             return response
         raise AssertionError("unreachable")  # the loop returns on its last attempt
 
-    async def rest(self, stream, start: dict):
+    async def rest(self, stream, start: dict, learn_key: str | None = None):
         """The response body after its start; a replica lost mid-stream ends an SSE stream with
-        an error event (a plain body just ends: its Content-Length shows it short)."""
+        an error event (a plain body just ends: its Content-Length shows it short). With
+        `learn_key` (a /v1/responses answer) the response's id is remembered with that key."""
         sse = any(k.lower() == "content-type" and v.startswith("text/event-stream")
                   for k, v in start["headers"])
         try:
@@ -155,6 +164,11 @@ class Ingress:
                                               "mid-answer; retry the request",
                                               "replica_unavailable")
                     return
+                if learn_key is not None:
+                    response_id = response_id_in(chunk)
+                    if response_id is not None:
+                        self.owners.learn(learn_key, response_id)
+                        learn_key = None
                 yield chunk
         finally:
             stream.cancel()  # a no-op when finished; stops the generation if the client left

@@ -96,22 +96,18 @@ async def drive(url: str, args) -> tuple[list, float, dict]:
 
 
 def run_once(replicas: int, round_: int, args) -> RunReport:
-    from types import SimpleNamespace
-
-    from asymagent.integrations.ray_serve.launch import start
-    from asymagent.integrations.serve_setup import load_engine
+    """One server with `replicas` replicas (the `asymagent serve` flags' own defaults), one load."""
     import functools
 
-    engine_args = SimpleNamespace(verifier=args.verifier, drafter=args.drafter, config=None,
-                                  mode="asym", dtype="float32", device="cpu",
-                                  max_sessions=max(8, args.conversations), suffix_store=None,
-                                  port=0, max_queue=64, max_tokens=args.max_tokens,
-                                  max_body_bytes=8 * 2**20, max_model_len=None, threads=None,
-                                  request_timeout=args.timeout, temperature=0.0,
-                                  allowed_origins=None)
-    server = start(functools.partial(load_engine, engine_args),
-                   dict(model_name="asymagent", max_queue=64, request_timeout=args.timeout,
-                        default_max_tokens=args.max_tokens),
+    from asymagent.integrations.cli import build_parser
+    from asymagent.integrations.ray_serve.launch import app_kwargs_from, start
+    from asymagent.integrations.serve_setup import load_engine
+
+    argv = ["serve", "--verifier", args.verifier, "--max-queue", "64",
+            "--max-sessions", str(max(8, args.conversations)), "--max-tokens", str(args.max_tokens),
+            "--request-timeout", str(args.timeout)] + (["--drafter", args.drafter] if args.drafter else [])
+    serve_args = build_parser()[0].parse_args(argv)
+    server = start(functools.partial(load_engine, serve_args), app_kwargs_from(serve_args),
                    port=0, replicas=replicas, replica_cpus=args.replica_cpus)
     try:
         results, wall, routes = asyncio.run(drive(server.url, args))
