@@ -28,7 +28,7 @@ import json
 import logging
 
 from ray.exceptions import RayActorError
-from ray.serve.exceptions import BackPressureError
+from ray.serve.exceptions import BackPressureError, DeploymentUnavailableError
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 
@@ -118,7 +118,7 @@ class Ingress:
                 self.counts["backpressure"] += 1
                 return error_body(429, "every engine replica is at capacity; retry later",
                                   "rate_limit_error", "queue_full", {"Retry-After": "1"})
-            except RayActorError as exc:
+            except (RayActorError, DeploymentUnavailableError) as exc:
                 stream.cancel()
                 log.warning("replica died before answering (%s): %s", type(exc).__name__,
                             "retrying" if attempt < self.retries else "503")
@@ -181,7 +181,7 @@ class Ingress:
     async def health(self) -> Response:
         try:
             reports = await self.replica_reports()
-        except TimeoutError:
+        except Exception:  # no replica (yet), or none answered in time: unavailable, not a 500
             reports = []
         body = {"status": "ok" if reports else "unavailable", "model": self.model_name,
                 "replicas": len(reports), "queue_depth": sum(r["queue_depth"] for r in reports)}
@@ -190,7 +190,7 @@ class Ingress:
     async def metrics(self) -> Response:
         try:
             reports = await self.replica_reports()
-        except TimeoutError:
+        except Exception:  # as /health: the ingress's own counters still answer
             reports = []
         text = merge_expositions([(r["replica"], r["exposition"]) for r in reports])
         return Response(text + self.own_metrics(len(reports)).encode(),
