@@ -2,8 +2,8 @@
 
 The app itself is `openai_server.create_app`; the checks and the engine loading are
 `serve_setup.py`. Flags follow vLLM's names where vLLM has one
-(`--model`, `--served-model-name`, `--max-model-len`, `--dtype`, `--device`, `--allowed-origins`)
-next to ours (`--verifier`, `--model-name`). `check_args` refuses arguments that cannot work
+(`serve MODEL` or `--model`, `--served-model-name`, `--max-model-len`, `--num-speculative-tokens`,
+`--dtype`, `--device`, `--allowed-origins`) next to ours (`--verifier`, `--model-name`). `check_args` refuses arguments that cannot work
 (ranges, a missing or malformed --config, --drafter layers:N, an unavailable device, a custom
 verifier without a drafter in a speculative mode) before any model loads.
 """
@@ -14,8 +14,7 @@ import argparse
 import os
 
 from asymagent.integrations.openai_server import DEFAULT_MAX_BODY_BYTES, DEFAULT_MODEL_NAME, create_app
-from asymagent.integrations.serve_setup import (  # noqa: F401  (check_args: the verb's hook)
-    check_args, load_engine)
+from asymagent.integrations.serve_setup import check_args as check_single, load_engine
 
 MODES = ("full", "compressed", "spec", "asym")
 DTYPES = ("auto", "float32", "bfloat16", "float16")
@@ -23,6 +22,8 @@ DTYPES = ("auto", "float32", "bfloat16", "float16")
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """CLI flags of `asymagent serve` (light: no heavy imports here)."""
+    parser.add_argument("model", nargs="?", default=None, metavar="MODEL",
+                        help="the verifier, as --model (vLLM's positional form: `serve MODEL`)")
     parser.add_argument("--host", default="127.0.0.1", help="bind address")
     parser.add_argument("--port", type=int, default=8000,
                         help="TCP port (0: any free port)")
@@ -33,6 +34,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="a directory/.gguf/HF id/.safetensors drafter, or 'layers:N' for an "
                              "untrained drafter made of the verifier's first N layers (unset: the "
                              "shipped drafter of the embedded verifier)")
+    parser.add_argument("--num-speculative-tokens", type=int, default=None, metavar="K",
+                        help="draft tokens per round, SpecConfig.k (vLLM's name; adaptive K "
+                             "starts there; unset: --config's, else 2)")
     parser.add_argument("--config", default=None,
                         help="JSON/YAML file with 'spec' (SpecConfig) and/or 'compression' "
                              "(CompressionConfig) sections")
@@ -80,12 +84,38 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="with --trace-dir: start a new trace file when one would pass this size")
     parser.add_argument("--trace-max-files", type=int, default=None,
                         help="with --trace-dir: keep at most this many trace files (oldest deleted)")
-    parser.add_argument("--log-level", default="info",
-                        choices=("critical", "error", "warning", "info", "debug", "trace"))
+    parser.add_argument("--ray", nargs="?", const="", default=None, metavar="ADDRESS",
+                        help="serve from --replicas engine replicas on Ray Serve, each conversation "
+                             "kept on its replica (no ADDRESS: a new local Ray on 127.0.0.1; `auto` "
+                             "or HOST:PORT or ray://HOST:10001 joins a cluster; docs/serving.md, "
+                             "'Ray'; pip install 'asymagent[ray]')")
+    parser.add_argument("--replicas", type=int, default=2, help="with --ray: engine replicas")
+    parser.add_argument("--replica-cpus", type=float, default=1.0,
+                        help="with --ray: CPUs per replica (also its torch threads)")
+    parser.add_argument("--replica-gpus", type=float, default=0.0,
+                        help="with --ray: GPUs per replica")
+
+
+def check_args(args) -> None:
+    """The verb's hook: refuse what cannot work before any model loads (serve_setup.py; the
+    --ray flags and Ray itself: ray_serve/launch.py)."""
+    if args.ray and args.device != "cpu":  # a cluster: each replica's node checks its device
+        check_single(argparse.Namespace(**{**vars(args), "device": "cpu"}))
+    else:
+        check_single(args)
+    if args.ray is not None:
+        from asymagent.integrations.ray_serve.launch import check_ray
+
+        check_ray(args)
 
 
 def main(args) -> int:
     import logging
+
+    if args.ray is not None:
+        from asymagent.integrations.ray_serve.launch import main as serve_on_ray
+
+        return serve_on_ray(args)
 
     import uvicorn
 
@@ -110,5 +140,6 @@ def main(args) -> int:
                      default_mode=args.mode, default_max_tokens=args.max_tokens,
                      default_temperature=args.temperature, cors_origins=args.allowed_origins,
                      max_model_len=args.max_model_len)
-    uvicorn.run(app, host=args.host, port=args.port, log_level=args.log_level)
+    uvicorn.run(app, host=args.host, port=args.port,
+                log_level=getattr(args, "log_level", None) or "info")  # --log-level: cli.py
     return 0

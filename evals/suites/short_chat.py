@@ -4,7 +4,7 @@
 process so the modes can be compared side by side (A B C A B C ..., totals and medians):
     python -m asymagent.evals.suites.short_chat [--repeats 2] [--max-new-tokens 32] [--json PATH]
 It measures what speculation costs when there is no long context to compress or copy from,
-the case that decided `SpecConfig.adaptive_k` (docs/results.md, "Tuning").
+the case that decided `SpecConfig.adaptive_k` (docs/log.md, "Adaptive K").
 """
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """Pydantic models for the OpenAI-compatible HTTP boundary: chat requests, responses, chunks, errors.
 
 Requests are validated here so a bad request becomes a 400 with an OpenAI error body before it
-reaches the engine (the handler in `openai_server.py` maps `RequestValidationError` to 400 and
+reaches the engine (errors.py maps `RequestValidationError` to 400 and
 names the offending field in `error.param`). Every request field is either implemented, refused
 with a 400 naming it (`REFUSED`: what would change the answer but we cannot do), or, for the
 few that cannot change an answer (`user`, `metadata`, `service_tier`, ...), accepted with no
@@ -21,8 +21,8 @@ from pydantic import (BaseModel, ConfigDict, Field, ValidationInfo, field_valida
 
 from asymagent.chat.schema_refs import check_refs
 
-from asymagent.integrations.server_fields import (  # noqa: F401  (old import paths)
-    MIN_SAMPLING_TEMPERATURE, MIN_TOP_P, ResponseFormat, SamplingFields, StreamOptions, refuse)
+from asymagent.integrations.server.fields import (ResponseFormat, SamplingFields,  # noqa: F401
+                                                  StreamOptions, refuse)
 
 MODES = ("full", "compressed", "spec", "asym")  # asymagent.spec_config.MODES (kept light here)
 _TOOL_NAME = re.compile(r"^[A-Za-z0-9_-]{1,64}$")  # OpenAI's rule for function names
@@ -185,7 +185,6 @@ class ChatCompletionRequest(SamplingFields):
     # No effect on the answer (accepted so clients that always send them work):
     metadata: Optional[dict[str, str]] = None  # tags for stored completions; nothing is stored
     service_tier: Optional[str] = None  # one local tier
-    prompt_cache_key: Optional[str] = None  # prefix caching is automatic (cache_key_for)
     safety_identifier: Optional[str] = None  # an end-user id for the caller's own records
     # Refused with a 400 naming the field (REFUSED says why):
     functions: Optional[Any] = None
@@ -195,12 +194,18 @@ class ChatCompletionRequest(SamplingFields):
     reasoning_effort: Optional[Any] = None
     verbosity: Optional[Any] = None
     web_search_options: Optional[Any] = None
+    chat_template_kwargs: Optional[dict[str, Any]] = None  # vLLM's; only empty (see REFUSED)
 
     @field_validator("functions", "function_call", "audio", "prediction", "reasoning_effort",
                      "verbosity", "web_search_options")
     @classmethod
     def _refused(cls, value, info):
         return refuse(info.field_name, value)
+
+    @field_validator("chat_template_kwargs")
+    @classmethod
+    def _template_kwargs(cls, value):
+        return refuse("chat_template_kwargs", value or None)
 
     @field_validator("store")
     @classmethod
@@ -312,6 +317,7 @@ class ModelCard(BaseModel):
     object: Literal["model"] = "model"
     created: int
     owned_by: str = "asymagent"
+    max_model_len: Optional[int] = None  # vLLM's field: the context limit (prompt + completion)
 
 
 class ModelList(BaseModel):

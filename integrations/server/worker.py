@@ -3,12 +3,13 @@
 Generation is compute-bound (2 CPU cores), so requests run one at a time on a single worker
 thread; everything that touches the engine or its tokenizer happens on that thread (HF fast
 tokenizers are not safe to mutate from two threads). The asyncio side submits a `GenerationJob`
-and reads its events from an `asyncio.Queue` fed with `loop.call_soon_threadsafe`:
+(one `Task`: a chat turn, a text completion, a Responses turn) and reads its events from an
+`asyncio.Queue` fed with `loop.call_soon_threadsafe`:
 
   Started           the prompt fits and generation is under way (sent with the first tokens)
   TextDelta(text)   newly decoded text after a decoding round (never a split UTF-8 character)
-  Finished(result)  the engine's ChatResult (finish_reason "cancelled" if it was stopped)
-  Failed(...)       an error to answer with (status + OpenAI error fields)
+  Finished(result)  the engine's result (finish_reason "cancelled" if it was stopped)
+  Failed(...)       an error to answer with (status + OpenAI error fields; errors.py)
 
 A full queue raises `QueueFull` at submit time (-> HTTP 429). Cancellation (client disconnect)
 and the request deadline are checked by the engine callback after every round, so a dropped
@@ -25,19 +26,16 @@ import threading
 import time
 import traceback
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Any, Callable, Protocol
 
 from asymagent.chat.schema_refs import ToolSchemaError
+from asymagent.integrations.server.errors import Failed
 
 log = logging.getLogger("asymagent.server")
 
 
 class QueueFull(Exception):
     """The worker's queue is at capacity (answered with 429)."""
-
-
-class ContextTooLong(ValueError):
-    """Prompt + requested completion exceed the model's context window (answered with 400)."""
 
 
 @dataclass
@@ -57,24 +55,28 @@ class Finished:
     timed_out: bool = False
 
 
-@dataclass
-class Failed:
-    status: int
-    message: str
-    type: str = "invalid_request_error"
-    param: str | None = None
-    code: str | None = None
+class Task(Protocol):
+    """What a job runs on the worker thread (chat.ChatTask, completions.CompletionTask)."""
+
+    cache_key: str  # the engine cache session (dropped when the generation is cut short)
+    max_new_tokens: int
+    where: str  # the request field holding the prompt ("messages", "prompt", "input")
+
+    def prompt_tokens(self, engine, chat_format) -> int:
+        """Full-view prompt length; raises ValueError/TypeError/KeyError for a refused input."""
+
+    def run(self, engine, callback):
+        """Generate; `callback(new_ids) -> bool` after every round (False stops)."""
+
+    def record(self, trace_writer, engine, result) -> None:
+        """Capture the finished request (asymagent.trace_capture.TraceWriter)."""
 
 
 @dataclass
 class GenerationJob:
-    """One request for the worker: `engine.chat` keyword arguments plus bookkeeping.
+    """One request for the worker: its task plus bookkeeping."""
 
-    A `task` (`/v1/completions`) replaces `engine.chat`: an object with `max_new_tokens`,
-    `prompt_tokens(engine) -> int` and `run(engine, callback) -> GenerationResult`, called on
-    the worker thread like everything else that touches the engine or its tokenizer."""
-
-    chat_kwargs: dict
+    task: Task
     loop: asyncio.AbstractEventLoop
     deadline: float  # time.monotonic() after which the job is cut off
     events: asyncio.Queue = field(default_factory=asyncio.Queue)
@@ -84,7 +86,6 @@ class GenerationJob:
     first_token: float | None = None
     finished: float | None = None
     checked_at: float = 0.0  # last client-disconnect check (asyncio side)
-    task: Any = None
 
     def emit(self, event) -> None:
         """Thread-safe: hand an event to the asyncio side (ignored once the loop is gone)."""
@@ -231,36 +232,36 @@ class EngineWorker:
             job.emit(Failed(504, "request timed out while waiting in the queue",
                             "timeout_error", code="timeout"))
             return
-        kw = job.chat_kwargs
-        where = "prompt" if job.task is not None else "messages"
+        admitted = self._admit(job.task)
+        if isinstance(admitted, Failed):
+            job.emit(admitted)
+            return
+        self._generate(job, admitted)
+
+    def _admit(self, task: Task) -> int | Failed:
+        """The prompt's length, or the 400 for a prompt that is refused or does not fit."""
+        where = task.where
         try:
             if self._chat_format is None:
                 from asymagent.chat.chat_format import ChatFormat
 
                 self._chat_format = getattr(self.engine, "chat_format", None) or \
                     ChatFormat(self.engine.tokenizer)
-            if job.task is not None:
-                prompt_tokens = job.task.prompt_tokens(self.engine)
-                max_new = job.task.max_new_tokens
-            else:
-                prompt_tokens = count_prompt_tokens(self._chat_format, kw["messages"],
-                                                    kw.get("tools"))
-                max_new = kw["max_new_tokens"]
-            if self.max_context is not None:
-                requested = prompt_tokens + max_new
-                if requested > self.max_context:
-                    raise ContextTooLong(
-                        f"This model's maximum context length is {self.max_context} tokens. "
-                        f"However, you requested {requested} tokens ({prompt_tokens} in the "
-                        f"{where}, {max_new} in the completion). Please reduce "
-                        f"the length of the {where} or completion.")
-        except ContextTooLong as exc:
-            job.emit(Failed(400, str(exc), param=where, code="context_length_exceeded"))
-            return
+            prompt_tokens = task.prompt_tokens(self.engine, self._chat_format)
         except (ValueError, TypeError, KeyError, RecursionError) as exc:  # the input was refused
-            what = "prompt" if job.task is not None else "messages or tools"
-            job.emit(Failed(400, f"invalid {what}: {exc}", param=where))
-            return
+            what = "messages or tools" if where == "messages" else where
+            return Failed(400, f"invalid {what}: {exc}", param=where)
+        max_new = task.max_new_tokens
+        if self.max_context is not None and prompt_tokens + max_new > self.max_context:
+            requested = prompt_tokens + max_new
+            return Failed(400, f"This model's maximum context length is {self.max_context} "
+                               f"tokens. However, you requested {requested} tokens "
+                               f"({prompt_tokens} in the {where}, {max_new} in the completion). "
+                               f"Please reduce the length of the {where} or completion.",
+                          param=where, code="context_length_exceeded")
+        return prompt_tokens
+
+    def _generate(self, job: GenerationJob, prompt_tokens: int) -> None:
         detok = IncrementalDetokenizer(self.engine.tokenizer)
         timed_out = False
         started = False
@@ -288,32 +289,11 @@ class EngineWorker:
                 return False
             return True
 
-        if self.metrics is not None:
-            self.metrics.running.labels(self.metrics.model_name).set(1)
-        failed: Failed | None = None
-        try:
-            if job.task is not None:
-                result = job.task.run(self.engine, callback)
-            else:
-                result = self.engine.chat(**kw, callback=callback)
-        except ToolSchemaError as exc:  # a forced call's schema the grammar cannot serve
-            failed = Failed(400, str(exc), param="tools", code="invalid_schema")
-        except ValueError as exc:  # other bad input the engine found
-            message = str(exc)
-            param = next((f for f in ("response_format", "logit_bias") if f in message), None)
-            failed = Failed(400, message, param=param)
-        except Exception as exc:  # engine bug: logged in full, answered without internals
-            log.error("generation failed: %s\n%s", exc, traceback.format_exc())
-            failed = Failed(500, f"internal error during generation ({type(exc).__name__}); "
-                                 "the server log has the details", "server_error")
-        finally:
-            if self.metrics is not None:
-                self.metrics.running.labels(self.metrics.model_name).set(0)
+        result, failed = self._run_task(job.task, callback)
         if failed is not None or job.cancel.is_set() or timed_out:
             # A generation cut short (client gone, deadline) or failed leaves its conversation's
             # caches holding tokens nobody will extend, or in an unknown state: free them.
-            self.engine.caches.drop(job.task.cache_key if job.task is not None
-                                    else kw["cache_key"])
+            self.engine.caches.drop(job.task.cache_key)
         if failed is not None:
             job.emit(failed)
             return
@@ -328,3 +308,23 @@ class EngineWorker:
             self.observe(job, result)
         announce()
         job.emit(Finished(result, timed_out=timed_out))
+
+    def _run_task(self, task: Task, callback) -> tuple[Any, Failed | None]:
+        """(result, None), or (None, the error to answer with) when the engine refused or failed."""
+        if self.metrics is not None:
+            self.metrics.running.labels(self.metrics.model_name).set(1)
+        try:
+            return task.run(self.engine, callback), None
+        except ToolSchemaError as exc:  # a forced call's schema the grammar cannot serve
+            return None, Failed(400, str(exc), param="tools", code="invalid_schema")
+        except ValueError as exc:  # other bad input the engine found
+            message = str(exc)
+            param = next((f for f in ("response_format", "logit_bias") if f in message), None)
+            return None, Failed(400, message, param=param)
+        except Exception as exc:  # engine bug: logged in full, answered without internals
+            log.error("generation failed: %s\n%s", exc, traceback.format_exc())
+            return None, Failed(500, f"internal error during generation ({type(exc).__name__}); "
+                                     "the server log has the details", "server_error")
+        finally:
+            if self.metrics is not None:
+                self.metrics.running.labels(self.metrics.model_name).set(0)
