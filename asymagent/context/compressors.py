@@ -202,6 +202,8 @@ PRESETS: dict = {
     "head_tail_128_64": {"compressors": [{"type": "tool_output", "head_tokens": 128, "tail_tokens": 64}]},
     "head_tail_256_128": {"compressors": [{"type": "tool_output", "head_tokens": 256, "tail_tokens": 128}]},
     "query_keep": {"compressors": [{"type": "tool_output", "query_keep_tokens": 96}]},
+    "query_keep_128_64": {"compressors": [{"type": "tool_output", "head_tokens": 128, "tail_tokens": 64,
+                                           "query_keep_tokens": 96}]},
     "query_keep_192": {"compressors": [{"type": "tool_output", "query_keep_tokens": 192}]},
     "newest": {"compressors": [{"type": "tool_output", "keep_newest": True}]},
     "newest_query_keep": {"compressors": [{"type": "tool_output", "keep_newest": True, "query_keep_tokens": 96}]},
