@@ -335,15 +335,13 @@ def plot(result: dict, path) -> None:
     fig, axes = plt.subplots(1, len(groups), figsize=(6 * len(groups), 4.6), squeeze=False)
     for ax, (title, pols) in zip(axes[0], groups.items()):
         for name, d in pols.items():
-            family = name.split(":")[0].split("+")[0]
+            family = name.split("@")[0].split(":")[0]
             marker = {"full": "*", "compressed": "o", "asym": "s", "spec": "^"}.get(family, "D")
-            ax.scatter(d["speed_vs_full"], d["fidelity"], marker=marker, s=60)
-            ax.annotate(name, (d["speed_vs_full"], d["fidelity"]), fontsize=7, xytext=(4, 3),
-                        textcoords="offset points")
+            ax.scatter(d["speed_vs_full"], d["fidelity"], marker=marker, s=60, label=name)
         comp = sorted((d["speed_vs_full"], d["fidelity"]) for n, d in pols.items() if n.startswith("compressed"))
         if comp:
             ax.plot([c[0] for c in comp], [c[1] for c in comp], ":", color="grey", label="compressed-only")
-            ax.legend(fontsize=7)
+        ax.legend(fontsize=6, loc="lower left")
         ax.set_xlabel("speed vs mode full (wall-time ratio, same process, interleaved)")
         ax.set_ylabel("step fidelity (output identical to full's)")
         ax.set_ylim(-0.02, 1.05)
