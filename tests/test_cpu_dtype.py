@@ -46,6 +46,16 @@ def test_resolve_names_and_auto(monkeypatch, no_probe_cache):
     assert resolve_dtype("auto")[0] == (torch.bfloat16 if unit else torch.float32)
 
 
+def test_for_device_resolves_only_auto(monkeypatch, no_probe_cache):
+    assert cpu_dtype.for_device("auto", "cuda") == torch.bfloat16
+    assert cpu_dtype.for_device(None, "cpu") == cpu_dtype.auto_dtype("cpu")
+    assert cpu_dtype.for_device("int8", "cpu") == "int8"
+    assert cpu_dtype.for_device(torch.float32, "cuda") == torch.float32
+    monkeypatch.setenv("ASYMAGENT_CPU_BF16", "0")
+    cpu_dtype.cpu_bf16_support.cache_clear()  # probed once per process: probe again
+    assert cpu_dtype.for_device("auto", "cpu") == torch.float32
+
+
 def _bf16(model):
     return model.to(torch.bfloat16)
 
