@@ -123,8 +123,25 @@ def _fresh_next_logits(model, ids):
         return model(input_ids=torch.tensor([ids])).logits[0, -1]  # [V]
 
 
+@pytest.fixture
+def served(monkeypatch):
+    """Counts the rounds GraphRound served, by draft source ("model", "suffix", "lookup")."""
+    from asymagent.decoding import graph_round
+
+    counts: dict = {}
+    inner = graph_round.GraphRound._round
+
+    def counting(self, k, copied, drafter, **kw):
+        out = inner(self, k, copied, drafter, **kw)
+        counts[out.source] = counts.get(out.source, 0) + 1
+        return out
+
+    monkeypatch.setattr(graph_round.GraphRound, "_round", counting)
+    return counts
+
+
 @pytest.mark.parametrize("mode, overrides, temperature", ENGINE_CASES)
-def test_engine_static_kv_same_tokens_and_rollback(model, mode, overrides, temperature):
+def test_engine_static_kv_same_tokens_and_rollback(model, mode, overrides, temperature, served):
     drafter = make_model(seed=1, layers=1)  # unrelated: many rejections, so many rollbacks
     prompt = random_prompts(1, length=40, seed=3)[0]
     # a compressed view that drops a span the suffix repeats (the copy delta has counts to use)
@@ -147,6 +164,32 @@ def test_engine_static_kv_same_tokens_and_rollback(model, mode, overrides, tempe
     assert results[0] == results[1]
     if mode_of(mode).speculative:
         assert results[1][3] > results[1][2]  # drafts were rejected: the rollback path ran
+        # the static engine's rounds ran as graph-shaped calls (graph_round.py)
+        assert served.get("model", 0) > 0
+    else:
+        assert not served
+
+
+@pytest.mark.parametrize("mode", ["spec", "asym"])
+def test_graph_round_copied_drafts_and_switch(model, monkeypatch, served, mode):
+    # a prompt that repeats itself: suffix drafting proposes copies (verify + gate calls)
+    monkeypatch.setenv("ASYMAGENT_GRAPH_ROUND", "0")
+    drafter = make_model(seed=1, layers=1)
+    half = random_prompts(1, length=24, seed=5)[0]
+    prompt = half + half + half[:12]
+    comp = prompt[20:] if mode == "asym" else None
+    kw = dict(mode=mode, max_new_tokens=24, compressed_prompt_ids=comp)
+    want = Engine(verifier=model, drafter=drafter, spec=_spec({})).generate(prompt, **kw)
+    engine = Engine(verifier=model, drafter=drafter, spec=_spec({}), static_kv=True)
+    assert all(not o.rounds for o in engine.static_roles.values())
+    assert engine.generate(prompt, **kw).token_ids == want.token_ids  # step by step
+    assert not served
+    monkeypatch.delenv("ASYMAGENT_GRAPH_ROUND")
+    engine = Engine(verifier=model, drafter=drafter, spec=_spec({}), static_kv=True)
+    got = engine.generate(prompt, **kw)
+    assert got.token_ids == want.token_ids
+    assert (got.stats.accepted, got.stats.drafted) == (want.stats.accepted, want.stats.drafted)
+    assert served.get("suffix", 0) > 0
 
 
 def test_switch_off_on_cpu_and_fallbacks(model, monkeypatch):

@@ -66,6 +66,10 @@ class Decoder:
         self.verifier_tokens_fed = 0
         self.processors = processors if processors is not None else LogitProcessors()
         self.logprobs = logprobs
+        # rounds as static-shape device calls on static caches (CUDA graphs), else None
+        from asymagent.decoding.graph_round import graph_round_for
+
+        self.graph_round = graph_round_for(self)
 
     def position(self) -> int:
         """Output position of the next token (new tokens emitted so far): the noise key."""
@@ -150,6 +154,11 @@ class Decoder:
         "model"); the first non-empty proposal wins. `rule` is the acceptance rule
         (SpecConfig.rule_for): "cda", "greedy", "exact" or "coupled".
         """
+        if self.graph_round is not None:  # the whole round on the device (graph_round.py)
+            outcome = self.graph_round.spec_round(budgets, rule=rule, beta=beta, gamma=gamma,
+                                                  fuse_bonus=fuse_bonus)
+            if outcome is not None:
+                return outcome
         # 1. Draft d_1..d_K on the full view: the first drafter with a proposal wins.
         t0 = time.perf_counter()
         drafts, source = Drafts(tokens=[], source=""), None
