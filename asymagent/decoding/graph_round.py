@@ -121,7 +121,8 @@ class GraphRound:
     def _call(self, key: tuple, fn, kvs: list) -> CapturedCall:
         generations = tuple(kv.generation for kv in kvs)
         if key not in self.calls or self.calls[key][1] != generations:
-            self.calls[key] = (CapturedCall(fn, kvs, self.capture), generations)
+            device = kvs[0].device
+            self.calls[key] = (CapturedCall(fn, kvs, self.capture, device), generations)
         return self.calls[key][0]
 
     def _round(self, k: int, copied: Drafts | None, drafter: ModelDrafter | None, *, rule: str,
@@ -131,7 +132,7 @@ class GraphRound:
         bonus = drafter is not None and drafter.bonus_row
         sampled = d.temperature > 0.0
         temperature = float(d.temperature)
-        device = _static(d.verifier).device
+        device = _static(d.verifier).device  # noise rows are made there
         position = d.position()  # output position of d_1
         # verifier FLOPs and tokens as the step-by-step round counts them (pending + drafts)
         fed_v = len(d.verifier.pending()) + k
@@ -148,7 +149,8 @@ class GraphRound:
             if len(pending) > 1:  # e.g. the bonus token a drafter without a bonus row never fed
                 reader.cache.forward_hidden(pending[:-1])
             last_ids[name] = int(pending[-1])
-            last[name] = torch.tensor([[pending[-1]]], dtype=torch.long, device=device)  # [1, 1]
+            # host tensors: the call copies them in without a sync (CapturedCall)
+            last[name] = torch.tensor([[pending[-1]]], dtype=torch.long)  # [1, 1]
             _static(reader).reserve(_static(reader).seen + k + 2)
         kvs = [_static(r) for r in readers.values()]
         noise = {"gumbel": None, "uniform": None, "expo": None}
@@ -182,11 +184,11 @@ class GraphRound:
         if drafter is None or d.copy is not None:
             copy_rows = None
             if d.copy is not None:  # all K+1 rows in one host pass, one transfer
-                copy_rows = d.copy.rows(tokens, torch.empty(0, _vocab(d), device=device))
+                copy_rows = d.copy.rows(tokens, torch.empty(0, _vocab(d)))  # [K+1, V] host
             key = ("verify", drafter is not None, copy_rows is not None,
                    tuple(sorted(gate.items())))
             fn = functools.partial(self._verify_body, **gate)
-            drafts_in = torch.tensor(tokens, dtype=torch.long, device=device)  # [K]
+            drafts_in = torch.tensor(tokens, dtype=torch.long)  # [K] host
             packed = self._call(key, fn, kvs)(
                 tok_v=last["v"], tok_d=last.get("d") if hidden is None else None,
                 tok_b=last.get("b"), drafts=drafts_in, proposal=proposal, hidden=hidden,
