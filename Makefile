@@ -49,7 +49,7 @@ results: $(STAMP)
 	$(VENV)/bin/asymagent eval injection --seeds 100000,100003 --max-steps 5 --no-free-running \
 		--max-new-tokens 64 --modes "full,compressed,asym,asym:acceptance=cda,asym:acceptance=cda,strict_prefix=16" \
 		--json runs/eval_injection.json
-	$(PY) -m asymagent.evals.report --bench runs/bench.json --eval runs/eval_records.json \
+	$(PY) -m asymagent.evals.bench.report --bench runs/bench.json --eval runs/eval_records.json \
 		--eval runs/eval_injection.json --out docs/results.md
 	cp runs/bench.json runs/eval_records.json runs/eval_injection.json docs/results/
 

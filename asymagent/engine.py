@@ -373,14 +373,17 @@ class Engine:
              cache_key: str = "default", *, response_format: dict | None = None,
              top_k: int = 0, min_p: float = 0.0, frequency_penalty: float = 0.0,
              presence_penalty: float = 0.0, logit_bias: dict | None = None,
-             logprobs: int | LogprobRecorder | None = None) -> ChatResult:
+             logprobs: int | LogprobRecorder | None = None,
+             parallel_tool_calls: bool | None = None) -> ChatResult:
         """OpenAI-style chat: render both views, generate, parse text and tool calls.
 
         The chat layer lives in asymagent/chat/session.py (`run_chat`): message validation,
         tool_choice -> ToolCallConstraint, response_format (OpenAI's json_object / json_schema)
         -> ResponseFormatConstraint, the conversation's ContextViews (per `cache_key`), the
         drafter's log-probs for surprisal compression, and output parsing into a ChatResult.
-        The sampling keywords are `generate`'s.
+        The sampling keywords are `generate`'s. `parallel_tool_calls` (OpenAI's field): True lets
+        a constrained turn hold 1..8 calls, False keeps at most one call (the first); None (the
+        default) constrains to one call and keeps every call an unconstrained turn wrote.
         Thread-safe like `generate`: the whole call (views, caches, decoding) holds `self.lock`.
         """
         sampling = dict(top_k=top_k, min_p=min_p, frequency_penalty=frequency_penalty,
@@ -390,4 +393,5 @@ class Engine:
             return run_chat(self, messages, tools=tools, mode=mode, max_new_tokens=max_new_tokens,
                             temperature=temperature, seed=seed, top_p=top_p, stop=stop,
                             tool_choice=tool_choice, callback=callback, cache_key=cache_key,
-                            response_format=response_format, sampling=sampling)
+                            response_format=response_format, sampling=sampling,
+                            parallel_tool_calls=parallel_tool_calls)

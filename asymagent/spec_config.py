@@ -16,7 +16,7 @@ SPEC_RULES = ("greedy", "exact", "coupled")  # lossless against the verifier (mo
 # What "greedy" ("the target decides") runs as at temperature > 0. Coupled: the output is the
 # verifier's (fused target's) Gumbel-max sample at every position, identical to mode full under
 # the same seed whatever K, adaptive K or the drafts do; its acceptance cost against "exact" on
-# the bench is in docs/engine.md ("Sampling": python -m asymagent.evals.coupling_cost).
+# the bench is in docs/engine.md ("Sampling": python -m asymagent.evals.probes.coupling_cost).
 SAMPLED_GREEDY = "coupled"
 
 
@@ -52,18 +52,21 @@ class SpecConfig:
 
     Defaults: the paper's K=2 drafts per round; the fused target of mode asym is the compressed
     verifier plus the copy delta (copy_weight 6; the drafter model's delta, beta, is off: it
-    measured harmful, docs/drafter.md), and two more changes chosen on dev seeds (docs/results.md,
-    "Tuning"): acceptance "greedy" (the fused target
-    decides every token, so drafts and K change speed only, never the output; the paper's
-    relaxed "cda" gate lost fidelity to full on every dev workload without a speed gain on this
-    verifier/drafter pair) and prompt-lookup drafts from the full view (lookup_ngram=3), which
-    verify 3-6 tokens per forward on agent turns. At temperature > 0 "greedy" runs as the
+    measured harmful, docs/drafter.md); acceptance "greedy" (the fused target decides every
+    token, so drafts and K change speed only, never the output; the paper's relaxed "cda" gate
+    lost fidelity to full on every dev workload without a speed gain on this verifier/drafter
+    pair, docs/log.md "Tuning"); copied drafts by suffix matching (SuffixDecoding: the full view
+    and the engine's store of earlier responses, lookup_ngram=3, suffix=True, up to lookup_k=16
+    tokens), tried before the drafter model each round (4.5-6.3 tokens per verifier forward on
+    the bench workload: docs/results/suffix_drafts.json, bench_copy_delta.json; `suffix=False`
+    is plain prompt lookup). At temperature > 0 "greedy" runs as the
     coupled rule (Gumbel-max coupling), so the output is the target's sample under the seed
-    whatever K is (`position_invariant`). Adaptive K is on (also chosen on measurements,
-    docs/results.md "Tuning"): it switches speculation off within a request when it
-    measurably loses, which it does on short chat with nothing to copy. It changes speed only:
-    asym fuses its plain steps too, and rules whose output depends on K keep K fixed.
-    `SpecConfig.paper()` is the paper's setting (cda, gamma=0.5, no lookup, fixed K).
+    whatever K is (`position_invariant`). Adaptive K is on (chosen on measurements, docs/log.md
+    "Adaptive K"): it switches speculation off within a request when it measurably loses,
+    which it does on short chat with nothing to copy. It changes speed only: asym fuses its
+    plain steps too, and rules whose output depends on K keep K fixed.
+    `SpecConfig.paper()` is the paper's setting (cda, beta=1, gamma=0.5, no copied drafts, no
+    copy delta, fixed K).
     """
 
     k: int = 2  # draft tokens per round; the verifier scores K+1 positions in one forward

@@ -3,9 +3,13 @@
 Each verb lives in its own module exposing `add_arguments(parser)` and `main(args) -> int`,
 and optionally `check_args(args)`, which refuses a mistake (unknown suite, bad config key,
 missing model path, an unavailable device) with a ValueError/OSError before any model loads;
-this file turns that into one line on stderr and exit status 2, as argparse does for its own
-errors. It imports a verb's module when that verb runs. Every `--help` shows each option's
-default; `asymagent --version`; `python -m asymagent` runs the same command.
+the checks every verb shares (output paths, integrations/cli_checks.py) run next. This file
+turns a refusal into one line on stderr and exit status 2, as argparse does for its own errors,
+and anything a verb raises later into `asymagent VERB: error: ...` with exit status 1 (`--debug`
+prints the traceback too; Ctrl-C exits 130). Every verb takes `--log-level` and `--debug`;
+weight-loading progress bars show only on a terminal. It imports a verb's module when that verb
+runs. Every `--help` shows each option's default; `asymagent --version`; `python -m asymagent`
+runs the same command.
 """
 
 from __future__ import annotations
@@ -13,14 +17,17 @@ from __future__ import annotations
 import argparse
 import importlib
 import sys
+import traceback
+
+from asymagent.integrations.cli_checks import LOG_LEVELS, check_common, setup_output
 
 VERBS = {
     "demo": ("asymagent.integrations.demo", "Run a long-horizon agent task on the embedded default."),
-    "bench": ("asymagent.evals.bench", "Side-by-side benchmark of all modes and HF peers (JSON)."),
-    "eval": ("asymagent.evals.cli", "Run a long-horizon agent eval suite (JSON + report)."),
+    "bench": ("asymagent.evals.bench.bench", "Side-by-side benchmark of all modes and HF peers (JSON)."),
+    "eval": ("asymagent.evals.running.cli", "Run a long-horizon agent eval suite (JSON + report)."),
     "serve": ("asymagent.integrations.serve", "OpenAI-compatible HTTP server."),
     "train-drafter": ("asymagent.training.distill", "Distil a drafter from a verifier."),
-    "tune": ("asymagent.evals.tune", "Pick SpecConfig/CompressionConfig by measurement on your traces."),
+    "tune": ("asymagent.evals.tuning.tune", "Pick SpecConfig/CompressionConfig by measurement on your traces."),
 }
 
 
@@ -73,6 +80,10 @@ def build_parser() -> tuple[argparse.ArgumentParser, dict]:
         p.set_defaults(verb_module=module)
         mod = importlib.import_module(module)
         mod.add_arguments(p)
+        p.add_argument("--log-level", default=None, choices=LOG_LEVELS,
+                       help="Python logging level (unset: info for serve, warning otherwise)")
+        p.add_argument("--debug", action="store_true",
+                       help="print the full traceback of an error, not only its one line")
         verbs[verb] = p
     return parser, verbs
 
@@ -81,15 +92,34 @@ def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     parser, _ = build_parser()
     args = parser.parse_args(argv)
+    if args.log_level is None:
+        args.log_level = "info" if args.verb == "serve" else "warning"
+    setup_output(args.log_level)
     module = importlib.import_module(args.verb_module)
     check = getattr(module, "check_args", None)
-    if check is not None:
-        try:
+    try:
+        if check is not None:
             check(args)
-        except (ValueError, OSError) as exc:  # ModelNotFoundError is an OSError
-            message = " ".join(str(exc).split())  # one line, whatever the exception held
-            parser.exit(2, f"asymagent {args.verb}: error: {message}\n")
-    return int(module.main(args) or 0)
+        check_common(args)
+    except (ValueError, OSError) as exc:  # ModelNotFoundError is an OSError
+        if args.debug:
+            traceback.print_exc()
+        parser.exit(2, f"asymagent {args.verb}: error: {one_line(exc)}\n")
+    try:
+        return int(module.main(args) or 0)
+    except KeyboardInterrupt:
+        parser.exit(130, f"asymagent {args.verb}: interrupted\n")
+    except Exception as exc:  # the top-level handler: one line, the traceback only on --debug
+        if args.debug:
+            traceback.print_exc()
+        hint = "" if args.debug else " (--debug prints the traceback)"
+        parser.exit(1, f"asymagent {args.verb}: error: {type(exc).__name__}: "
+                       f"{one_line(exc)}{hint}\n")
+
+
+def one_line(exc: BaseException) -> str:
+    """The exception's message on one line, whatever it held."""
+    return " ".join(str(exc).split()) or type(exc).__name__
 
 
 if __name__ == "__main__":

@@ -25,7 +25,7 @@ NOTE = ("Teacher-forced run: at every step the model's own action is decoded (to
 
 def check_args(args) -> None:
     """Refuse mistakes before any model loads (`asymagent` prints them on one line, exit 2)."""
-    from asymagent.evals.environments import SUITES
+    from asymagent.evals.suites.environments import SUITES
 
     if args.suite not in SUITES:
         raise ValueError(f"unknown suite {args.suite!r}; use one of {', '.join(SUITES)}")
@@ -94,7 +94,7 @@ def _label(action) -> str:
 
 
 def _chat(engine, task, prompt, mode, max_new_tokens, acts, tool_choice):
-    from asymagent.evals.engine_setup import use_suffix_store
+    from asymagent.evals.running.engine_setup import use_suffix_store
 
     use_suffix_store(engine, mode)  # with --compare, neither mode copies the other's answers
     return engine.chat(prompt, tools=task.tools, mode=mode, max_new_tokens=max_new_tokens,
@@ -111,7 +111,7 @@ def teacher_forced_run(engine, env, seed: int, mode: str, max_new_tokens: int,
     modes see the same machine load), from the same prompt. A `trace_writer`
     (asymagent.trace_capture.TraceWriter) captures every step of `mode`.
     """
-    from asymagent.evals.environments import actions_equal, tool_call_message, tool_result_message
+    from asymagent.evals.suites.environments import actions_equal, tool_call_message, tool_result_message
     from asymagent.stats import RunStats
 
     task = env.reset(seed)
@@ -152,10 +152,8 @@ def main(args) -> int:
     from rich.console import Console
     from rich.live import Live
     from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
-    from rich.table import Table
-
-    from asymagent.evals.environments import actions_equal, make_env
-    from asymagent.integrations.run_table import COLUMNS, run_table, step_row, totals_table
+    from asymagent.evals.suites.environments import actions_equal, make_env
+    from asymagent.integrations.run_table import run_table, totals_table
 
     console = Console(no_color=args.no_live, width=150 if args.no_live else None)
     if args.max_new_tokens < 1 or (args.steps is not None and args.steps < 1):
@@ -176,14 +174,10 @@ def main(args) -> int:
                   f"beta={engine.spec.beta} acceptance={engine.spec.acceptance} "
                   f"lookup_ngram={engine.spec.lookup_ngram}\n")
 
-    def live_table(stats, labels, agrees) -> Table:
-        t = Table(title=f"{args.mode}: live", header_style="bold")
-        for name, justify in COLUMNS + [("model agrees", "center")]:
-            t.add_column(name, justify=justify, no_wrap=True)
-        cum = stats.cumulative_latency()
-        for i, s in enumerate(stats.steps):
-            t.add_row(*step_row(i + 1, s, cum[i], labels[i]), "yes" if agrees[i] else "no")
-        return t
+    def live_table(stats, labels, agrees):
+        # the same table as the final one (same columns), fitted to the terminal's width
+        return run_table(stats, title=f"{args.mode}: live", labels=labels, agrees=agrees,
+                         width=console.width)
 
     labels, agrees = [], []
     progress = Progress(TextColumn("{task.description}"), BarColumn(),
@@ -222,7 +216,8 @@ def main(args) -> int:
             run = teacher_forced_run(engine, env, args.seed, args.mode, args.max_new_tokens,
                                      args.steps, on_step, compare, trace_writer=writer)
     stats = run["stats"]
-    console.print(run_table(stats, title=f"per-step statistics, mode {args.mode}", labels=labels))
+    console.print(run_table(stats, title=f"per-step statistics, mode {args.mode}", labels=labels,
+                            agrees=agrees, width=console.width))
     console.print(totals_table(stats, title=f"run totals, mode {args.mode}"))
     tool_steps = [r for r in run["records"] if r["acts"]]
     agree = sum(r["agree"] for r in tool_steps)
@@ -238,9 +233,11 @@ def main(args) -> int:
            "runs": {args.mode: stats.to_dict()}}
     if compare:
         other = run["compare_stats"]
-        console.print(run_table(other, title=f"per-step statistics, mode {compare} (same prompts)",
-                                labels=labels))
         recs = run["records"]
+        other_agrees = [actions_equal(r["compare"]["model"], r["oracle"]) if r["acts"]
+                        else isinstance(r["compare"]["model"], str) for r in recs]
+        console.print(run_table(other, title=f"per-step statistics, mode {compare} (same prompts)",
+                                labels=labels, agrees=other_agrees, width=console.width))
         same = sum(r["compare"]["token_ids"] == r["token_ids"] for r in recs)
         same_action = sum(r["compare"]["model"] == r["model"] for r in recs)
         other_agree = sum(actions_equal(r["compare"]["model"], r["oracle"]) for r in tool_steps)

@@ -4,12 +4,73 @@ verifier: "default" (the embedded SmolLM2-135M-Instruct), a model directory, a .
 cached HF id. drafter: None (the shipped drafter of the embedded verifier; none for any other),
 a drafter directory/.gguf/HF id, a `.safetensors` from `asymagent train-drafter`, or "layers:N"
 (an untrained drafter made of the verifier's first N layers). `check_source` refuses what cannot
-work before anything loads; `open_engine` loads.
+work before anything loads (N past the verifier's layer count too: read from its config.json or
+its GGUF header, `verifier_layers`); `open_engine` loads.
 """
 
 from __future__ import annotations
 
+import json
+import struct
+from pathlib import Path
+
 DEFAULT_NAMES = ("default", "embedded", "smollm2")
+_GGUF_SCALARS = {0: "B", 1: "b", 2: "H", 3: "h", 4: "I", 5: "i", 6: "f", 7: "?", 10: "Q", 11: "q",
+                 12: "d"}  # GGUF metadata value types -> struct formats (8: string, 9: array)
+
+
+def _gguf_block_count(path: Path) -> int | None:
+    """`<arch>.block_count` from a GGUF file's metadata header (no tensor is read); None if the
+    header does not hold it."""
+    with open(path, "rb") as f:
+        def read(fmt: str):
+            size = struct.calcsize("<" + fmt)
+            return struct.unpack("<" + fmt, f.read(size))[0]
+
+        def skip(kind: int) -> None:
+            if kind == 8:
+                f.seek(read("Q"), 1)
+            elif kind == 9:
+                elem, count = read("I"), read("Q")
+                if elem in _GGUF_SCALARS:
+                    f.seek(struct.calcsize("<" + _GGUF_SCALARS[elem]) * count, 1)
+                else:
+                    for _ in range(count):
+                        skip(elem)
+            else:
+                read(_GGUF_SCALARS[kind])
+
+        if f.read(4) != b"GGUF" or read("I") < 2:
+            return None
+        read("Q")  # tensor count
+        for _ in range(read("Q")):  # metadata key/value pairs
+            key = f.read(read("Q")).decode("utf-8", "replace")
+            kind = read("I")
+            if key.endswith(".block_count") and kind in _GGUF_SCALARS:
+                return int(read(_GGUF_SCALARS[kind]))
+            skip(kind)
+    return None
+
+
+def verifier_layers(verifier: str) -> int | None:
+    """The verifier's decoder layer count without loading it (None when it cannot be read)."""
+    from asymagent.modeling.loading import find_embedded_gguf
+
+    try:
+        if verifier in DEFAULT_NAMES:
+            return _gguf_block_count(find_embedded_gguf())
+        path = Path(verifier).expanduser()
+        if path.suffix == ".gguf":
+            return _gguf_block_count(path)
+        if path.is_dir():
+            if (path / "config.json").is_file():
+                config = json.loads((path / "config.json").read_text())
+                return int(config.get("num_hidden_layers") or config.get("n_layer") or 0) or None
+            ggufs = sorted(path.glob("*.gguf"))
+            return _gguf_block_count(ggufs[0]) if len(ggufs) == 1 else None
+    except (OSError, ValueError, struct.error):
+        return None
+    return None  # an HF id: its config is in the cache, read when it loads
 
 
 def check_source(verifier: str, drafter: str | None, mode: str = "asym") -> None:
@@ -22,6 +83,10 @@ def check_source(verifier: str, drafter: str | None, mode: str = "asym") -> None
         n = drafter.split(":", 1)[1]
         if not n.isdigit() or int(n) < 1:
             raise ValueError(f"--drafter layers:N needs an integer N >= 1, got {drafter!r}")
+        layers = verifier_layers(verifier)
+        if layers is not None and int(n) > layers:
+            raise ValueError(f"--drafter {drafter}: the verifier {verifier} has {layers} layers; "
+                             f"use layers:1 .. layers:{layers}")
     elif drafter is not None:
         check_drafter_source(drafter)
     elif verifier not in DEFAULT_NAMES and mode in ("spec", "asym"):

@@ -283,7 +283,7 @@ class ChatAsymSpec(BaseChatModel):
         meta = {"model_name": self.model_name, "model_provider": "asymagent", "mode": s.mode,
                 "finish_reason": finish, "step_stats": s.to_dict()}
         if r.logprobs is not None:
-            from asymagent.integrations.server_logprobs import TokenTexts, chat_content, visible
+            from asymagent.integrations.server.logprobs import TokenTexts, chat_content, visible
 
             entries = visible(r.logprobs, getattr(self.engine, "eos_ids", ()))
             meta["logprobs"] = {"content": chat_content(TokenTexts(self.engine.tokenizer), entries)}

@@ -20,7 +20,7 @@ import time
 from dataclasses import asdict, dataclass, field
 from urllib.parse import urlparse
 
-from asymagent.evals.short_chat import PROMPTS  # the short-chat workload, measured side by side there
+from asymagent.evals.suites.short_chat import PROMPTS  # the short-chat workload, measured side by side there
 
 MAX_REQUESTS = 10_000
 MAX_CONCURRENCY = 256

@@ -2,8 +2,8 @@
 
 The app itself is `openai_server.create_app`; the checks and the engine loading are
 `serve_setup.py`. Flags follow vLLM's names where vLLM has one
-(`--model`, `--served-model-name`, `--max-model-len`, `--dtype`, `--device`, `--allowed-origins`)
-next to ours (`--verifier`, `--model-name`). `check_args` refuses arguments that cannot work
+(`serve MODEL` or `--model`, `--served-model-name`, `--max-model-len`, `--num-speculative-tokens`,
+`--dtype`, `--device`, `--allowed-origins`) next to ours (`--verifier`, `--model-name`). `check_args` refuses arguments that cannot work
 (ranges, a missing or malformed --config, --drafter layers:N, an unavailable device, a custom
 verifier without a drafter in a speculative mode) before any model loads.
 """
@@ -23,6 +23,8 @@ DTYPES = ("auto", "float32", "bfloat16", "float16")
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """CLI flags of `asymagent serve` (light: no heavy imports here)."""
+    parser.add_argument("model", nargs="?", default=None, metavar="MODEL",
+                        help="the verifier, as --model (vLLM's positional form: `serve MODEL`)")
     parser.add_argument("--host", default="127.0.0.1", help="bind address")
     parser.add_argument("--port", type=int, default=8000,
                         help="TCP port (0: any free port)")
@@ -33,6 +35,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="a directory/.gguf/HF id/.safetensors drafter, or 'layers:N' for an "
                              "untrained drafter made of the verifier's first N layers (unset: the "
                              "shipped drafter of the embedded verifier)")
+    parser.add_argument("--num-speculative-tokens", type=int, default=None, metavar="K",
+                        help="draft tokens per round, SpecConfig.k (vLLM's name; adaptive K "
+                             "starts there; unset: --config's, else 2)")
     parser.add_argument("--config", default=None,
                         help="JSON/YAML file with 'spec' (SpecConfig) and/or 'compression' "
                              "(CompressionConfig) sections")
@@ -80,8 +85,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="with --trace-dir: start a new trace file when one would pass this size")
     parser.add_argument("--trace-max-files", type=int, default=None,
                         help="with --trace-dir: keep at most this many trace files (oldest deleted)")
-    parser.add_argument("--log-level", default="info",
-                        choices=("critical", "error", "warning", "info", "debug", "trace"))
 
 
 def main(args) -> int:
@@ -110,5 +113,6 @@ def main(args) -> int:
                      default_mode=args.mode, default_max_tokens=args.max_tokens,
                      default_temperature=args.temperature, cors_origins=args.allowed_origins,
                      max_model_len=args.max_model_len)
-    uvicorn.run(app, host=args.host, port=args.port, log_level=args.log_level)
+    uvicorn.run(app, host=args.host, port=args.port,
+                log_level=getattr(args, "log_level", None) or "info")  # --log-level: cli.py
     return 0

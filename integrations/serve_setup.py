@@ -1,7 +1,9 @@
 """Setting up `asymagent serve` from its flags: the --config file, checks before any model loads, the engine.
 
 `check_args` refuses mistakes (a missing model path, an unknown config key, a bad --drafter
-layers:N, out-of-range numbers, an unavailable --device, a malformed origin) with a
+layers:N (past the verifier's layer count too), out-of-range numbers, an unavailable --device,
+a malformed origin, a --host that is not an address of this machine)
+with a
 ValueError/OSError that `asymagent` prints on one line (integrations/cli.py); `load_engine`
 builds the Engine from --verifier/--drafter/--config/--dtype/--device (integrations/engine_source.py).
 """
@@ -42,13 +44,20 @@ def check_args(args) -> None:
     """Refuse mistakes before any model loads (integrations/cli.py prints them on one line)."""
     from asymagent.integrations.engine_source import check_source
 
+    model = getattr(args, "model", None)
+    if model is not None:  # `serve MODEL`: vLLM's positional form of --model
+        if args.verifier not in ("default", model):
+            raise ValueError(f"the model is given twice: {model!r} and --model {args.verifier!r}")
+        args.verifier = model
     if not 0 <= args.port <= 65535:
         raise ValueError(f"--port must be in 0..65535, got {args.port}")
     for flag, value, low in (("--max-queue", args.max_queue, 1), ("--max-tokens", args.max_tokens, 1),
                              ("--max-sessions", args.max_sessions, 1),
                              ("--max-body-bytes", args.max_body_bytes, 1),
                              ("--max-model-len", args.max_model_len, 2),
-                             ("--threads", args.threads, 1)):
+                             ("--threads", args.threads, 1),
+                             ("--num-speculative-tokens",
+                              getattr(args, "num_speculative_tokens", None), 1)):
         if value is not None and value < low:
             raise ValueError(f"{flag} must be >= {low}, got {value}")
     if getattr(args, "trace_dir", None) is not None:
@@ -72,6 +81,26 @@ def check_args(args) -> None:
         if origin != "*" and not origin.startswith(("http://", "https://")):
             raise ValueError(f"--allowed-origins: {origin!r} is not an origin "
                              "(scheme://host[:port]) or *")
+    check_host(args.host)
+
+
+def check_host(host: str) -> None:
+    """--host is an address of this machine (or a name of one): tried by binding a socket to
+    it on a free port and closing it at once, so `serve` fails before the model loads, not
+    after (a port already taken is still uvicorn's error: the test would race with it)."""
+    import socket
+
+    try:
+        infos = socket.getaddrinfo(host, 0, type=socket.SOCK_STREAM)
+    except (socket.gaierror, UnicodeError) as exc:
+        raise ValueError(f"--host {host}: not an address or a known host name ({exc})") from None
+    family, kind, proto, _, address = infos[0]
+    with socket.socket(family, kind, proto) as sock:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as uvicorn binds
+        try:
+            sock.bind(address)
+        except OSError as exc:
+            raise ValueError(f"--host {host}: cannot listen there: {exc.strerror or exc}") from None
 
 
 def check_suffix_store(path: str) -> None:
@@ -98,6 +127,14 @@ def load_engine(args):
 
     check_args(args)
     spec, compression = read_config(args.config) if args.config else (None, None)
+    k = getattr(args, "num_speculative_tokens", None)
+    if k is not None:
+        from dataclasses import replace
+
+        from asymagent.spec_config import SpecConfig
+
+        spec = spec or SpecConfig()
+        spec = replace(spec, k=k, k_max=max(spec.k_max, k))
     device = resolve_device(args.device)
     engine = open_engine(args.verifier, args.drafter, mode=args.mode, spec=spec,
                          compression=compression, dtype=resolve_dtype(args.dtype, device),

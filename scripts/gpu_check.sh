@@ -11,11 +11,11 @@
 # Steps (each writes its own part file; gpu.json is re-merged after every step, so a timeout or
 # a crash in one step keeps the figures of the others, and names what failed):
 #   versions    torch / triton / transformers / device
-#   engine_360m python -m asymagent.evals.gpu_bench --part engine --shape smollm2-360m
-#   gate        python -m asymagent.evals.gpu_bench --part gate
+#   engine_360m python -m asymagent.evals.probes.gpu_bench --part engine --shape smollm2-360m
+#   gate        python -m asymagent.evals.probes.gpu_bench --part gate
 #   tests       pytest -m gpu (gate kernels == reference; static KV, CUDA graphs and captured
 #               rounds give eager decode's tokens)
-#   engine_1.7b python -m asymagent.evals.gpu_bench --part engine --shape smollm2-1.7b
+#   engine_1.7b python -m asymagent.evals.probes.gpu_bench --part engine --shape smollm2-1.7b
 #   compile     registers / spills of the gate kernels as this Triton compiles them
 # Results in $OUT: gpu.json (-> docs/results/gpu.json), part_*.json, *.log, steps.tsv.
 set -uo pipefail
@@ -142,10 +142,10 @@ if [[ $CPU == 0 ]]; then
 fi
 
 step versions 30 "$PY" -c "import torch, triton, transformers; print(torch.__version__, triton.__version__, transformers.__version__, torch.cuda.get_device_name() if torch.cuda.is_available() else 'cpu')"
-step engine_360m 120 "$PY" -m asymagent.evals.gpu_bench "${DEV[@]}" --part engine "${ENGINE_SMALL[@]}" --json "$OUT/part_engine_360m.json"
-step gate 60 "$PY" -m asymagent.evals.gpu_bench "${DEV[@]}" --part gate --json "$OUT/part_gate.json"
+step engine_360m 120 "$PY" -m asymagent.evals.probes.gpu_bench "${DEV[@]}" --part engine "${ENGINE_SMALL[@]}" --json "$OUT/part_engine_360m.json"
+step gate 60 "$PY" -m asymagent.evals.probes.gpu_bench "${DEV[@]}" --part gate --json "$OUT/part_gate.json"
 step tests 150 "$PY" -m pytest -q -p no:cacheprovider -m gpu -rs tests/test_kernel_fused_gate.py tests/test_static_kv.py tests/test_graph_round.py
-step engine_1.7b 130 "$PY" -m asymagent.evals.gpu_bench "${DEV[@]}" --part engine "${ENGINE_LARGE[@]}" --json "$OUT/part_engine_1.7b.json"
+step engine_1.7b 130 "$PY" -m asymagent.evals.probes.gpu_bench "${DEV[@]}" --part engine "${ENGINE_LARGE[@]}" --json "$OUT/part_engine_1.7b.json"
 step compile 40 env -u TRITON_INTERPRET "$PY" -m asymagent.kernels.bench --compile-only --json "$OUT/gate_compile.json"
 merge
 echo "[gpu_check] done in $(( $(date +%s) - START ))s: $OUT/gpu.json"

@@ -8,8 +8,8 @@ import json
 import pytest
 import torch
 
-from asymagent.evals import bench
-from asymagent.evals.bench_peers import PeerStep, account, run_peer
+from asymagent.evals.bench import bench
+from asymagent.evals.bench.bench_peers import PeerStep, account, run_peer
 
 MODE_KEYS = {"wall_s", "per_step_s", "output_tokens", "verifier_prefill_tokens", "verifier_flops",
              "fidelity_vs_full", "speedup_vs_full"}
@@ -20,7 +20,7 @@ SPEC_KEYS = {"acceptance_rate", "mean_accepted_len", "acceptance_by_position"}
 def tiny_setup():
     from conftest import make_tiny_smollm_engine
 
-    from asymagent.evals.engine_setup import EngineSetup
+    from asymagent.evals.running.engine_setup import EngineSetup
 
     return EngineSetup(make_tiny_smollm_engine(), "tiny-verifier", "tiny-drafter", False)
 
@@ -72,7 +72,7 @@ def test_workload_rules():
 
 def test_bench_cli_writes_the_schema(tiny_setup, tmp_path, monkeypatch, capsys):
     """The `bench` verb end to end on a tiny engine: 2 steps, 1 repeat, every mode and peer."""
-    import asymagent.evals.engine_setup as setup_mod
+    import asymagent.evals.running.engine_setup as setup_mod
 
     monkeypatch.setattr(setup_mod, "build_engine", lambda *a, **k: tiny_setup)
     p = argparse.ArgumentParser()
@@ -101,7 +101,7 @@ def test_bench_cli_writes_the_schema(tiny_setup, tmp_path, monkeypatch, capsys):
     assert full["mean_compression_ratio"] == 1.0
     assert "hf_assisted" in capsys.readouterr().out  # the printed table
 
-    from asymagent.evals.report import write_results
+    from asymagent.evals.bench.report import write_results
 
     md = write_results(data, [], tmp_path / "results.md", notes="Hand-written analysis.")
     write_results(data, [], md)  # regenerating keeps the notes block
@@ -122,7 +122,7 @@ def test_hf_generate_prefix_reuse_prefills_only_new_tokens(tiny_setup):
     """A carried DynamicCache: the second, extending prompt prefills only its new tokens and
     decodes exactly what a cold `generate` on it decodes; a diverging prompt is cropped back to
     the common prefix first."""
-    from asymagent.evals.bench_peers import PeerPrefix
+    from asymagent.evals.bench.bench_peers import PeerPrefix
 
     eng = tiny_setup.engine
     g = torch.Generator().manual_seed(1)
@@ -144,7 +144,7 @@ def test_hf_generate_prefix_reuse_prefills_only_new_tokens(tiny_setup):
 
 
 def test_short_chat_runs_every_variant_greedy_and_lossless_in_spec(tiny_setup):
-    from asymagent.evals.short_chat import VARIANTS, run
+    from asymagent.evals.suites.short_chat import VARIANTS, run
 
     before = tiny_setup.engine.spec
     res = run(tiny_setup.engine, ["Hello there, what is the weather?", "List three colours."],
@@ -170,7 +170,7 @@ def test_bootstrap_interval_brackets_the_ratio_and_collapses_without_noise():
 
 
 def test_each_compared_label_gets_its_own_suffix_store():
-    from asymagent.evals.engine_setup import use_suffix_store
+    from asymagent.evals.running.engine_setup import use_suffix_store
 
     class FakeEngine:
         suffix_store = None

@@ -24,7 +24,7 @@ def tiny_engine(smollm_tokenizer):
 
 
 def test_teacher_forced_run_with_interleaved_compare(tiny_engine):
-    from asymagent.evals.environments import make_env
+    from asymagent.evals.suites.environments import make_env
 
     env = make_env("records")
     run = demo.teacher_forced_run(tiny_engine, env, 0, "asym", 12, steps=3, compare="full")
@@ -63,3 +63,66 @@ def test_bad_flags(capsys):
     assert ">= 1" in capsys.readouterr().out
     with pytest.raises(SystemExit):
         parser.parse_args(["--mode", "fast"])
+
+
+def _long_run():
+    from asymagent.stats import RunStats, StepStats
+
+    stats = RunStats()
+    for i in range(14):
+        full = 490 + 505 * i
+        stats.add(StepStats(wall_s=12.46 + i, new_tokens=127, drafted=287, accepted=184,
+                            mean_accepted_len=4.61, rounds=9, full_context_tokens=full,
+                            verifier_context_tokens=full // 2, compression_ratio=0.41,
+                            forced_tokens=169, escalated=i == 3, mode="asym"))
+    labels = [demo._label({"name": "get_customer", "arguments": {"customer_id": f"CUST-{i}"}})
+              for i in range(14)]
+    return stats, labels, [i % 2 == 0 for i in range(14)]
+
+
+def _render(stats, labels, agrees, width):
+    import io
+
+    from rich.console import Console
+
+    from asymagent.integrations.run_table import run_table
+
+    console = Console(width=width, record=True, file=io.StringIO(), color_system=None)
+    console.print(run_table(stats, title="t", labels=labels, agrees=agrees, width=width))
+    return console.export_text()
+
+
+def test_table_at_80_columns_keeps_every_number_whole():
+    """Issue 27: at 80 columns every number was cut (`c…`, `1…`) and the step column empty."""
+    from asymagent.integrations.run_table import fit_columns, step_cells
+
+    stats, labels, agrees = _long_run()
+    text = _render(stats, labels, agrees, 80)
+    lines = text.splitlines()
+    assert max(len(line) for line in lines) <= 80
+    rows = [line for line in lines if line.startswith("│")]
+    assert len(rows) == 14  # one per step (the header row is drawn with ┃)
+    cum = stats.cumulative_latency()
+    kept, _ = fit_columns([step_cells(i + 1, s, cum[i], labels[i], agrees[i])
+                           for i, s in enumerate(stats.steps)], 80,
+                          ["step", "action", "ctx", "ver", "cr", "new", "frc", "acc", "tpf",
+                           "s", "cum", "esc", "ok"])
+    assert {"step", "action", "ctx", "s"} <= set(kept)
+    for i, row in enumerate(rows):
+        cells = [c.strip() for c in row.strip("│").split("│")]
+        numbers = [c for key, c in zip(kept, cells) if key not in ("action", "esc", "ok")]
+        assert all("…" not in c for c in numbers), row
+        want = step_cells(i + 1, stats.steps[i], cum[i])
+        assert numbers == [want[key] for key in kept if key not in ("action", "esc", "ok")]
+    assert "Left out at this width:" in text and "ctx: full context tokens" in text  # legend
+
+
+def test_live_and_final_tables_have_the_same_columns():
+    stats, labels, agrees = _long_run()
+    wide = _render(stats, labels, agrees, 160)
+    assert "Left out" not in wide  # nothing dropped when it fits
+    live = _render(stats, labels[:3], agrees[:3], 80)  # the live table after 3 steps
+    header = [line for line in live.splitlines() if line.startswith("┃")][0]
+    final_header = [line for line in _render(stats, labels, agrees, 80).splitlines()
+                    if line.startswith("┃")][0]
+    assert header.split() == final_header.split()

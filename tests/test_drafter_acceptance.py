@@ -4,12 +4,12 @@ from __future__ import annotations
 
 import pytest
 
-from asymagent.evals.drafter_measure import heldout_conversations
+from asymagent.evals.probes.drafter_measure import heldout_conversations
 from asymagent.training.data import render_messages
 
 pytestmark = pytest.mark.slow
 
-# Measured on the shipped drafter: python -m asymagent.evals.drafter_measure --json ... reports
+# Measured on the shipped drafter: python -m asymagent.evals.probes.drafter_measure --json ... reports
 # "per_prompt_mean_accepted_len"; its first entry is this very transcript (same seed, K=4,
 # T=0, 32 new tokens). The floor sits below that measurement to absorb BLAS differences
 # between machines (greedy argmax ties can flip), see docs/drafter.md.

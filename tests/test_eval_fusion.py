@@ -1,4 +1,4 @@
-"""`asymagent eval fusion` (evals/fusion.py): the token-level measurement of delta-fusion."""
+"""`asymagent eval fusion` (evals/running/fusion.py): the token-level measurement of delta-fusion."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import json
 import pytest
 import torch
 
-from asymagent.evals.fusion import (Variant, conversations, fused_logprobs, measure_conversation, parse_variants,
+from asymagent.evals.running.fusion import (Variant, conversations, fused_logprobs, measure_conversation, parse_variants,
                                     report, token_classes)
 
 
@@ -71,7 +71,7 @@ def test_a_drafter_equal_to_the_verifier_recovers_everything(perfect_drafter_eng
 
 
 def test_run_skips_conversations_already_measured(monkeypatch):
-    import asymagent.evals.fusion as fusion
+    import asymagent.evals.running.fusion as fusion
 
     calls = []
 

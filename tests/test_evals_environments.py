@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from asymagent.evals.environments import (
+from asymagent.evals.suites.environments import (
     DEV_SEEDS, LONG_HORIZON_SUITES, SUITES, TEST_SEEDS, actions_equal, is_test_seed, make_env,
     oracle_episode, tool_call_message,
 )

@@ -15,8 +15,8 @@ import sys
 
 import pytest
 
-from asymagent.evals.cli import evaluate
-from asymagent.evals.engine_setup import EngineSpec
+from asymagent.evals.running.cli import evaluate
+from asymagent.evals.running.engine_setup import EngineSpec
 
 SEEDS = [0, 1, 2]
 # adaptive K off for spec/asym: with it on, K follows measured forward times, so draft counts
@@ -130,7 +130,7 @@ def test_eval_ray_without_ray_is_one_line(monkeypatch, capsys, tiny_spec):
 def test_episode_flags_are_checked_before_any_model_loads(tmp_path):
     import argparse
 
-    from asymagent.evals import cli
+    from asymagent.evals.running import cli
 
     p = argparse.ArgumentParser()
     cli.add_arguments(p)
@@ -159,7 +159,7 @@ def ray_local():
 def test_ray_run_equals_local_run(ray_local, tiny_spec, local_result, tmp_path):
     """Two actors; the log already holds seed 0 (resume), Ray runs seeds 1 and 2; the merged JSON
     equals the local run's in everything but timings, and the report renders from it."""
-    from asymagent.evals.report import write_eval_report
+    from asymagent.evals.bench.report import write_eval_report
 
     result, path = local_result
     log = tmp_path / "ray.episodes.jsonl"
@@ -206,8 +206,8 @@ def test_worker_dying_mid_episode_is_retried(ray_local, tiny_spec, local_result,
     the driver hands the episode to the other actor. Either way the numbers equal the local run's."""
     import ray.cloudpickle
 
-    from asymagent.evals.episodes import EpisodePlan, eval_result
-    from asymagent.evals.ray_eval import EpisodeWorker, run_episodes_ray
+    from asymagent.evals.running.episodes import EpisodePlan, eval_result
+    from asymagent.evals.running.ray_eval import EpisodeWorker, run_episodes_ray
 
     ray.cloudpickle.register_pickle_by_value(sys.modules[__name__])  # workers cannot import tests/
     worker = type("CrashingWorker", (CrashOnce, EpisodeWorker), {"marker": str(tmp_path / "crashed")})

@@ -7,8 +7,8 @@ import json
 
 import pytest
 
-from asymagent.evals import runner
-from asymagent.evals.environments import make_env, oracle_episode
+from asymagent.evals.running import runner
+from asymagent.evals.suites.environments import make_env, oracle_episode
 from asymagent.spec_config import SpecConfig
 
 
@@ -80,7 +80,7 @@ def test_teacher_forced_two_steps(tiny_engine):
 
 
 def test_free_running_records_episode(tiny_engine):
-    from asymagent.evals.cli import run_eval
+    from asymagent.evals.running.cli import run_eval
 
     out = run_eval(tiny_engine, "injection", ["full"], [0], max_new_tokens=8, forced=False, progress=False)
     summary = out["modes"]["full"]
@@ -107,9 +107,9 @@ def test_injection_attack_rate_is_scored(tiny_engine):
 
 
 def test_traces_and_report(tiny_engine, tmp_path):
-    from asymagent.evals.cli import run_eval
-    from asymagent.evals.report import write_eval_report
-    from asymagent.evals.traces import traces_from_episode, write_traces
+    from asymagent.evals.running.cli import run_eval
+    from asymagent.evals.bench.report import write_eval_report
+    from asymagent.evals.suites.traces import traces_from_episode, write_traces
 
     task, history = oracle_episode(make_env("tickets"), 2)
     path = tmp_path / "t.jsonl"
@@ -125,7 +125,7 @@ def test_traces_and_report(tiny_engine, tmp_path):
 
 
 def test_eval_cli_arguments():
-    from asymagent.evals import cli
+    from asymagent.evals.running import cli
 
     p = argparse.ArgumentParser()
     cli.add_arguments(p)

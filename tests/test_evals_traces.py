@@ -6,8 +6,8 @@ import json
 
 import pytest
 
-from asymagent.evals.environments import make_env, oracle_episode
-from asymagent.evals.traces import load_traces, score_output, traces_from_episode, write_traces
+from asymagent.evals.suites.environments import make_env, oracle_episode
+from asymagent.evals.suites.traces import load_traces, score_output, traces_from_episode, write_traces
 
 
 def test_roundtrip_from_an_oracle_episode(tmp_path):

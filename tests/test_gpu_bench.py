@@ -1,4 +1,4 @@
-"""evals/gpu_bench.py and scripts/gpu_check.sh: refuse clearly without CUDA; their code runs on CPU."""
+"""evals/probes/gpu_bench.py and scripts/gpu_check.sh: refuse clearly without CUDA; their code runs on CPU."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ import subprocess
 import pytest
 import torch
 
-from asymagent.evals import gpu_bench
+from asymagent.evals.probes import gpu_bench
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 

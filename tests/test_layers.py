@@ -179,12 +179,12 @@ def top_level_imports(path: Path) -> set:
     return found
 
 
-OPTIONAL_DEPENDENCIES = {"ray": {"asymagent.evals.ray_eval"}}  # extra -> the modules that may import it
+OPTIONAL_DEPENDENCIES = {"ray": {"asymagent.evals.running.ray_eval"}}  # extra -> the modules that may import it
 
 
 @pytest.mark.parametrize("package", sorted(OPTIONAL_DEPENDENCIES))
 def test_optional_dependencies_stay_optional(package):
-    """Ray (`pip install 'asymagent[ray]'`) is imported by evals/ray_eval.py only, never by the
+    """Ray (`pip install 'asymagent[ray]'`) is imported by evals/running/ray_eval.py only, never by the
     core or anything a plain install imports."""
     users = {m for m, path in MODULES.items() if package in top_level_imports(path)}
     assert not {m for m in users if layer(m) == "core"}, f"the core imports {package}: {sorted(users)}"

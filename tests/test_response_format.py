@@ -103,3 +103,64 @@ def test_a_format_object_that_looks_like_a_call_is_an_answer():
     assert parsed.content == text and not parsed.tool_calls and not parsed.invalid_tool_calls
     call = split_output('{"name": "lookup", "arguments": {"q": "x"}}', ["lookup"])
     assert call.tool_calls[0]["function"]["name"] == "lookup" and not call.content
+
+
+def _fmt(schema: dict) -> dict:
+    return {"type": "json_schema", "json_schema": {"name": "n", "schema": schema}}
+
+
+def _feed(c, text: str) -> bool:
+    return all(c.advance(t) for t in c.tokenizer.encode(text, add_special_tokens=False))
+
+
+def _digits_allowed(c) -> bool:
+    mask = c.allowed_mask()
+    return any(bool(mask[c.tokenizer.convert_tokens_to_ids(d)]) for d in "0123456789")
+
+
+@pytest.mark.parametrize("fmt", [
+    _fmt({"type": "object", "properties": {"x": {"type": "number"}}, "required": ["x"]}),
+    {"type": "json_object"},  # xgrammar's any-JSON numbers too
+])
+def test_numbers_end_fraction_and_integer_digits_are_bounded(smollm_tokenizer, fmt):
+    """Issue 27: a number under a schema had no end (3.14159265358979323846... to max_tokens)."""
+    from asymagent.chat.ebnf_text import EXPONENT_DIGITS, FRACTION_DIGITS, INTEGER_DIGITS
+
+    c = ResponseFormatConstraint(smollm_tokenizer, fmt, vocab_size=V)
+    assert _feed(c, '{"x": 3.' + "1" * FRACTION_DIGITS)
+    assert not _digits_allowed(c)  # the fraction is full: the number must end
+    assert _feed(c, "}") and c.is_completed()
+    c = ResponseFormatConstraint(smollm_tokenizer, fmt, vocab_size=V)
+    assert _feed(c, '{"x": -' + "9" * INTEGER_DIGITS) and not _digits_allowed(c)
+    assert _feed(c, "e+" + "1" * EXPONENT_DIGITS) and not _digits_allowed(c)
+    assert _feed(c, "}") and json.loads(c.text())["x"] == -float("9" * INTEGER_DIGITS + "e+111")
+
+
+def test_integer_digits_are_bounded_and_patterns_untouched(smollm_tokenizer):
+    from asymagent.chat.ebnf_text import INTEGER_DIGITS
+
+    schema = {"type": "object", "required": ["n", "m", "s"], "properties": {
+        "n": {"type": "integer"}, "m": {"type": "integer", "minimum": 0},
+        "s": {"type": "string", "pattern": "[0-9]*"}}}
+    c = ResponseFormatConstraint(smollm_tokenizer, _fmt(schema), vocab_size=V)
+    assert _feed(c, '{"n": ' + "1" * INTEGER_DIGITS) and not _digits_allowed(c)
+    assert _feed(c, ', "m": ' + "2" * INTEGER_DIGITS) and not _digits_allowed(c)
+    assert _feed(c, ', "s": "' + "3" * 40 + '"}') and c.is_completed()  # a string's digits: free
+
+
+def test_ranged_numbers_keep_xgrammar_form(smollm_tokenizer):
+    """A number with minimum and maximum was already bounded (6 fraction digits): unchanged."""
+    schema = {"type": "object", "required": ["p"],
+              "properties": {"p": {"type": "number", "minimum": 0, "maximum": 1}}}
+    c = ResponseFormatConstraint(smollm_tokenizer, _fmt(schema), vocab_size=V)
+    assert _feed(c, '{"p": 0.123456') and not _digits_allowed(c) and _feed(c, "}")
+    assert not _feed(ResponseFormatConstraint(smollm_tokenizer, _fmt(schema), vocab_size=V),
+                     '{"p": 2')
+
+
+def test_a_root_number_is_not_cut_after_its_first_digit(smollm_tokenizer):
+    """A complete number may still go on: the stop token is only forced when nothing else may
+    follow (before, a root-level number ended after its first digit)."""
+    c = ResponseFormatConstraint(smollm_tokenizer, _fmt({"type": "integer"}), vocab_size=V)
+    assert _feed(c, "4") and c.is_completed() and c.forced_tokens() == []
+    assert _feed(c, "2") and json.loads(c.text()) == 42

@@ -10,8 +10,8 @@ import httpx
 import pydantic
 import pytest
 
-from asymagent.integrations.openai_server import create_app
-from asymagent.integrations.server_schemas import ChatCompletionRequest
+from asymagent.integrations.server import create_app
+from asymagent.integrations.server.schemas import ChatCompletionRequest
 from test_server import USER, WEATHER, serving, tiny_engine
 
 OK = {"model": "asymagent", "messages": USER, "max_tokens": 4}

@@ -18,7 +18,7 @@ from collections import Counter
 import httpx
 import pytest
 
-from asymagent.integrations.openai_server import create_app
+from asymagent.integrations.server import create_app
 from server_probe import report
 from test_server import USER, serving, tiny_engine
 

@@ -17,7 +17,7 @@ from concurrent.futures import ThreadPoolExecutor
 import httpx
 
 from asymagent.integrations.loadtest import percentile
-from asymagent.integrations.openai_server import create_app
+from asymagent.integrations.server import create_app
 from server_probe import assemble, metric, report, request, sse_events
 from test_server import USER, WEATHER, serving, tiny_engine
 

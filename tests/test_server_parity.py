@@ -15,9 +15,9 @@ from pydantic import BaseModel, Field
 from test_server import serving, tiny_engine
 
 from asymagent.agents.tools import schema_errors
-from asymagent.integrations.openai_server import create_app
-from asymagent.integrations.server_completions import CompletionRequest
-from asymagent.integrations.server_schemas import ChatCompletionRequest
+from asymagent.integrations.server import create_app
+from asymagent.integrations.server.completions import CompletionRequest
+from asymagent.integrations.server.schemas import ChatCompletionRequest
 
 DOCS = Path(__file__).resolve().parent.parent / "docs" / "serving.md"
 USER = [{"role": "user", "content": "Weather in Paris as JSON, please."}]
@@ -89,7 +89,7 @@ COMPLETION_VALUES = {
     "top_k": 5, "min_p": 0.05, "seed": 1, "stop": ["zzz"], "n": 2, "stream": False,
     "stream_options": None, "frequency_penalty": 0.5, "presence_penalty": 0.5,
     "logit_bias": {"100": 1.0}, "logprobs": 2, "echo": True, "mode": "spec", "user": "u1",
-    "suffix": "tail", "best_of": 2,
+    "suffix": "tail", "best_of": 2, "prompt_cache_key": "k",
 }
 
 
@@ -278,3 +278,32 @@ def test_version_and_cors(server, engine):
     with serving(create_app(engine)) as plain:  # CORS is opt-in: no origins, no CORS headers
         r = httpx.options(plain + "/v1/chat/completions", headers=preflight)
         assert r.status_code == 405 and "access-control-allow-origin" not in r.headers
+
+
+# ------------------------------------------------------------------ n choices
+
+
+def test_n_choices_use_seed_plus_i(client):
+    kw = dict(model="asymagent", messages=USER, max_tokens=6, temperature=1.0)
+    many = client.chat.completions.create(n=3, seed=40, **kw)
+    assert [c.index for c in many.choices] == [0, 1, 2]
+    for i, choice in enumerate(many.choices):  # choice i is the n=1 answer with seed + i
+        alone = client.chat.completions.create(seed=40 + i, **kw).choices[0]
+        assert choice.message.content == alone.message.content
+    stats = many.model_extra["asymagent"]
+    assert len(stats) == 3
+    assert many.usage.completion_tokens == sum(s["stats"]["new_tokens"] for s in stats)
+    texts = ["", ""]
+    for chunk in client.chat.completions.create(n=2, seed=40, stream=True, **kw):
+        for c in chunk.choices:
+            texts[c.index] += c.delta.content or ""
+    assert [t.strip() for t in texts] == [c.message.content.strip() for c in many.choices[:2]]
+
+
+def test_completions_n_orders_choices_by_prompt(client):
+    r = client.completions.create(model="asymagent", prompt=["One", "Two"], n=2, max_tokens=3,
+                                  temperature=1.0, seed=7)
+    assert [c.index for c in r.choices] == [0, 1, 2, 3]
+    alone = client.completions.create(model="asymagent", prompt="Two", max_tokens=3,
+                                      temperature=1.0, seed=8)
+    assert r.choices[3].text == alone.choices[0].text

@@ -17,7 +17,7 @@ import statistics
 import httpx
 import pytest
 
-from asymagent.integrations.openai_server import create_app
+from asymagent.integrations.server import create_app
 from server_probe import report, request
 from test_server import WEATHER, serving, tiny_engine
 

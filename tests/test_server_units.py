@@ -9,11 +9,11 @@ import pytest
 from pydantic import ValidationError
 
 from asymagent.integrations.loadtest import check_loopback, percentile
-from asymagent.integrations.openai_server import cache_key_for
-from asymagent.integrations.server_metrics import ServerMetrics, accepted_per_position
-from asymagent.integrations.server_schemas import ChatCompletionRequest
-from asymagent.integrations.server_streaming import DeltaStreamer
-from asymagent.integrations.server_worker import IncrementalDetokenizer
+from asymagent.integrations.server.chat import cache_key_for
+from asymagent.integrations.server.metrics import ServerMetrics, accepted_per_position
+from asymagent.integrations.server.schemas import ChatCompletionRequest
+from asymagent.integrations.server.deltas import DeltaStreamer
+from asymagent.integrations.server.worker import IncrementalDetokenizer
 from asymagent.stats import StepStats
 
 
@@ -129,7 +129,7 @@ def test_request_schema_rejects_bad_input():
         {**ok, "max_completion_tokens": -3},
         {**ok, "temperature": 2.5},
         {**ok, "top_p": 0},
-        {**ok, "n": 2},
+        {**ok, "n": 0},
         {**ok, "messages": [{"role": "robot", "content": "x"}]},
         {**ok, "messages": [{"role": "tool", "content": "x"}]},  # no tool_call_id
         {**ok, "tools": [{"type": "function", "function": {"name": "bad name!"}}]},

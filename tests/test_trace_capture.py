@@ -91,7 +91,7 @@ def test_rotation_by_size_and_max_files(tmp_path):
 
 
 def test_server_capture_never_writes_the_key(tmp_path, smollm_tokenizer):
-    from asymagent.integrations.openai_server import create_app
+    from asymagent.integrations.server import create_app
     from test_server import serving, tiny_engine
 
     key = "sekret-key-0123456789"

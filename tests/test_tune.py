@@ -9,7 +9,7 @@ import pytest
 
 from asymagent.config_file import engine_settings, read_config
 from asymagent.context.compressors import CompressionConfig
-from asymagent.evals import tune
+from asymagent.evals.tuning import tune
 from asymagent.spec_config import SpecConfig
 from test_fusion_traces import _write
 
@@ -79,7 +79,7 @@ def test_frontier_and_choice():
 
 def test_cli_writes_a_config_the_engine_and_serve_load(tmp_path, engine, monkeypatch, smollm_tokenizer):
     from asymagent.engine import Engine
-    from asymagent.evals import engine_setup
+    from asymagent.evals.running import engine_setup
     from asymagent.integrations.cli import main
     from conftest import make_tiny_llama
 

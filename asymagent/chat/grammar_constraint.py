@@ -34,6 +34,8 @@ from functools import lru_cache
 import numpy as np
 import torch
 
+from asymagent.chat.ebnf_text import bound_number_digits
+
 _LOOSE_CHARS = r'[^\"\\\r\n]'  # EBNF char class xgrammar uses for bounded strings
 _STRICT_CHARS = r'[^\0-\x1f\"\\\r\n]'  # the same without control characters
 _XGRAMMAR_LOG_HEAD = re.compile(r"\[[0-9:]+\] \S+:[0-9]+: ")  # "[10:27:10] /project/cpp/x.cc:88: "
@@ -47,7 +49,8 @@ def xgrammar_error(exc: Exception) -> str:
 def json_schema_grammar(schema: dict, strict: bool = True):
     """xgrammar Grammar for one JSON value matching `schema`, compact (`", "`, `": "`, no other
     whitespace, as json.dumps writes it). `strict`: no properties or items the schema does not
-    name (xgrammar's strict_mode), so the output validates against the schema either way."""
+    name (xgrammar's strict_mode), so the output validates against the schema either way.
+    Numbers have bounded digits (asymagent/chat/ebnf_text.py), so every number ends."""
     import xgrammar as xg
 
     body = xg.Grammar.from_json_schema(json.dumps(schema), any_whitespace=False,
@@ -56,9 +59,8 @@ def json_schema_grammar(schema: dict, strict: bool = True):
     # control characters (invalid JSON: json.loads rejects them). Forbid them, as its
     # unbounded string rule already does.
     ebnf = str(body)
-    if _LOOSE_CHARS in ebnf:
-        body = xg.Grammar.from_ebnf(ebnf.replace(_LOOSE_CHARS, _STRICT_CHARS))
-    return body
+    edited = bound_number_digits(ebnf.replace(_LOOSE_CHARS, _STRICT_CHARS))
+    return body if edited == ebnf else xg.Grammar.from_ebnf(edited)
 
 
 def uses_hermes_format(tokenizer) -> bool:
@@ -199,9 +201,12 @@ class GrammarConstraint:
         if self._matcher.is_terminated():
             return []
         if self._matcher.is_completed():
-            # The grammar is complete: only stop tokens may follow. With a single stop token it
-            # is forced too, so every decoding mode ends with the same token.
-            return [self.stop_ids[0]] if len(self.stop_ids) == 1 else []
+            # The grammar may end here. When only stop tokens may follow (no further call of a
+            # parallel-calls grammar) and there is a single one, it is forced too, so every
+            # decoding mode ends with the same token.
+            if len(self.stop_ids) != 1 or self._continues():
+                return []
+            return [self.stop_ids[0]]
         forced = self._matcher.find_jump_forward_string()
         if not forced:
             return []
@@ -223,6 +228,14 @@ class GrammarConstraint:
         if accepted:
             self._matcher.rollback(accepted)
         return common[:accepted]
+
+    def _continues(self) -> bool:
+        """Whether any token other than a stop token is allowed at the current state."""
+        self._matcher.fill_next_token_bitmask(self._bitmask)
+        words = self._bitmask[0].numpy().astype("<i4", copy=False)  # [W]
+        bits = np.unpackbits(words.view(np.uint8), bitorder="little")[: self.vocab_size]  # [V]
+        bits[list(self.stop_ids)] = 0
+        return bool(bits.any())
 
     def is_terminated(self) -> bool:
         """Complete and the stop token after it accepted (nothing more may follow)."""

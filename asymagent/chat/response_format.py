@@ -8,8 +8,9 @@ model, and speculation and jump-forward (keys, punctuation) apply as for tool ca
 is strict whether or not `strict` is set: no property the schema does not name is generated
 (`additionalProperties` true in the schema allows them), so the output always validates.
 
-With tools under tool_choice "auto", the grammar is the union of the format and one tool call,
-so the model may still call a tool (`split_output` tells which one it wrote); a forced call
+With tools under tool_choice "auto", the grammar is the union of the format and one tool call
+(1..MAX_PARALLEL_CALLS calls with `parallel`), so the model may still call tools (`split_output`
+tells which it wrote); a forced call
 (tool_choice "required"/named) is decoded under `ToolCallConstraint` instead.
 """
 
@@ -21,7 +22,8 @@ from asymagent.chat.grammar_constraint import (GrammarConstraint, json_schema_gr
                                                uses_hermes_format, xgrammar_error)
 from asymagent.chat.output_parsing import ParsedOutput, parse_output
 from asymagent.chat.schema_refs import ToolSchemaError, check_refs
-from asymagent.chat.tool_constraint import selected_tools, tool_call_grammar, tool_call_schema
+from asymagent.chat.tool_constraint import (MAX_PARALLEL_CALLS, selected_tools, tool_call_grammar,
+                                            tool_call_schema)
 
 FORMAT_TYPES = ("text", "json_object", "json_schema")
 _ANY_OBJECT = {"type": "object"}
@@ -55,21 +57,24 @@ class ResponseFormatConstraint(GrammarConstraint):
 
     tokenizer: the model's HF tokenizer; response_format: OpenAI's dict (not text); tools:
     OpenAI tools the model may call instead (tool_choice "auto"), or None; vocab_size: the
-    model's logits size; hermes: the call wrapping (default: detected from the chat template).
+    model's logits size; hermes: the call wrapping (default: detected from the chat template);
+    parallel: the calls may be 1..MAX_PARALLEL_CALLS (default: one).
     A schema xgrammar cannot compile is a ValueError.
     """
 
     @classmethod
-    def build_grammar(cls, schema_json: str, strict: bool, calls_json: str | None, hermes: bool):
+    def build_grammar(cls, schema_json: str, strict: bool, calls_json: str | None, hermes: bool,
+                      max_calls: int = 1):
         import xgrammar as xg
 
         body = json_schema_grammar(json.loads(schema_json), strict=strict)
         if calls_json is None:
             return body
-        return xg.Grammar.union(body, tool_call_grammar(calls_json, hermes))
+        return xg.Grammar.union(body, tool_call_grammar(calls_json, hermes, max_calls))
 
     def __init__(self, tokenizer, response_format: dict, *, tools: list | None = None,
-                 vocab_size: int | None = None, hermes: bool | None = None):
+                 vocab_size: int | None = None, hermes: bool | None = None,
+                 parallel: bool = False):
         schema = format_schema(response_format)
         if schema is None:
             raise ValueError("response_format type 'text' needs no constraint")
@@ -83,21 +88,23 @@ class ResponseFormatConstraint(GrammarConstraint):
         self.functions = selected_tools(tools, "required") if tools else []
         self.hermes = uses_hermes_format(tokenizer) if hermes is None else bool(hermes)
         calls = json.dumps(tool_call_schema(self.functions)) if self.functions else None
+        self.max_calls = MAX_PARALLEL_CALLS if parallel else 1
         try:
-            super().__init__(tokenizer, (json.dumps(schema), strict, calls, self.hermes),
-                             vocab_size=vocab_size)
+            super().__init__(tokenizer, (json.dumps(schema), strict, calls, self.hermes,
+                                         self.max_calls), vocab_size=vocab_size)
         except RuntimeError as exc:  # xgrammar's error for a schema it cannot compile
             raise ValueError(f"response_format schema cannot be compiled into a grammar: "
                              f"{xgrammar_error(exc)}"[:500]) from None
 
 
-def split_output(text: str, tool_names: list[str]) -> ParsedOutput:
-    """What a model decoding under a ResponseFormatConstraint wrote: one call to a tool in
-    `tool_names`, or else the answer (the whole text as content, never an invalid call: a
-    format object whose first key happens to be "name" is an answer, not a broken call)."""
+def split_output(text: str, tool_names: list[str], max_calls: int = 1) -> ParsedOutput:
+    """What a model decoding under a ResponseFormatConstraint wrote: 1..max_calls calls to
+    tools in `tool_names`, or else the answer (the whole text as content, never an invalid call:
+    a format object whose first key happens to be "name" is an answer, not a broken call)."""
     if tool_names:
         parsed = parse_output(text)
-        if len(parsed.tool_calls) == 1 and not parsed.content and \
-                parsed.tool_calls[0]["function"]["name"] in tool_names:
+        if 1 <= len(parsed.tool_calls) <= max_calls and not parsed.content and \
+                not parsed.invalid_tool_calls and \
+                all(c["function"]["name"] in tool_names for c in parsed.tool_calls):
             return parsed
     return ParsedOutput(content=text.strip())

@@ -79,31 +79,34 @@ def _check_request(engine, messages, tools, mode: str, tool_choice) -> None:
         raise ValueError(f"tool_choice={tool_choice!r} needs tools")
 
 
-def build_constraint(engine, tools: list | None, tool_choice, response_format):
+def build_constraint(engine, tools: list | None, tool_choice, response_format,
+                     parallel: bool = False):
     """The request's constraint: a forced call (tool_choice required/named) is decoded under
     ToolCallConstraint; else a JSON response_format under ResponseFormatConstraint (which admits
-    one call instead when tools are offered); else None. xgrammar is imported only when asked."""
+    calls instead when tools are offered); else None. `parallel`: 1..8 calls, else one.
+    xgrammar is imported only when asked."""
     if tool_choice not in (None, "auto", "none"):
         from asymagent.chat.tool_constraint import ToolCallConstraint
 
         return ToolCallConstraint(engine.tokenizer, tools, tool_choice,
-                                  vocab_size=engine.vocab_size)
+                                  vocab_size=engine.vocab_size, parallel=parallel)
     if format_schema(response_format) is None:
         return None
     return ResponseFormatConstraint(engine.tokenizer, response_format,
                                     tools=tools if tool_choice != "none" else None,
-                                    vocab_size=engine.vocab_size)
+                                    vocab_size=engine.vocab_size, parallel=parallel)
 
 
 def run_chat(engine, messages: list, tools: list | None = None, mode: str = "asym",
              max_new_tokens: int = 256, temperature: float = 0.0, seed: int | None = None,
              top_p: float = 1.0, stop=None, tool_choice="auto", callback=None,
              cache_key: str = "default", response_format: dict | None = None,
-             sampling: dict | None = None) -> ChatResult:
+             sampling: dict | None = None, parallel_tool_calls: bool | None = None) -> ChatResult:
     """`Engine.chat` (same arguments; `sampling` holds generate's sampling keywords): render
     both views, generate, parse text and tool calls."""
     _check_request(engine, messages, tools, mode, tool_choice)
-    constraint = build_constraint(engine, tools, tool_choice, response_format)
+    constraint = build_constraint(engine, tools, tool_choice, response_format,
+                                  parallel=bool(parallel_tool_calls))
     views = conversation_views(engine, cache_key)
     counter = [0]
     # the drafter's log-probs feed surprisal compression (only called when one is configured
@@ -121,9 +124,12 @@ def run_chat(engine, messages: list, tools: list | None = None, mode: str = "asy
     stats.rewrites += pair.rewrites
     stats.drafter_prefill_tokens += counter[0]
     if isinstance(constraint, ResponseFormatConstraint):
-        parsed = split_output(result.text, [f["name"] for f in constraint.functions])
+        parsed = split_output(result.text, [f["name"] for f in constraint.functions],
+                              max_calls=constraint.max_calls)
     else:
         parsed = engine.chat_format.parse_output(result.text)
+    if parallel_tool_calls is False:
+        del parsed.tool_calls[1:]  # OpenAI's parallel_tool_calls=false: at most one call
     finish = result.finish_reason
     if parsed.tool_calls and finish == "stop":
         finish = "tool_calls"

@@ -5,6 +5,9 @@ an anyOf over the tools (or only the named one), written with json.dumps' defaul
 (`", "` and `": "`, no other whitespace) so that what the model emits looks exactly like the
 history `chat_format` renders. Models whose chat template takes tools (Hermes style) get the
 object wrapped as `<tool_call>\n{...}\n</tool_call>`; the embedded SmolLM2 emits the bare object.
+Parallel calls (`parallel=True`, OpenAI's `parallel_tool_calls`): 1..MAX_PARALLEL_CALLS call
+objects (or Hermes blocks) joined by `\n`, as chat_format renders an assistant message with
+several `tool_calls`; the model ends the turn after any of them.
 The matcher plumbing (masks, rollback, jump-forward, stop tokens, why xgrammar) is
 `asymagent/chat/grammar_constraint.py`.
 """
@@ -17,9 +20,11 @@ import torch
 
 from asymagent.chat.grammar_constraint import (  # noqa: F401  (re-exported: old import paths)
     GrammarConstraint, json_schema_grammar, stop_token_ids, uses_hermes_format, xgrammar_error)
+from asymagent.chat.ebnf_text import repeated_root
 from asymagent.chat.schema_refs import ToolSchemaError, check_refs, has_refs, rebase_refs
 
 TOOL_CHOICES = ("required", "any")
+MAX_PARALLEL_CALLS = 8  # call objects one turn may hold when parallel tool calls are on
 
 
 def _tool_function(tool: dict) -> dict:
@@ -92,10 +97,17 @@ def hermes_wrapped(body):
                              xg.Grammar.from_ebnf('root ::= "\\n</tool_call>"'))
 
 
-def tool_call_grammar(schema_json: str, hermes: bool):
-    """Grammar of one call object (`tool_call_schema`), Hermes-wrapped when `hermes`."""
+def tool_call_grammar(schema_json: str, hermes: bool, max_calls: int = 1):
+    """Grammar of one call object (`tool_call_schema`), Hermes-wrapped when `hermes`; with
+    `max_calls` > 1, of 1..max_calls of them joined by `\n` (parallel calls)."""
+    import xgrammar as xg
+
     body = json_schema_grammar(json.loads(schema_json))
-    return hermes_wrapped(body) if hermes else body
+    if max_calls == 1:
+        return hermes_wrapped(body) if hermes else body
+    before, after = ("<tool_call>\n", "\n</tool_call>") if hermes else ("", "")
+    return xg.Grammar.from_ebnf(repeated_root(str(body), max_calls, separator="\n",
+                                              before=before, after=after))
 
 
 class ToolCallConstraint(GrammarConstraint):
@@ -104,20 +116,23 @@ class ToolCallConstraint(GrammarConstraint):
     tokenizer: the model's HF tokenizer; tools: OpenAI-style tools; tool_choice: "required",
     "any", a tool name, or {"type": "function", "function": {"name": ...}}; vocab_size: the
     model's logits size (may exceed len(tokenizer); extra ids are never allowed);
-    hermes: wrap in <tool_call> tags (default: detected from the chat template).
+    hermes: wrap in <tool_call> tags (default: detected from the chat template); parallel:
+    admit 1..MAX_PARALLEL_CALLS calls joined by newlines (default: exactly one).
     """
 
     @classmethod
-    def build_grammar(cls, schema_json: str, hermes: bool):
-        return tool_call_grammar(schema_json, hermes)
+    def build_grammar(cls, schema_json: str, hermes: bool, max_calls: int = 1):
+        return tool_call_grammar(schema_json, hermes, max_calls)
 
     def __init__(self, tokenizer, tools: list, tool_choice="required", *,
-                 vocab_size: int | None = None, hermes: bool | None = None):
+                 vocab_size: int | None = None, hermes: bool | None = None,
+                 parallel: bool = False):
         self.functions = selected_tools(tools, tool_choice)
         self.hermes = uses_hermes_format(tokenizer) if hermes is None else bool(hermes)
         self.schema = tool_call_schema(self.functions)
+        self.max_calls = MAX_PARALLEL_CALLS if parallel else 1
         try:
-            super().__init__(tokenizer, (json.dumps(self.schema), self.hermes),
+            super().__init__(tokenizer, (json.dumps(self.schema), self.hermes, self.max_calls),
                              vocab_size=vocab_size)
         except RuntimeError as exc:  # xgrammar refuses the schema (e.g. a `pattern` it cannot parse)
             raise ToolSchemaError(f"a tool's parameters schema cannot be compiled into a "

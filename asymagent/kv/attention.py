@@ -11,7 +11,7 @@ for a 3-token query over 2k cached positions.
 `use_gqa_attention(model)` switches a model that uses `sdpa` to this function ("asymagent_sdpa"
 in transformers' AttentionInterface); anything else (eager, flash, a model without grouped
 heads, single-token decode, position bias) goes through transformers' own sdpa unchanged.
-`python -m asymagent.evals.kv_probes attention` times one verify forward, sdpa vs this.
+`python -m asymagent.evals.probes.kv_probes attention` times one verify forward, sdpa vs this.
 """
 
 from __future__ import annotations

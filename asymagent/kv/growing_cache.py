@@ -18,7 +18,7 @@ by a `GrowingLayer`; sliding-window, chunked, hybrid, indexed and dummy layers s
 sliding layer keeps at most `sliding_window - 1` positions, so its cat is bounded anyway).
 Inference only: an update that needs autograd (inputs requiring grad) falls back to a cat.
 
-`python -m asymagent.evals.kv_probes growing-cache` times a full-context greedy decode on the
+`python -m asymagent.evals.probes.kv_probes growing-cache` times a full-context greedy decode on the
 embedded default, stock vs growing cache, interleaved A/B.
 """
 

@@ -1,0 +1,267 @@
+"""`asymagent eval SUITE`: run a long-horizon suite (or a traces JSONL) per mode; JSON + report.
+
+    asymagent eval records --modes full,compressed,spec,asym --episodes 2 --json out.json --report runs/rep
+    asymagent eval injection --episodes 4          # adds asym:acceptance=cda and asym:acceptance=cda,strict_prefix=16
+    asymagent eval my_traces.jsonl --modes full,asym
+    asymagent eval fusion --split test --episodes 3 --json f.json --report runs/fusion   # evals/running/fusion.py
+    asymagent eval records --episodes 40 --ray --json runs/r.json      # local Ray, one actor per CPU
+    asymagent eval records --episodes 500 --ray auto --json runs/r.json --resume   # a cluster
+
+Seeds: `--split dev` (default) takes the first N dev seeds, `--split test` the first N held-out
+test seeds (report numbers only; never tune on them), `--seeds 3,5` exact seeds.
+
+Suites run episode by episode (evals/running/episodes.py), locally or on Ray actors (evals/running/ray_eval.py);
+either way the same JSON comes out. `--jsonl` streams finished episodes to an episode log
+(evals/running/episode_log.py) and `--resume` skips the episodes already in it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import time
+from pathlib import Path
+
+from asymagent.evals.suites.environments import pick_seeds  # noqa: F401  (seed choice shared with eval fusion)
+
+DEFAULT_MODES = "full,compressed,spec,asym"
+# the relaxed (paper) gate, with and without strict acceptance for the first 16 tokens: the
+# default gate (greedy) cannot accept a token the fused target would not emit
+INJECTION_EXTRA = "asym:acceptance=cda,asym:acceptance=cda,strict_prefix=16"
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("suite", help="records | fs_audit | tickets | injection | PATH.jsonl or DIR (user traces) | "
+                                 "fusion (delta-fusion token by token, evals/running/fusion.py)")
+    p.add_argument("--modes", default=None,
+                   help=f"comma list (default {DEFAULT_MODES}; injection adds {INJECTION_EXTRA}); "
+                        "labels may carry SpecConfig overrides, e.g. asym:k=4,beta=0.5")
+    p.add_argument("--episodes", type=int, default=1, help="episodes (seeds) per suite")
+    p.add_argument("--split", choices=("dev", "test"), default="dev")
+    p.add_argument("--seeds", default=None, help="comma list of exact seeds (overrides --split/--episodes)")
+    p.add_argument("--max-steps", type=int, default=None, help="cap teacher-forced steps per episode")
+    p.add_argument("--max-new-tokens", type=int, default=96)
+    p.add_argument("--no-free-running", action="store_true", help="teacher-forced scoring only")
+    p.add_argument("--no-teacher-forced", action="store_true", help="free-running only (task success)")
+    p.add_argument("--json", metavar="PATH", help="write the results JSON here")
+    p.add_argument("--report", metavar="DIR", help="write report.md + PNG plots here")
+    p.add_argument("--verifier", default="default")
+    p.add_argument("--drafter", default=None, help="drafter .safetensors (default: the shipped one)")
+    p.add_argument("--compression", metavar="FILE", default=None,
+                   help="CompressionConfig YAML/JSON for the verifier's view (default: tool_output 64/32)")
+    p.add_argument("--quiet", action="store_true")
+    p.add_argument("--suites", default=None, help="eval fusion only: suites to measure (default all + domain:parcels)")
+    p.add_argument("--variants", default="beta=1", help="eval fusion only: ';'-separated fusion variants")
+    p.add_argument("--ray", nargs="?", const="", default=None, metavar="ADDRESS",
+                   help="run episodes on Ray actors: no ADDRESS starts a local Ray on this machine, "
+                        "`auto` or HOST:PORT or ray://HOST:10001 joins a cluster (pip install 'asymagent[ray]')")
+    p.add_argument("--workers", type=int, default=None,
+                   help="Ray actors, each loading the engine once (default: cluster CPUs / --worker-cpus)")
+    p.add_argument("--worker-cpus", type=float, default=1, help="CPUs (and torch threads) per Ray actor")
+    p.add_argument("--jsonl", metavar="PATH", default=None,
+                   help="episode log: each finished episode is appended here (default with --ray and --json: "
+                        "JSON path with .episodes.jsonl)")
+    p.add_argument("--resume", action="store_true",
+                   help="keep the episodes already in the episode log and run only the missing ones")
+
+
+def mode_labels(args) -> list:
+    """The mode labels to run: --modes, or the defaults (plus the gate variants for injection)."""
+    from asymagent.evals.running.runner import split_mode_labels
+
+    if args.modes is not None:  # given, even empty: never the defaults in its place
+        labels = split_mode_labels(args.modes)
+        if not labels:
+            raise ValueError(f"--modes {args.modes!r} names no mode; give e.g. full,asym "
+                             "(leave --modes out for the defaults)")
+        return labels
+    return split_mode_labels(DEFAULT_MODES + ("," + INJECTION_EXTRA if args.suite == "injection" else ""))
+
+
+def check_args(args) -> None:
+    """Refuse mistakes before any model loads (`asymagent` prints them on one line, exit 2)."""
+    import os
+
+    from asymagent.evals.suites.environments import SUITES
+    from asymagent.evals.running.runner import parse_mode
+    from asymagent.modeling.loading import check_drafter_source, check_model_source
+
+    if args.suite.endswith(".jsonl") or os.path.isdir(args.suite):
+        if not (os.path.isfile(args.suite) or os.path.isdir(args.suite)):
+            raise FileNotFoundError(f"trace file not found: {args.suite}")
+        from asymagent.evals.suites.traces import load_traces
+
+        load_traces(args.suite)  # a ValueError naming the file and line of a bad trace
+    elif args.suite not in SUITES and args.suite != "fusion":
+        raise ValueError(f"unknown suite {args.suite!r}; use one of {', '.join(SUITES)}, fusion or a "
+                         ".jsonl trace file")
+    if args.suite != "fusion":  # eval fusion reads --suites/--variants, not --modes
+        for label in mode_labels(args):
+            parse_mode(label)
+    pick_seeds(args.split, args.episodes, args.seeds)
+    if args.no_free_running and args.no_teacher_forced:
+        raise ValueError("nothing to run: both --no-free-running and --no-teacher-forced are set")
+    if args.max_new_tokens < 1:
+        raise ValueError(f"--max-new-tokens must be >= 1, got {args.max_new_tokens}")
+    if args.compression:
+        from asymagent.context.views import CompressionConfig
+
+        CompressionConfig.from_file(args.compression)
+    check_model_source(args.verifier)
+    if args.drafter:
+        check_drafter_source(args.drafter)
+    check_episode_args(args)
+
+
+def check_episode_args(args) -> None:
+    """--ray / --workers / --jsonl / --resume: suites only, sane numbers, Ray installed."""
+    from asymagent.evals.suites.environments import SUITES
+
+    if args.suite not in SUITES and (args.ray is not None or args.jsonl or args.resume):
+        raise ValueError("--ray, --jsonl and --resume run suite episodes; use them with "
+                         f"{', '.join(SUITES)}")
+    if args.workers is not None and args.workers < 1:
+        raise ValueError(f"--workers must be >= 1, got {args.workers}")
+    if args.worker_cpus <= 0:
+        raise ValueError(f"--worker-cpus must be > 0, got {args.worker_cpus}")
+    if args.resume and not log_path(args):
+        raise ValueError("--resume needs the episode log: give --jsonl PATH (or --json with --ray)")
+    if args.ray is not None:
+        from asymagent.evals.running.ray_eval import RayMissing, import_ray
+
+        try:
+            import_ray()
+        except RayMissing as exc:
+            raise ValueError(str(exc)) from None
+
+
+def log_path(args) -> str | None:
+    """--jsonl, or with --ray and --json the JSON path with .episodes.jsonl."""
+    if args.jsonl is None and args.ray is not None and args.json:
+        return str(Path(args.json).with_suffix(".episodes.jsonl"))
+    return args.jsonl
+
+
+def run_eval(engine, suite: str, labels: list, seeds: list, *, max_steps=None, max_new_tokens: int = 96,
+             free: bool = True, forced: bool = True, progress: bool = True) -> dict:
+    """{"suite", "seeds", "modes": {label: summary}, "per_step"} for a suite name or a traces path,
+    on an engine already built (locally, no episode log)."""
+    from asymagent.evals.running import runner
+    from asymagent.evals.suites.environments import SUITES
+
+    if suite.endswith(".jsonl") or Path(suite).is_dir():  # a trace file or a capture directory
+        from asymagent.evals.suites.traces import load_traces
+
+        results = runner.run_traces(engine, load_traces(suite), labels, max_new_tokens=max_new_tokens,
+                                    progress=progress)
+        return {"suite": suite, "seeds": [], "modes": {k: v.summary() for k, v in results.items()},
+                "per_step": {k: [s.to_dict() for s in v.steps] for k, v in results.items()}}
+    if suite not in SUITES:
+        raise ValueError(f"unknown suite {suite!r}; use one of {', '.join(SUITES)} or a .jsonl trace file")
+    from asymagent.evals.running.episodes import EpisodePlan, eval_result, run_episodes_local
+
+    plan = EpisodePlan(suite, tuple(labels), max_steps, max_new_tokens, forced, free)
+    result = eval_result(plan, seeds, run_episodes_local(engine, plan, seeds, progress=progress))
+    return {k: result[k] for k in ("suite", "seeds", "modes", "per_step")}
+
+
+def evaluate(spec, suite: str, labels: list, seeds: list, *, max_steps=None, max_new_tokens: int = 96,
+             free: bool = True, forced: bool = True, ray: bool = False, address: str | None = None,
+             workers: int | None = None, worker_cpus: float = 1, jsonl: str | None = None,
+             resume: bool = False, progress: bool = True) -> dict:
+    """The whole eval JSON (docs/architecture.md §6) for an EngineSpec: locally (one engine in
+    this process) or with `ray=True` on Ray actors (`address` None: a local Ray). `jsonl`: the
+    episode log to stream episodes into; `resume`: keep the episodes already there."""
+    from asymagent.evals.suites.environments import SUITES
+    from asymagent.evals.running.runner import parse_mode
+
+    t0 = time.perf_counter()
+    for label in labels:
+        parse_mode(label)  # fail on a bad label before loading models
+    if suite not in SUITES:
+        if ray or jsonl or resume:
+            raise ValueError("--ray, --jsonl and --resume work on suite episodes; score trace files without them")
+        setup = spec.build()
+        result = run_eval(setup.engine, suite, labels, seeds, max_steps=max_steps,
+                          max_new_tokens=max_new_tokens, free=free, forced=forced, progress=progress)
+        result.update(verifier=setup.verifier, drafter=setup.drafter, drafter_fallback=setup.fallback,
+                      split="dev", settings={"max_new_tokens": max_new_tokens, "max_steps": max_steps,
+                                             "free_running": free, "teacher_forced": forced,
+                                             "spec": setup.engine.spec.to_dict()})
+    else:
+        from dataclasses import asdict
+
+        from asymagent.evals.running.episode_log import EpisodeLog
+        from asymagent.evals.running.episodes import EpisodePlan, eval_result, run_episodes_local
+
+        plan = EpisodePlan(suite, tuple(labels), max_steps, max_new_tokens, forced, free)
+        if resume and not jsonl:
+            raise ValueError("--resume needs the episode log: give --jsonl PATH (or --json with --ray)")
+        log = EpisodeLog(jsonl, {**asdict(plan), "engine": asdict(spec)}, resume=resume) if jsonl else None
+        resumed = len(set(log.done) & set(seeds)) if log is not None else 0
+        if ray:
+            from asymagent.evals.running.ray_eval import run_episodes_ray
+
+            records = run_episodes_ray(spec, plan, seeds, address=address, workers=workers,
+                                       worker_cpus=worker_cpus, log=log, progress=progress)
+        else:
+            todo = [s for s in seeds if log is None or s not in log.done]
+            setup = spec.build() if todo else None
+            records = run_episodes_local(setup.engine if setup else None, plan, seeds,
+                                         engine_info=setup.describe() if setup else None, log=log,
+                                         progress=progress)
+        result = eval_result(plan, seeds, records)
+        ran_on = sorted({r["worker"] for r in records.values() if "worker" in r})
+        result["settings"].update(ray=None if not ray else {"address": address or "local", "workers": len(ran_on),
+                                                            "worker_cpus": worker_cpus},
+                                  resumed_episodes=resumed)
+    result["settings"]["total_wall_s"] = time.perf_counter() - t0
+    return result
+
+
+def main(args) -> int:
+    if args.suite == "fusion":
+        from asymagent.evals.running import fusion
+
+        args.suites = args.suites or fusion.DEFAULT_SUITES
+        return fusion.main(args)
+    from asymagent.evals.running.engine_setup import EngineSpec
+
+    labels = mode_labels(args)
+    seeds = pick_seeds(args.split, args.episodes, args.seeds)
+    compression = None
+    if args.compression:
+        from asymagent.context.views import CompressionConfig
+
+        compression = CompressionConfig.from_file(args.compression).model_dump(mode="json")
+    spec = EngineSpec(args.verifier, args.drafter, compression)
+    result = evaluate(spec, args.suite, labels, seeds, max_steps=args.max_steps,
+                      max_new_tokens=args.max_new_tokens, free=not args.no_free_running,
+                      forced=not args.no_teacher_forced, ray=args.ray is not None, address=args.ray or None,
+                      workers=args.workers, worker_cpus=args.worker_cpus, jsonl=log_path(args),
+                      resume=args.resume, progress=not args.quiet)
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(result, f, indent=2, default=str)
+    if args.report:
+        from asymagent.evals.bench.report import write_eval_report
+
+        print(write_eval_report(result, args.report))
+    if not args.quiet:
+        from rich.console import Console
+        from rich.table import Table
+
+        table = Table(title=f"asymagent eval {args.suite} ({result['split']} seeds {seeds})")
+        for col in ("mode", "task success", "step acc", "fidelity", "s", "accept", "attack"):
+            table.add_column(col)
+        for label, d in result["modes"].items():
+            table.add_row(label, _f(d["task_success"]), _f(d["step_accuracy"]), _f(d["fidelity_vs_full"]),
+                          _f(d["wall_s"]), _f(d["acceptance_rate"]) if d["drafted"] else "-",
+                          _f(d.get("attack_success_rate")))
+        Console().print(table)
+        print(f"drafter: {result['drafter']}")
+    return 0
+
+
+def _f(x) -> str:
+    return "-" if x is None else f"{x:.2f}"

@@ -1,0 +1,212 @@
+"""Turns streamed model text into OpenAI `delta` payloads: content, or tool calls as OpenAI sends them.
+
+The model's raw text arrives in pieces (one per decoding round). While it does not look like a
+tool call it is streamed as `delta.content`; once it does (it starts with `{` or `<tool_call>`,
+or a `<tool_call>` tag appears later), calls are streamed as `delta.tool_calls`: every entry has
+`index`; `id`, `type` and `function.name` come only in a call's first delta (with
+`arguments: ""`), then `function.arguments` string fragments follow. A call is recognised by the
+chat format's shape `{"name": "...", "arguments": <json>}` (optionally inside
+`<tool_call>...</tool_call>`).
+
+Held back while streaming, released by `finish(result)`: trailing whitespace and any suffix
+that could start a stop sequence or a `<tool_call>` tag (so a stop string the engine later
+trims is never sent), and trailing `}` of arguments (they may close the outer object). At the
+end the engine's `ChatResult` is authoritative: the rest of `result.text` and of each parsed
+call's arguments is sent, and calls never recognised while streaming are sent whole. What was
+sent cannot be retracted: if the model starts a call shape and then writes malformed JSON, the
+client has already seen that call's name (the engine reports it in `invalid_tool_calls`).
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import uuid
+
+TAG_OPEN, TAG_CLOSE = "<tool_call>", "</tool_call>"
+_CALL_HEAD = re.compile(r'\{\s*"name"\s*:\s*"((?:[^"\\]|\\.)*)"\s*,\s*"arguments"\s*:\s*')
+_DECODER = json.JSONDecoder()
+
+
+def new_call_id() -> str:
+    return "call_" + uuid.uuid4().hex[:24]
+
+
+def _held_suffix(text: str, needles: list[str]) -> int:
+    """Length of the longest suffix of `text` that is a proper prefix of one of `needles`."""
+    best = 0
+    for needle in needles:
+        for n in range(min(len(needle) - 1, len(text)), best, -1):
+            if text.endswith(needle[:n]):
+                best = n
+                break
+    return best
+
+
+class _Call:
+    def __init__(self, index: int, name: str, args_start: int):
+        self.index, self.name, self.args_start = index, name, args_start
+        self.sent_args = ""
+        self.value_end: int | None = None  # absolute end of the arguments JSON once complete
+
+
+class DeltaStreamer:
+    """Feed raw text with `push(text)`; close with `finish(result)`; both return delta dicts."""
+
+    def __init__(self, *, tools_enabled: bool, stop: list[str] | None = None,
+                 max_calls: int | None = None, call_id=None):
+        self.tools_enabled = tools_enabled
+        # call_id(index) -> the id of the call at `index` (the task's, so the streamed id is
+        # the one in the engine's result and the trace); a fresh id per call without one
+        self.call_id = call_id or (lambda index: new_call_id())
+        self.max_calls = max_calls  # parallel_tool_calls=false: 1 (later calls are dropped)
+        self.stop = list(stop or [])
+        self.text = ""
+        self.mode = "undecided" if tools_enabled else "content"
+        self.content_sent = ""
+        self.content_end = 0  # text[:content_end] is content; tool calls start after it
+        self.calls: list[_Call] = []
+        self.scan = 0  # where the next call object may start (tools mode)
+
+    # -- streaming ----------------------------------------------------------------------------
+    def push(self, piece: str) -> list[dict]:
+        self.text += piece
+        out: list[dict] = []
+        if self.mode == "undecided":
+            head = self.text.lstrip()
+            if not head or TAG_OPEN.startswith(head):
+                return out
+            if head.startswith("{") or head.startswith(TAG_OPEN):
+                self._enter_tools(len(self.text) - len(head))
+            else:
+                self.mode = "content"
+        if self.mode == "content":
+            out += self._content_step()
+        if self.mode == "tools":
+            out += self._tools_step()
+        return out
+
+    def _enter_tools(self, at: int) -> None:
+        self.mode = "tools"
+        self.content_end = at
+        self.scan = at
+
+    def _content_step(self) -> list[dict]:
+        if self.tools_enabled and TAG_OPEN in self.text:
+            self._enter_tools(self.text.index(TAG_OPEN))
+        body = self.text[: self.content_end] if self.mode == "tools" else self.text
+        for s in self.stop:  # never send a complete stop string (the engine trims it)
+            if s in body:
+                body = body[: body.index(s)]
+        if self.mode == "content":
+            needles = self.stop + ([TAG_OPEN] if self.tools_enabled else [])
+            body = body[: len(body) - _held_suffix(body, needles)]
+        body = body.rstrip()
+        if len(body) > len(self.content_sent) and body.startswith(self.content_sent):
+            delta, self.content_sent = body[len(self.content_sent):], body
+            return [{"content": delta}]
+        return []
+
+    def _tools_step(self) -> list[dict]:
+        out: list[dict] = []
+        while True:
+            if self.calls and self.calls[-1].value_end is None:
+                call = self.calls[-1]
+                out += self._stream_args(call)
+                if call.value_end is None:
+                    return out
+                self.scan = self._after_call(call.value_end)
+                continue
+            if self.max_calls is not None and len(self.calls) >= self.max_calls:
+                return out
+            pos = self._skip_to_object(self.scan)
+            if pos is None:
+                return out
+            m = _CALL_HEAD.match(self.text, pos)
+            if m is None:
+                return out  # incomplete head (or not a call: finish() sorts it out)
+            call = _Call(len(self.calls), json.loads('"' + m.group(1) + '"'), m.end())
+            self.calls.append(call)
+            out.append({"tool_calls": [{"index": call.index, "id": self.call_id(call.index),
+                                        "type": "function",
+                                        "function": {"name": call.name, "arguments": ""}}]})
+
+    def _skip_to_object(self, pos: int) -> int | None:
+        """Position of the next `{` after whitespace and tags, or None if not there yet."""
+        text = self.text
+        while pos < len(text):
+            if text[pos].isspace():
+                pos += 1
+            elif text.startswith(TAG_OPEN, pos):
+                pos += len(TAG_OPEN)
+            elif text.startswith(TAG_CLOSE, pos):
+                pos += len(TAG_CLOSE)
+            elif text[pos] == "{":
+                return pos
+            else:
+                return None
+        return None
+
+    def _after_call(self, value_end: int) -> int:
+        """Skip the outer object's closing brace after a call's arguments."""
+        pos = value_end
+        while pos < len(self.text) and self.text[pos].isspace():
+            pos += 1
+        if pos < len(self.text) and self.text[pos] == "}":
+            pos += 1
+        return pos
+
+    def _stream_args(self, call: _Call) -> list[dict]:
+        sub = self.text[call.args_start:]
+        if not call.sent_args and sub[:1].isspace():  # the head regex may end before a space
+            call.args_start += len(sub) - len(sub.lstrip())
+            sub = sub.lstrip()
+        try:
+            _, end = _DECODER.raw_decode(sub)
+            call.value_end = call.args_start + end
+            ready = sub[:end]
+        except json.JSONDecodeError:
+            ready = sub.rstrip().rstrip("}")  # trailing braces may close the outer object
+        return self._args_delta(call, ready)
+
+    def _args_delta(self, call: _Call, ready: str) -> list[dict]:
+        if len(ready) > len(call.sent_args) and ready.startswith(call.sent_args):
+            frag, call.sent_args = ready[len(call.sent_args):], ready
+            return [{"tool_calls": [{"index": call.index, "function": {"arguments": frag}}]}]
+        return []
+
+    # -- end of generation ----------------------------------------------------------------------
+    def finish(self, result) -> list[dict]:
+        """Release everything held back, reconciled with the engine's ChatResult."""
+        out: list[dict] = []
+        text = result.text or ""
+        if len(text) > len(self.content_sent) and text.startswith(self.content_sent):
+            out.append({"content": text[len(self.content_sent):]})
+            self.content_sent = text
+        final_calls = list(result.tool_calls or [])[: self.max_calls]
+        for i, tc in enumerate(final_calls):
+            args = tc["function"]["arguments"]
+            if not isinstance(args, str):
+                args = json.dumps(args)
+            if i < len(self.calls):
+                call = self.calls[i]
+                if args.startswith(call.sent_args):
+                    out += self._args_delta(call, args)
+                elif call.value_end is not None:
+                    out += self._args_delta(call, self.text[call.args_start:call.value_end])
+                continue
+            out.append({"tool_calls": [{"index": i, "id": tc.get("id") or self.call_id(i),
+                                        "type": "function",
+                                        "function": {"name": tc["function"]["name"],
+                                                     "arguments": args}}]})
+        # Calls the client saw a name for but the engine could not parse: send the raw rest.
+        for call in self.calls[len(final_calls):]:
+            raw = self.text[call.args_start:].rstrip()
+            raw = raw[: -len(TAG_CLOSE)].rstrip() if raw.endswith(TAG_CLOSE) else raw
+            raw = raw[:-1] if raw.endswith("}") and call.value_end is None else raw
+            out += self._args_delta(call, raw)
+        return out
+
+    @property
+    def sent_tool_calls(self) -> bool:
+        return bool(self.calls)

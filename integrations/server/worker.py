@@ -1,0 +1,330 @@
+"""The engine worker: one thread owns the Engine and serves a bounded queue of generation jobs.
+
+Generation is compute-bound (2 CPU cores), so requests run one at a time on a single worker
+thread; everything that touches the engine or its tokenizer happens on that thread (HF fast
+tokenizers are not safe to mutate from two threads). The asyncio side submits a `GenerationJob`
+(one `Task`: a chat turn, a text completion, a Responses turn) and reads its events from an
+`asyncio.Queue` fed with `loop.call_soon_threadsafe`:
+
+  Started           the prompt fits and generation is under way (sent with the first tokens)
+  TextDelta(text)   newly decoded text after a decoding round (never a split UTF-8 character)
+  Finished(result)  the engine's result (finish_reason "cancelled" if it was stopped)
+  Failed(...)       an error to answer with (status + OpenAI error fields; errors.py)
+
+A full queue raises `QueueFull` at submit time (-> HTTP 429). Cancellation (client disconnect)
+and the request deadline are checked by the engine callback after every round, so a dropped
+stream stops generating at the next round.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import math
+import queue
+import threading
+import time
+import traceback
+from dataclasses import dataclass, field
+from typing import Any, Callable, Protocol
+
+from asymagent.chat.schema_refs import ToolSchemaError
+from asymagent.integrations.server.errors import Failed
+
+log = logging.getLogger("asymagent.server")
+
+
+class QueueFull(Exception):
+    """The worker's queue is at capacity (answered with 429)."""
+
+
+@dataclass
+class Started:
+    prompt_tokens: int
+
+
+@dataclass
+class TextDelta:
+    text: str
+    tokens: int = 0  # tokens generated so far (the text covers them, minus held-back bytes)
+
+
+@dataclass
+class Finished:
+    result: Any  # asymagent.engine.ChatResult
+    timed_out: bool = False
+
+
+class Task(Protocol):
+    """What a job runs on the worker thread (chat.ChatTask, completions.CompletionTask)."""
+
+    cache_key: str  # the engine cache session (dropped when the generation is cut short)
+    max_new_tokens: int
+    where: str  # the request field holding the prompt ("messages", "prompt", "input")
+
+    def prompt_tokens(self, engine, chat_format) -> int:
+        """Full-view prompt length; raises ValueError/TypeError/KeyError for a refused input."""
+
+    def run(self, engine, callback):
+        """Generate; `callback(new_ids) -> bool` after every round (False stops)."""
+
+    def record(self, trace_writer, engine, result) -> None:
+        """Capture the finished request (asymagent.trace_capture.TraceWriter)."""
+
+
+@dataclass
+class GenerationJob:
+    """One request for the worker: its task plus bookkeeping."""
+
+    task: Task
+    loop: asyncio.AbstractEventLoop
+    deadline: float  # time.monotonic() after which the job is cut off
+    events: asyncio.Queue = field(default_factory=asyncio.Queue)
+    cancel: threading.Event = field(default_factory=threading.Event)
+    received: float = field(default_factory=time.monotonic)
+    started: float | None = None
+    first_token: float | None = None
+    finished: float | None = None
+    checked_at: float = 0.0  # last client-disconnect check (asyncio side)
+
+    def emit(self, event) -> None:
+        """Thread-safe: hand an event to the asyncio side (ignored once the loop is gone)."""
+        try:
+            self.loop.call_soon_threadsafe(self.events.put_nowait, event)
+        except RuntimeError:  # event loop closed: the server is shutting down
+            pass
+
+
+class IncrementalDetokenizer:
+    """Decode a growing token list into text deltas without splitting multi-byte characters.
+
+    vLLM's incremental scheme: decode a short window `ids[prefix:read]` and the same window
+    extended by the new tokens `ids[prefix:]`; the delta is what the extension added. Both
+    decodes start at the same token, so tokenizer quirks at a window's start (a SentencePiece
+    leading space) cancel out, and each round costs O(window), not O(response). While the
+    extension ends in U+FFFD (an incomplete UTF-8 sequence) nothing is emitted and the window
+    is kept, so the held bytes come out once the character is complete.
+    """
+
+    def __init__(self, tokenizer):
+        self.tokenizer = tokenizer
+        self.ids: list[int] = []
+        self.prefix = 0  # window start
+        self.read = 0  # tokens up to here have been emitted as text
+
+    def _decode(self, ids: list[int]) -> str:
+        return self.tokenizer.decode(ids, skip_special_tokens=True)
+
+    def feed(self, new_ids: list[int]) -> str:
+        self.ids.extend(int(i) for i in new_ids)
+        before = self._decode(self.ids[self.prefix:self.read])
+        after = self._decode(self.ids[self.prefix:])
+        if len(after) <= len(before) or after.endswith("\ufffd"):
+            return ""
+        self.prefix, self.read = self.read, len(self.ids)
+        return after[len(before):]
+
+
+def count_prompt_tokens(chat_format, messages: list[dict], tools: list[dict] | None) -> int:
+    """Full-view prompt length (what the drafter reads; the verifier's view is never longer)."""
+    return len(chat_format.render_ids(messages, tools=tools, add_generation_prompt=True))
+
+
+def context_limit(engine) -> int | None:
+    """Smallest max_position_embeddings of the models the engine runs (None if unknown)."""
+    limits = []
+    for name in ("verifier", "drafter"):
+        model = getattr(engine, name, None)
+        limit = getattr(getattr(model, "config", None), "max_position_embeddings", None)
+        if limit:
+            limits.append(int(limit))
+    return min(limits) if limits else None
+
+
+class EngineWorker:
+    """One thread, one engine, a bounded FIFO of jobs; see the module docstring."""
+
+    def __init__(self, engine, *, max_queue: int = 16, metrics=None,
+                 observe: Callable[[GenerationJob, Any], None] | None = None):
+        if max_queue < 1:
+            raise ValueError(f"max_queue must be >= 1, got {max_queue}")
+        self.engine = engine
+        self.metrics = metrics
+        self.observe = observe
+        self.max_context = context_limit(engine)
+        self._queue: queue.Queue = queue.Queue(maxsize=max_queue)
+        self._thread: threading.Thread | None = None
+        self._lock = threading.Lock()
+        self._chat_format = None  # built on the worker thread (it uses the tokenizer)
+        self._current: GenerationJob | None = None  # the job being generated, if any
+        self._service_s = 0.0  # moving average of a generation's duration (for Retry-After)
+
+    # -- lifecycle --------------------------------------------------------------------------
+    def start(self) -> None:
+        with self._lock:
+            if self._thread is None or not self._thread.is_alive():
+                self._thread = threading.Thread(target=self._run, name="asymagent-engine",
+                                                daemon=True)
+                self._thread.start()
+
+    def stop(self, timeout: float = 30.0) -> None:
+        """Cancel queued jobs and stop the thread after the running job's next round."""
+        with self._lock:
+            thread, self._thread = self._thread, None
+        while True:
+            try:
+                job = self._queue.get_nowait()
+            except queue.Empty:
+                break
+            if job is not None:
+                job.cancel.set()
+                job.emit(Failed(503, "server is shutting down", "server_error"))
+        current = self._current
+        if current is not None:
+            current.cancel.set()  # stops at its next round
+        if thread is not None:
+            self._queue.put(None)
+            thread.join(timeout)
+
+    @property
+    def depth(self) -> int:
+        return self._queue.qsize()
+
+    def retry_after_s(self) -> int:
+        """Seconds a client refused with 429 should wait: the queue's expected drain time
+        (depth x the moving average of a generation's duration), at least 1, at most 60."""
+        return max(1, min(60, math.ceil(self._service_s * (self.depth + 1))))
+
+    # -- submission (asyncio side) ------------------------------------------------------------
+    def submit(self, job: GenerationJob) -> None:
+        self.start()
+        try:
+            self._queue.put_nowait(job)
+        except queue.Full:
+            raise QueueFull(f"the server queue is full ({self._queue.maxsize} requests waiting); "
+                            "retry later") from None
+        if self.metrics is not None:
+            self.metrics.waiting.labels(self.metrics.model_name).set(self._queue.qsize())
+
+    # -- worker thread ------------------------------------------------------------------------
+    def _run(self) -> None:
+        while True:
+            job = self._queue.get()
+            if job is None:
+                return
+            if self.metrics is not None:
+                self.metrics.waiting.labels(self.metrics.model_name).set(self._queue.qsize())
+            self._current = job
+            try:
+                self._process(job)
+            except Exception as exc:  # worker bug: answer 500 without internals, keep serving
+                log.error("generation failed: %s\n%s", exc, traceback.format_exc())
+                job.emit(Failed(500, f"internal error ({type(exc).__name__}); the server log "
+                                     "has the details", "server_error"))
+            finally:
+                self._current = None
+
+    def _process(self, job: GenerationJob) -> None:
+        if job.cancel.is_set():  # client left while queued
+            return
+        job.started = time.monotonic()
+        if job.started > job.deadline:
+            job.emit(Failed(504, "request timed out while waiting in the queue",
+                            "timeout_error", code="timeout"))
+            return
+        admitted = self._admit(job.task)
+        if isinstance(admitted, Failed):
+            job.emit(admitted)
+            return
+        self._generate(job, admitted)
+
+    def _admit(self, task: Task) -> int | Failed:
+        """The prompt's length, or the 400 for a prompt that is refused or does not fit."""
+        where = task.where
+        try:
+            if self._chat_format is None:
+                from asymagent.chat.chat_format import ChatFormat
+
+                self._chat_format = getattr(self.engine, "chat_format", None) or \
+                    ChatFormat(self.engine.tokenizer)
+            prompt_tokens = task.prompt_tokens(self.engine, self._chat_format)
+        except (ValueError, TypeError, KeyError, RecursionError) as exc:  # the input was refused
+            what = "messages or tools" if where == "messages" else where
+            return Failed(400, f"invalid {what}: {exc}", param=where)
+        max_new = task.max_new_tokens
+        if self.max_context is not None and prompt_tokens + max_new > self.max_context:
+            requested = prompt_tokens + max_new
+            return Failed(400, f"This model's maximum context length is {self.max_context} "
+                               f"tokens. However, you requested {requested} tokens "
+                               f"({prompt_tokens} in the {where}, {max_new} in the completion). "
+                               f"Please reduce the length of the {where} or completion.",
+                          param=where, code="context_length_exceeded")
+        return prompt_tokens
+
+    def _generate(self, job: GenerationJob, prompt_tokens: int) -> None:
+        detok = IncrementalDetokenizer(self.engine.tokenizer)
+        timed_out = False
+        started = False
+
+        def announce() -> None:
+            # Started goes out with the first tokens (or the result), not before the engine
+            # call: an error the engine raises up front is still answered with a proper status.
+            nonlocal started
+            if not started:
+                started = True
+                job.emit(Started(prompt_tokens))
+
+        def callback(new_ids) -> bool:
+            nonlocal timed_out
+            announce()
+            if job.first_token is None and len(new_ids):
+                job.first_token = time.monotonic()
+            text = detok.feed(list(new_ids))
+            if text:
+                job.emit(TextDelta(text, tokens=len(detok.ids)))
+            if job.cancel.is_set():
+                return False
+            if time.monotonic() > job.deadline:
+                timed_out = True
+                return False
+            return True
+
+        result, failed = self._run_task(job.task, callback)
+        if failed is not None or job.cancel.is_set() or timed_out:
+            # A generation cut short (client gone, deadline) or failed leaves its conversation's
+            # caches holding tokens nobody will extend, or in an unknown state: free them.
+            self.engine.caches.drop(job.task.cache_key)
+        if failed is not None:
+            job.emit(failed)
+            return
+        self._service_s = 0.8 * self._service_s + 0.2 * (time.monotonic() - job.started)
+        job.finished = time.monotonic()
+        if job.first_token is None and result.token_ids:
+            job.first_token = job.finished
+        if job.cancel.is_set():
+            if self.metrics is not None:
+                self.metrics.abort(len(result.token_ids))
+        elif self.observe is not None:
+            self.observe(job, result)
+        announce()
+        job.emit(Finished(result, timed_out=timed_out))
+
+    def _run_task(self, task: Task, callback) -> tuple[Any, Failed | None]:
+        """(result, None), or (None, the error to answer with) when the engine refused or failed."""
+        if self.metrics is not None:
+            self.metrics.running.labels(self.metrics.model_name).set(1)
+        try:
+            return task.run(self.engine, callback), None
+        except ToolSchemaError as exc:  # a forced call's schema the grammar cannot serve
+            return None, Failed(400, str(exc), param="tools", code="invalid_schema")
+        except ValueError as exc:  # other bad input the engine found
+            message = str(exc)
+            param = next((f for f in ("response_format", "logit_bias") if f in message), None)
+            return None, Failed(400, message, param=param)
+        except Exception as exc:  # engine bug: logged in full, answered without internals
+            log.error("generation failed: %s\n%s", exc, traceback.format_exc())
+            return None, Failed(500, f"internal error during generation ({type(exc).__name__}); "
+                                     "the server log has the details", "server_error")
+        finally:
+            if self.metrics is not None:
+                self.metrics.running.labels(self.metrics.model_name).set(0)
