@@ -51,7 +51,7 @@ def test_engine_figures_on_cpu_smoke(tmp_path):
     for key in ("eager_forward_ms", "graph_forward_ms", "full_ms_per_token", "spec_ms_per_token",
                 "asym_ms_per_token", "full_ms_per_token_eager", "spec_acceptance_per_token"):
         assert out[key] > 0, key
-    assert 0.4 < out["drafter_agreement"] < 0.95  # the calibrated head noise (target 0.75)
+    assert 0.4 < out["drafter_agreement"] < 0.95  # the calibrated head noise (target 0.70)
     assert out["full_eager_tokens_equal_full"] and out["spec_tokens_equal_full"]  # greedy, fp32
     assert out["asym_view_tokens"] == 556 and out["prompt_tokens"] == 300
     assert json.loads((tmp_path / "part.json").read_text())["engine"]["repeats_done"] == 1
