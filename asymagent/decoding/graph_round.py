@@ -78,10 +78,10 @@ class GraphRound:
         self.rounds = 0  # rounds served (tests and benches read it)
 
     # ------------------------------------------------------------------ eligibility
-    def usable(self, rule: str) -> bool:
-        """Whether this round can run here (else the step-by-step round runs)."""
+    def usable(self, rule) -> bool:
+        """Whether a round of `rule` (a RoundRule) can run here (else the step-by-step round runs)."""
         d = self.decoder
-        if rule not in RULES or d.constraint is not None or d.logprobs is not None:
+        if rule.acceptance.rule not in RULES or d.constraint is not None or d.logprobs is not None:
             return False
         if d.processors.penalises or (d.processors.truncates and d.temperature > 0.0):
             return False
@@ -94,9 +94,11 @@ class GraphRound:
 
     # ------------------------------------------------------------------ the round
     @torch.inference_mode()
-    def spec_round(self, budgets: dict, *, rule: str, beta: float, gamma: float,
-                   fuse_bonus: bool = True) -> RoundOutcome | None:
-        """Decoder.spec_round's round on the device; None if this round is not served here."""
+    def spec_round(self, budgets: dict, rule) -> RoundOutcome | None:
+        """Decoder.spec_round's round on the device; None if this round is not served here.
+
+        `rule` is the round's RoundRule (asymagent/decoding/round.py): the resolved acceptance
+        (asymagent/decoding/plan.py `Acceptance`), beta, gamma, fuse_bonus."""
         d = self.decoder
         if not self.usable(rule):
             return None
@@ -106,17 +108,15 @@ class GraphRound:
             if isinstance(source, ModelDrafter):
                 if k < 1:
                     continue
-                outcome = self._round(k, None, source, rule=rule, beta=beta, gamma=gamma,
-                                      fuse_bonus=fuse_bonus, t0=t0)
+                outcome = self._round(k, None, source, rule=rule, t0=t0)
             else:
                 drafts = source.propose(k)
                 if not drafts:
                     continue
-                outcome = self._round(len(drafts), drafts, None, rule=rule, beta=beta,
-                                      gamma=gamma, fuse_bonus=fuse_bonus, t0=t0)
+                outcome = self._round(len(drafts), drafts, None, rule=rule, t0=t0)
             source.update(outcome)
             return outcome
-        return d.plain_step(beta if fuse_bonus else 0.0)
+        return d.plain_step(rule.beta if rule.fuse_bonus else 0.0)
 
     def _call(self, key: tuple, fn, kvs: list) -> CapturedCall:
         generations = tuple(kv.generation for kv in kvs)
@@ -125,9 +125,10 @@ class GraphRound:
             self.calls[key] = (CapturedCall(fn, kvs, self.capture, device), generations)
         return self.calls[key][0]
 
-    def _round(self, k: int, copied: Drafts | None, drafter: ModelDrafter | None, *, rule: str,
-               beta: float, gamma: float, fuse_bonus: bool, t0: float) -> RoundOutcome:
+    def _round(self, k: int, copied: Drafts | None, drafter: ModelDrafter | None, *, rule,
+               t0: float) -> RoundOutcome:
         d = self.decoder
+        acc = rule.acceptance
         fused, has_base = bool(d.fused), d.fused and d.base is not None
         bonus = drafter is not None and drafter.bonus_row
         sampled = d.temperature > 0.0
@@ -156,13 +157,14 @@ class GraphRound:
         noise = {"gumbel": None, "uniform": None, "expo": None}
         if sampled:
             noise["gumbel"] = d.noise.gumbel_rows(position, k + 1).to(device)  # [K+1, V]
-            if rule == "exact":
+            if acc.gate_noise:
                 gn = d.noise.gate_noise(position, k)
                 noise["uniform"] = gn.uniform.to(device)  # [1, K]
                 noise["expo"] = gn.exponential.to(device)  # [1, V]
-        gate = dict(k=k, rule=rule, temperature=temperature, beta=float(beta),
-                    gamma=float(gamma), fuse_bonus=bool(fuse_bonus), fused=fused,
-                    has_base=has_base)
+        gate = dict(k=k, gate=acc.gate, perturbed=bool(acc.perturb),
+                    gate_noise=bool(acc.gate_noise), temperature=temperature,
+                    beta=float(rule.beta), gamma=float(rule.gamma),
+                    fuse_bonus=bool(rule.fuse_bonus), fused=fused, has_base=has_base)
         hidden = proposal = None
         if drafter is not None:
             draft_fn = functools.partial(self._draft_body, k=k, temperature=temperature,
@@ -238,9 +240,10 @@ class GraphRound:
                                  proposal=proposal, hidden=hidden, copy_rows=None,
                                  gumbel=gumbel, uniform=uniform, expo=expo, **gate)
 
-    def _verify_body(self, *, k: int, rule: str, temperature: float, beta: float, gamma: float,
-                     fuse_bonus: bool, fused: bool, has_base: bool, tok_v, tok_d, tok_b, drafts,
-                     proposal, hidden, copy_rows, gumbel, uniform, expo) -> torch.Tensor:
+    def _verify_body(self, *, k: int, gate: str, perturbed: bool, gate_noise: bool,
+                     temperature: float, beta: float, gamma: float, fuse_bonus: bool, fused: bool,
+                     has_base: bool, tok_v, tok_d, tok_b, drafts, proposal, hidden, copy_rows,
+                     gumbel, uniform, expo) -> torch.Tensor:
         """Verify K+1, base pass, gate: [K drafts, n, next token, K+1 JSD] as float64. Device only."""
         d = self.decoder
         head = d.head
@@ -266,15 +269,14 @@ class GraphRound:
             else:
                 a = head.full_logits(hidden)  # [K+1, V]
         noise = None
-        if gumbel is not None and rule in ("coupled", "greedy"):
+        if perturbed:  # coupled / greedy at T > 0: the target rows' Gumbel-max (Acceptance)
             v = perturb(v, temperature, gumbel)  # [K+1, V]
-            rule = "greedy"
-        elif gumbel is not None and rule == "exact":
+        elif gate_noise:  # exact at T > 0: keyed uniforms and exponentials
             noise = GateNoise(uniform=uniform, exponential=expo)
         result = fused_gate(v[None], None if a is None else a[None],
                             None if b is None else b[None], drafts.view(1, k),
                             beta=beta if fused else 0.0, gamma=gamma if fused else 1.0,
-                            acceptance=rule, temperature=temperature, noise=noise,
+                            acceptance=gate, temperature=temperature, noise=noise,
                             proposal_logits=proposal[None], fuse_bonus=fuse_bonus)
         return torch.cat([drafts.double(), result.num_accepted.double(),
                           result.next_token.double(), result.jsd[0].double()])  # [2K+3]

@@ -178,8 +178,7 @@ class Decoder:
         as the plan resolved it (asymagent/decoding/plan.py) and the gate's beta and gamma.
         """
         if self.graph_round is not None:  # the whole round on the device (graph_round.py)
-            outcome = self.graph_round.spec_round(budgets, rule=rule, beta=beta, gamma=gamma,
-                                                  fuse_bonus=fuse_bonus)
+            outcome = self.graph_round.spec_round(budgets, rule)
             if outcome is not None:
                 return outcome
         # 1. Draft d_1..d_K on the full view: the first drafter with a proposal wins.
