@@ -48,6 +48,7 @@ class StaticKVOptions:
 
     graphs: bool = False  # capture CUDA graphs (CUDA only) for forwards of <= max_graph_tokens
     max_graph_tokens: int = 16  # K+1 verify rows up to K = 15; prefill chunks stay eager
+    compile: bool = False  # torch.compile those forwards instead (CPU; asymagent/kv/compiled_forward.py)
 
 
 def static_kv_unsupported(model: torch.nn.Module) -> str | None:
@@ -209,6 +210,10 @@ class StaticKV(Cache):
 
                 self.graphs = GraphSet(self)
             out = self.graphs.replay(cpu_ids, head)
+        elif self.options.compile and t <= self.options.max_graph_tokens:
+            from asymagent.kv.compiled_forward import compiled_step
+
+            out = compiled_step(self, cpu_ids.to(self.device), head)
         else:
             out = self.step(cpu_ids.to(self.device), head)
         self.seen += t
@@ -217,12 +222,13 @@ class StaticKV(Cache):
 
 
 def static_roles(models: dict, device: torch.device, *, static_kv: bool = False,
-                 cuda_graphs: bool | None = None) -> dict:
+                 cuda_graphs: bool | None = None, compile: bool = False) -> dict:
     """role -> StaticKVOptions for the roles that use a StaticKV (Engine's switch).
 
     `cuda_graphs=None` reads ASYMAGENT_CUDA_GRAPHS (1/true/on) for a CUDA engine and is off on
     CPU; True on a CPU engine is an error. `static_kv=True` alone runs the static-shape forwards
-    eagerly (any device; what CPU tests use). A model the static cache cannot serve keeps the
+    eagerly (any device; what CPU tests use); `compile=True` runs them through torch.compile
+    (asymagent/kv/compiled_forward.py, the CPU decode path). A model the static cache cannot serve keeps the
     dynamic cache, with a warning naming the reason.
     """
     if cuda_graphs is None:
@@ -230,9 +236,9 @@ def static_roles(models: dict, device: torch.device, *, static_kv: bool = False,
         cuda_graphs = device.type == "cuda" and env in ("1", "true", "on", "yes")
     if cuda_graphs and device.type != "cuda":
         raise ValueError(f"cuda_graphs=True needs models on a CUDA device, these are on {device}")
-    if not (static_kv or cuda_graphs):
+    if not (static_kv or cuda_graphs or compile):
         return {}
-    options = StaticKVOptions(graphs=bool(cuda_graphs))
+    options = StaticKVOptions(graphs=bool(cuda_graphs), compile=bool(compile) and not cuda_graphs)
     roles = {}
     for role, model in models.items():
         reason = static_kv_unsupported(model)
