@@ -29,7 +29,7 @@ import torch
 
 from asymagent.chat.chat_format import ChatFormat
 from asymagent.chat.conversation import Conversation, ConversationStore
-from asymagent.chat.session import chat_result, prepare_chat
+from asymagent.chat.session import chat_result, prepare_chat, recall_step
 from asymagent.decoding.copy_delta import CopyDelta
 from asymagent.decoding.flops import FlopCounter
 from asymagent.decoding.logprobs import LogprobRecorder, score_tokens
@@ -45,6 +45,7 @@ from asymagent.decoding.suffix_store import SuffixStore
 from asymagent.fair_lock import FairLock
 from asymagent.kv.attention import use_gqa_attention
 from asymagent.kv.cache import CacheStore, View, ViewCache
+from asymagent.modeling.cpu_dtype import runtime_info
 from asymagent.request import GenerationRequest
 from asymagent.results import ChatResult, GenerationResult  # noqa: F401  (old import path)
 from asymagent.spec_config import SpecConfig, mode_of
@@ -76,10 +77,12 @@ class Engine:
                  compression=None, draft_vocab: torch.Tensor | None = None,
                  max_sessions: int = 4, suffix_store: SuffixStore | None = None,
                  verifier_fingerprint: str | None = None, static_kv: bool = False,
-                 cuda_graphs: bool | None = None) -> None:
+                 cuda_graphs: bool | None = None, compile: bool = False) -> None:
         """`cuda_graphs`: decode with static KV caches and CUDA-graph captured forwards
         (asymagent/kv/static_cache.py); None reads ASYMAGENT_CUDA_GRAPHS on CUDA, off on CPU.
-        `static_kv`: the static caches without graphs (any device)."""
+        `static_kv`: the static caches without graphs (any device). `compile`: static caches
+        whose decode and verify forwards run through torch.compile (the CPU decode path,
+        asymagent/kv/compiled_forward.py; eager fallback when compilation fails)."""
         self.verifier = verifier.eval()
         self.drafter = drafter.eval() if drafter is not None else None
         for model in (self.verifier, self.drafter):  # verify forwards read grouped KV in place
@@ -117,7 +120,9 @@ class Engine:
         from asymagent.kv.static_cache import static_roles  # transformers' cache classes
 
         self.static_roles = static_roles(roles, self.device, static_kv=static_kv,
-                                         cuda_graphs=cuda_graphs)
+                                         cuda_graphs=cuda_graphs, compile=compile)
+        # dtype, automatic dtype and CPU matrix units (banner, --version, /version)
+        self.runtime = runtime_info(verifier) | {"compile": bool(compile)}
         self.caches = CacheStore(roles, max_sessions=max_sessions, static=self.static_roles)
         self._chat_format: ChatFormat | None = None  # built on first use (`chat_format`)
         self._format_lock = threading.Lock()  # builds chat_format once (not the request lock)
@@ -144,7 +149,7 @@ class Engine:
     # ------------------------------------------------------------------ constructors
     @classmethod
     def from_pretrained(cls, verifier, drafter=None, spec: SpecConfig | None = None,
-                        compression=None, *, dtype: torch.dtype = torch.float32,
+                        compression=None, *, dtype: torch.dtype | str = torch.float32,
                         device: str | torch.device | None = None, config=None, **kw) -> "Engine":
         """Load verifier (and drafter) with asymagent.modeling.loading.load_model (id, dir or GGUF).
 
@@ -176,12 +181,14 @@ class Engine:
 
     @classmethod
     def from_default(cls, spec: SpecConfig | None = None, compression=None, *, config=None,
-                     dtype: torch.dtype = torch.float32, device: str | torch.device | None = None,
+                     dtype: torch.dtype | str = torch.float32, device: str | torch.device | None = None,
                      **kw) -> "Engine":
         """The embedded pair: SmolLM2-135M-Instruct verifier + the project's trained drafter.
 
         `compression=None` means the default CompressionConfig (as everywhere in asymagent.context.views).
-        `dtype` and `device` place both models (the drafter follows the verifier's dtype).
+        `dtype` and `device` place both models (the drafter follows the verifier's dtype); a
+        `--dtype` name works too ("auto": bfloat16 on a CPU with bf16 matrix units, float32
+        elsewhere; "int8": quantised decoder linears; asymagent/modeling/cpu_dtype.py).
         `config`: a config file (asymagent/config_file.py, e.g. what `asymagent tune` writes)
         supplying `spec` and `compression` where they are not given.
         """
@@ -445,4 +452,7 @@ class Engine:
             turn = prepare_chat(self, messages, request)
             result = self._generate(turn.full_ids, turn.compressed_ids, request,
                                     constraint=turn.constraint)
+            result = recall_step(self, turn, request, result,  # CompressionConfig.max_recalls
+                                 lambda ids: self._generate(turn.full_ids, ids, request,
+                                                            constraint=turn.constraint))
             return chat_result(self, turn, result)

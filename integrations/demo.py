@@ -169,12 +169,14 @@ def main(args) -> int:
                   f"mode={args.mode} steps={total}")
     console.print(f"Task: {task.user_prompt}")
     console.print(NOTE)
+    from asymagent.modeling.cpu_dtype import describe
+
     t0 = time.perf_counter()
     engine, drafter_desc = load_engine(console, args.k)
     console.print(f"Engine: SmolLM2-135M-Instruct verifier + {drafter_desc}; "
                   f"loaded in {time.perf_counter() - t0:.1f} s; SpecConfig k={engine.spec.k} "
                   f"beta={engine.spec.beta} acceptance={engine.spec.acceptance} "
-                  f"lookup_ngram={engine.spec.lookup_ngram}\n")
+                  f"lookup_ngram={engine.spec.lookup_ngram}; {describe(engine.runtime)}\n")
 
     def live_table(stats, labels, agrees):
         # the same table as the final one (same columns), fitted to the terminal's width

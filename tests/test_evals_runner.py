@@ -120,6 +120,23 @@ def test_traces_and_report(tiny_engine, tmp_path):
     md = write_eval_report(result, tmp_path / "rep")
     text = md.read_text()
     assert "| `asym` |" in text and "step acc" in text
+    # issue 27: the traces' own ids, not "seed 0/1, step 0"; no suite-only columns
+    ids = [ex.id for ex in traces_from_episode(task, history)[:2]]
+    assert result["trace_ids"] == ids == result["modes"]["asym"]["per_step_trace_id"]
+    assert [s["trace_id"] for s in result["per_step"]["asym"]] == ids
+    assert all(s["seed"] is None and s["step"] is None for s in result["per_step"]["asym"])
+    assert "(2 trace steps)" in text and "seeds" not in text
+    assert "task success" not in text and "attack" not in text
+    assert all(f"| {i} |" in text for i in ids)
+    from asymagent.evals.running.cli import summary_tables
+    from rich.console import Console
+
+    console = Console(width=120, record=True, color_system=None)
+    for table in summary_tables(result):
+        console.print(table)
+    shown = console.export_text()
+    assert all(i in shown for i in ids) and "attack" not in shown and "task success" not in shown
+    assert "seeds" not in shown
     for name in ("cumulative_latency", "acceptance_by_position", "accuracy_vs_compression"):
         assert (tmp_path / "rep" / f"t_{name}.png").stat().st_size > 1000  # a real PNG, not empty
 

@@ -179,13 +179,15 @@ def top_level_imports(path: Path) -> set:
     return found
 
 
-OPTIONAL_DEPENDENCIES = {"ray": {"asymagent.evals.running.ray_eval"}}  # extra -> the modules that may import it
+# extra -> the modules that may import it (eval --ray; serve --ray, reached only with --ray)
+OPTIONAL_DEPENDENCIES = {"ray": {"asymagent.evals.running.ray_eval"} | {
+    f"asymagent.integrations.ray_serve.{m}" for m in ("ingress", "launch", "replica", "router")}}
 
 
 @pytest.mark.parametrize("package", sorted(OPTIONAL_DEPENDENCIES))
 def test_optional_dependencies_stay_optional(package):
-    """Ray (`pip install 'asymagent[ray]'`) is imported by evals/running/ray_eval.py only, never by the
-    core or anything a plain install imports."""
+    """Ray (`pip install 'asymagent[ray]'`) is imported by evals/running/ray_eval.py and
+    integrations/ray_serve/ only, never by the core or anything a plain install imports."""
     users = {m for m, path in MODULES.items() if package in top_level_imports(path)}
     assert not {m for m in users if layer(m) == "core"}, f"the core imports {package}: {sorted(users)}"
     assert users <= OPTIONAL_DEPENDENCIES[package], sorted(users)

@@ -162,3 +162,43 @@ def test_unknown_route_names_the_path_and_the_endpoints(server):
 
 def test_models_carry_max_model_len(client):
     assert client.models.list().data[0].model_extra["max_model_len"] == 1024
+
+
+def test_streamed_chat_call_id_is_the_traced_one(client, server):
+    tool = {"type": "function", "function": {k: WEATHER[k] for k in ("name", "description",
+                                                                      "parameters")}}
+    ids = set()
+    for chunk in client.chat.completions.create(
+            model="asymagent", messages=[{"role": "user", "content": "Weather in Rome?"}],
+            tools=[tool], tool_choice="required", max_tokens=40, stream=True):
+        for c in chunk.choices:
+            ids |= {tc.id for tc in c.delta.tool_calls or [] if tc.id}
+    assert len(ids) >= 1
+    traced = {c["id"] for ex in load_traces(server[1]) for c in ex.expected.get("tool_calls") or []}
+    assert ids <= traced
+
+
+def test_each_refusal_is_logged_at_info_with_its_reason(server):
+    import logging
+
+    from asymagent.integrations.server.errors import refusals
+
+    records = []
+    handler = logging.Handler(logging.INFO)
+    handler.emit = records.append
+    level = refusals.level
+    refusals.addHandler(handler)
+    refusals.setLevel(logging.INFO)
+    try:
+        r = httpx.post(server[0] + "/v1/chat/completions", timeout=30, json={
+            "model": "asymagent", "messages": [{"role": "user", "content": "x"}],
+            "temperature": 7})
+        assert r.status_code == 400
+        httpx.get(server[0] + "/v1/nowhere", timeout=30)
+    finally:
+        refusals.removeHandler(handler)
+        refusals.setLevel(level)
+    said = [rec.getMessage() for rec in records]
+    assert all(rec.levelno == logging.INFO for rec in records)
+    assert any(m.startswith("400 invalid_value (temperature)") and "temperature" in m for m in said)
+    assert any(m.startswith("404 unknown_url") and "/v1/nowhere" in m for m in said)

@@ -38,15 +38,21 @@ def eval_markdown(result: dict, fig_prefix: str = "") -> str:
     modes = result["modes"]
     full_flops = (modes.get("full") or {}).get("verifier_flops") or 0
     injection = any("attack_success_rate" in d for d in modes.values())
-    lines = [f"### Eval `{result['suite']}` ({result['split']} seeds {result['seeds']})", "",
+    free = any(d.get("task_success") is not None for d in modes.values())  # free-running episodes
+    trace_ids = result.get("trace_ids")  # evals on user traces: ids, no seeds
+    where = (f"{len(trace_ids)} trace steps" if trace_ids is not None
+             else f"{result['split']} seeds {result['seeds']}")
+    lines = [f"### Eval `{result['suite']}` ({where})", "",
              f"verifier: {result['verifier']}  ", f"drafter: {result['drafter']}", ""]
-    head = ["mode", "task success", "step acc", "fidelity vs full", "teacher-forced s", "s/step",
-            "ver. prefill tok", "FLOPs vs full", "accept", "tok/fwd", "compression"]
+    head = ["mode"] + (["task success"] if free else []) + [
+        "step acc", "fidelity vs full", "teacher-forced s", "s/step",
+        "ver. prefill tok", "FLOPs vs full", "accept", "tok/fwd", "compression"]
     if injection:
         head.append("attack success")
     lines += ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for label, d in modes.items():
-        row = [f"`{label}`", _fmt(d["task_success"]), _fmt(d["step_accuracy"]), _fmt(d["fidelity_vs_full"]),
+        row = [f"`{label}`"] + ([_fmt(d["task_success"])] if free else []) + [
+               _fmt(d["step_accuracy"]), _fmt(d["fidelity_vs_full"]),
                _fmt(d["wall_s"]), _fmt(d["wall_s"] / d["steps"] if d["steps"] else None),
                str(d["verifier_prefill_tokens"]),
                _fmt(d["verifier_flops"] / full_flops if full_flops else None),
@@ -57,6 +63,13 @@ def eval_markdown(result: dict, fig_prefix: str = "") -> str:
             row.append(_fmt(d.get("attack_success_rate")))
         lines.append("| " + " | ".join(row) + " |")
     lines.append("")
+    if trace_ids is not None:  # which trace steps each mode got right, by the traces' own ids
+        lines += ["| trace id | " + " | ".join(f"`{m}`" for m in modes) + " |",
+                  "|" + "---|" * (len(modes) + 1)]
+        for i, trace_id in enumerate(trace_ids):
+            lines.append(f"| {trace_id} | " + " | ".join(
+                "yes" if d["per_step_correct"][i] else "no" for d in modes.values()) + " |")
+        lines.append("")
     for name in ("cumulative_latency", "acceptance_by_position", "accuracy_vs_compression"):
         lines.append(f"![{name}]({fig_prefix}{slug(result['suite'])}_{name}.png)")
     return "\n".join(lines) + "\n"

@@ -152,9 +152,11 @@ def run_eval(engine, suite: str, labels: list, seeds: list, *, max_steps=None, m
     if suite.endswith(".jsonl") or Path(suite).is_dir():  # a trace file or a capture directory
         from asymagent.evals.suites.traces import load_traces
 
-        results = runner.run_traces(engine, load_traces(suite), labels, max_new_tokens=max_new_tokens,
+        examples = load_traces(suite)
+        results = runner.run_traces(engine, examples, labels, max_new_tokens=max_new_tokens,
                                     progress=progress)
-        return {"suite": suite, "seeds": [], "modes": {k: v.summary() for k, v in results.items()},
+        return {"suite": suite, "seeds": [], "trace_ids": [ex.id for ex in examples],
+                "modes": {k: v.summary() for k, v in results.items()},
                 "per_step": {k: [s.to_dict() for s in v.steps] for k, v in results.items()}}
     if suite not in SUITES:
         raise ValueError(f"unknown suite {suite!r}; use one of {', '.join(SUITES)} or a .jsonl trace file")
@@ -251,16 +253,46 @@ def main(args) -> int:
         from rich.console import Console
         from rich.table import Table
 
-        table = Table(title=f"asymagent eval {args.suite} ({result['split']} seeds {seeds})")
-        for col in ("mode", "task success", "step acc", "fidelity", "s", "accept", "attack"):
-            table.add_column(col)
-        for label, d in result["modes"].items():
-            table.add_row(label, _f(d["task_success"]), _f(d["step_accuracy"]), _f(d["fidelity_vs_full"]),
-                          _f(d["wall_s"]), _f(d["acceptance_rate"]) if d["drafted"] else "-",
-                          _f(d.get("attack_success_rate")))
-        Console().print(table)
+        for table in summary_tables(result):
+            Console().print(table)
         print(f"drafter: {result['drafter']}")
     return 0
+
+
+def summary_tables(result: dict) -> list:
+    """The terminal tables of an eval: one row per mode with the columns that apply (task
+    success with free-running episodes, attack success on the injection suite); on user traces
+    a second table, one row per trace id, saying which modes matched its expected message."""
+    from rich.table import Table
+
+    modes = result["modes"]
+    trace_ids = result.get("trace_ids")
+    where = (f"{len(trace_ids)} trace steps" if trace_ids is not None
+             else f"{result['split']} seeds {result['seeds']}")
+    columns = [("mode", lambda d: d["mode"])]
+    if any(d["task_success"] is not None for d in modes.values()):
+        columns.append(("task success", lambda d: _f(d["task_success"])))
+    columns += [("step acc", lambda d: _f(d["step_accuracy"])),
+                ("fidelity", lambda d: _f(d["fidelity_vs_full"])), ("s", lambda d: _f(d["wall_s"])),
+                ("accept", lambda d: _f(d["acceptance_rate"]) if d["drafted"] else "-")]
+    if any("attack_success_rate" in d for d in modes.values()):
+        columns.append(("attack", lambda d: _f(d.get("attack_success_rate"))))
+    table = Table(title=f"asymagent eval {result['suite']} ({where})")
+    for name, _ in columns:
+        table.add_column(name)
+    for d in modes.values():
+        table.add_row(*(cell(d) for _, cell in columns))
+    tables = [table]
+    if trace_ids is not None:
+        per_trace = Table(title="per trace step: matches the expected message")
+        per_trace.add_column("trace id")
+        for label in modes:
+            per_trace.add_column(label)
+        for i, trace_id in enumerate(trace_ids):
+            per_trace.add_row(trace_id, *("yes" if modes[m]["per_step_correct"][i] else "no"
+                                          for m in modes))
+        tables.append(per_trace)
+    return tables
 
 
 def _f(x) -> str:

@@ -92,10 +92,10 @@ def output_action(tool_calls: list, text: str) -> dict | str:
 
 @dataclass
 class StepRecord:
-    """One scored teacher-forced step of one mode."""
+    """One scored teacher-forced step of one mode (a suite episode's step, or a user trace's)."""
 
-    seed: int
-    step: int  # index of the assistant turn in the episode (0-based)
+    seed: int | None  # the episode's seed; None for a user trace
+    step: int | None  # index of the assistant turn in the episode (0-based); None for a trace
     correct: bool
     same_as_full: bool | None  # None when mode full was not run
     attacked: bool | None  # injection suites only
@@ -103,6 +103,7 @@ class StepRecord:
     oracle: dict | str
     stats: StepStats
     call_s: float  # wall time around engine.chat (includes building the views)
+    trace_id: str | None = None  # a user trace's `id` (evals on your own traces)
 
     def to_dict(self) -> dict:
         d = dataclasses.asdict(self)
@@ -152,6 +153,8 @@ class ModeResult:
             "escalations": totals["escalations"],
             "per_step_correct": [s.correct for s in self.steps],
             "per_step_compression_ratio": [s.stats.compression_ratio for s in self.steps],
+            "per_step_trace_id": [s.trace_id for s in self.steps] if any(
+                s.trace_id is not None for s in self.steps) else None,
             "episodes": self.episodes,
         }
         if self.injected_seeds:
@@ -298,7 +301,7 @@ def run_traces(engine, examples: list, labels: list, *, max_new_tokens: int = 96
     for label in labels:
         results.setdefault(label, ModeResult(label))
     bar = _progress(len(examples) * len(labels), "traces", progress)
-    for n, ex in enumerate(examples):
+    for ex in examples:
         choice = "required" if ex.is_tool_step and ex.tools else "auto"
         full_ids = None
         for label in labels:
@@ -306,9 +309,9 @@ def run_traces(engine, examples: list, labels: list, *, max_new_tokens: int = 96
             if label == "full":
                 full_ids = list(r.token_ids)
             results[label].steps.append(StepRecord(
-                n, 0, score_output(ex, r.tool_calls, r.text),
+                None, None, score_output(ex, r.tool_calls, r.text),
                 None if full_ids is None else list(r.token_ids) == full_ids, None,
-                output_action(r.tool_calls, r.text), ex.expected, r.stats, secs))
+                output_action(r.tool_calls, r.text), ex.expected, r.stats, secs, trace_id=ex.id))
             results[label].run.add(r.stats)
             bar.update(1)
     bar.close()

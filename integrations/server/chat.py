@@ -92,12 +92,13 @@ class Turn:
     response_format: dict | None
     max_new_tokens: int
     prompt_cache_key: str | None = None
+    parallel_tool_calls: bool | None = None  # the request's; OpenAI's default (None) is true
 
 
 def chat_task(turn: Turn, sampling: S.SamplingFields, limits, recorder,
-              seed: int | None = None) -> ChatTask:
+              seed: int | None = None, eos_ids=()) -> ChatTask:
     """The worker's task for a turn (the server's defaults where the request is silent);
-    `seed` the choice's (SamplingFields.choice_seeds)."""
+    `seed` the choice's (SamplingFields.choice_seeds); `eos_ids` the engine's end tokens."""
     mode = sampling.mode or limits.default_mode
     engine_tools = turn.tools if turn.tool_choice != "none" else None
     temperature = limits.default_temperature if sampling.temperature is None \
@@ -105,7 +106,8 @@ def chat_task(turn: Turn, sampling: S.SamplingFields, limits, recorder,
     options = dict(mode=mode, temperature=temperature, seed=seed, top_p=sampling.top_p,
                    stop=sampling.stop, tool_choice=turn.tool_choice if engine_tools else "auto",
                    response_format=turn.response_format, logprobs=recorder,
-                   **sampling.sampling())
+                   parallel_tool_calls=turn.parallel_tool_calls is not False,
+                   **sampling.sampling(eos_ids))
     return ChatTask(turn.messages, engine_tools, turn.max_new_tokens,
                     cache_key_for(turn.messages, engine_tools, mode, turn.prompt_cache_key),
                     options)
@@ -115,7 +117,8 @@ def chat_turn(req: S.ChatCompletionRequest, limits) -> Turn:
     tools = [t.model_dump(exclude_none=True) for t in req.tools] if req.tools else None
     return Turn([m.to_engine() for m in req.messages], tools, req.engine_tool_choice(),
                 req.response_format.to_engine() if req.response_format else None,
-                req.max_new_tokens(limits.default_max_tokens), req.prompt_cache_key)
+                req.max_new_tokens(limits.default_max_tokens), req.prompt_cache_key,
+                req.parallel_tool_calls)
 
 
 def choices_usage(results: list, prompt_tokens: int) -> dict:
@@ -143,7 +146,7 @@ class ChatCompletions:
     def tasks(self, req: S.ChatCompletionRequest) -> list[ChatTask]:
         turn, top = chat_turn(req, self.ctx.limits), req.top_logprobs_count()
         return [chat_task(turn, req, self.ctx.limits,
-                          None if top is None else LogprobRecorder(top), seed)
+                          None if top is None else LogprobRecorder(top), seed, self.ctx.stop_ids)
                 for seed in req.choice_seeds()]
 
     async def create(self, req: S.ChatCompletionRequest, request: Request):

@@ -139,12 +139,12 @@ def completions_cache_key(mode: str, prompt_cache_key: str | None) -> str:
 
 
 def completion_task(req: CompletionRequest, prompt, mode: str, limits,
-                    seed: int | None = None) -> CompletionTask:
+                    seed: int | None = None, eos_ids=()) -> CompletionTask:
     recorder = None if req.logprobs is None else LogprobRecorder(req.logprobs)
     kwargs = dict(mode=mode, seed=seed, top_p=req.top_p, stop=req.stop,
                   temperature=limits.default_temperature if req.temperature is None
                   else req.temperature, cache_key=completions_cache_key(mode, req.prompt_cache_key),
-                  logprobs=recorder, **req.sampling())
+                  logprobs=recorder, **req.sampling(eos_ids))
     return CompletionTask(prompt, req.max_tokens, kwargs, echo=req.echo,
                           score_top=req.logprobs if req.echo else None, recorder=recorder)
 
@@ -175,7 +175,7 @@ class Completions:
         mode = req.mode or ctx.limits.default_mode
         cid = "cmpl-" + uuid.uuid4().hex[:24]
         # choices: each prompt's n samples in a row (index = prompt * n + i), as OpenAI orders them
-        jobs = [ctx.new_job(completion_task(req, prompt, mode, ctx.limits, seed))
+        jobs = [ctx.new_job(completion_task(req, prompt, mode, ctx.limits, seed, ctx.stop_ids))
                 for prompt in req.prompts() for seed in req.choice_seeds()]
         # The first prompt starts before the answer does, so its errors get their own status.
         first = await ctx.start(jobs[0], request)

@@ -66,6 +66,9 @@ REFUSED = {
     "web_search_options": "web search is not supported",
     "best_of": "best_of > 1 is not supported: one completion per request",
     "suffix": "suffix (insertion) is not supported",
+    "chat_template_kwargs": "chat_template_kwargs is not supported: the engine renders every "
+                            "conversation with one append-stable chat format per tokenizer (the "
+                            "template's defaults)",
 }
 
 
@@ -116,6 +119,7 @@ class SamplingFields(BaseModel):
     user: Optional[str] = None  # no effect: an end-user id for the caller's own records
     # OpenAI's name for a conversation: the engine cache session (and a router's affinity key)
     prompt_cache_key: Optional[str] = Field(default=None, max_length=1024)
+    ignore_eos: bool = False  # vLLM extension: the end tokens are masked, so it runs to max_tokens
 
     @field_validator("temperature")
     @classmethod
@@ -165,9 +169,12 @@ class SamplingFields(BaseModel):
         base = self.seed if self.seed is not None else secrets.randbits(62)
         return [base + i for i in range(self.n)]
 
-    def sampling(self) -> dict:
-        """The engine's sampling keywords (penalties, bias, top-k, min-p)."""
+    def sampling(self, eos_ids=()) -> dict:
+        """The engine's sampling keywords (penalties, bias, top-k, min-p); with `ignore_eos` the
+        end tokens `eos_ids` get a bias of -100 (never chosen unless a grammar forces one)."""
+        bias = token_bias(self.logit_bias)
+        if self.ignore_eos and eos_ids:
+            bias = {**(bias or {}), **{int(t): -100.0 for t in eos_ids}}
         return dict(top_k=max(self.top_k or 0, 0), min_p=self.min_p or 0.0,
                     frequency_penalty=self.frequency_penalty,
-                    presence_penalty=self.presence_penalty,
-                    logit_bias=token_bias(self.logit_bias))
+                    presence_penalty=self.presence_penalty, logit_bias=bias)

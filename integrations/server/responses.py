@@ -122,7 +122,7 @@ class Responses:
         fmt = req.text.format.to_engine() if req.text and req.text.format else None
         return Turn(head + history + messages, req.chat_tools(), req.engine_tool_choice(), fmt,
                     req.max_output_tokens or self.ctx.limits.default_max_tokens,
-                    req.prompt_cache_key)
+                    req.prompt_cache_key, req.parallel_tool_calls)
 
     async def create(self, req: ResponseRequest, request: Request):
         ctx = self.ctx
@@ -130,7 +130,7 @@ class Responses:
         turn = self.turn(req) if refused is None else refused
         if isinstance(turn, Failed):
             return ctx.respond(turn)
-        task = chat_task(turn, req, ctx.limits, None)
+        task = chat_task(turn, req, ctx.limits, None, req.seed, ctx.stop_ids)
         job = ctx.new_job(task)
         first = await ctx.start(job, request)
         if isinstance(first, Failed):
