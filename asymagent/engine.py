@@ -22,26 +22,31 @@ from __future__ import annotations
 import secrets
 import threading
 import time
+from dataclasses import dataclass
+from typing import Callable
 
 import torch
 
 from asymagent.chat.chat_format import ChatFormat
-from asymagent.chat.session import run_chat
+from asymagent.chat.conversation import Conversation, ConversationStore
+from asymagent.chat.session import chat_result, prepare_chat, recall_step
 from asymagent.decoding.copy_delta import CopyDelta
 from asymagent.decoding.flops import FlopCounter
-from asymagent.decoding.logit_processors import LogitProcessors
 from asymagent.decoding.logprobs import LogprobRecorder, score_tokens
 from asymagent.decoding.lookup_drafter import LookupDrafter
-from asymagent.decoding.loop import decode_loop
+from asymagent.decoding.loop import LoopContext, decode_loop
 from asymagent.decoding.model_drafter import DraftHead, ModelDrafter
 from asymagent.decoding.noise import KeyedNoise
-from asymagent.decoding.round import Decoder
+from asymagent.decoding.plan import RequestPlan, plan_request
+from asymagent.decoding.round import Decoder, Drafting
 from asymagent.decoding.stopping import StopChecker, eos_ids
 from asymagent.decoding.suffix_drafter import SuffixDrafter
 from asymagent.decoding.suffix_store import SuffixStore
 from asymagent.fair_lock import FairLock
 from asymagent.kv.attention import use_gqa_attention
 from asymagent.kv.cache import CacheStore, View, ViewCache
+from asymagent.modeling.cpu_dtype import runtime_info
+from asymagent.request import GenerationRequest
 from asymagent.results import ChatResult, GenerationResult  # noqa: F401  (old import path)
 from asymagent.spec_config import SpecConfig, mode_of
 from asymagent.stats import StepStats
@@ -51,6 +56,20 @@ def _vocab_size(model) -> int:
     return int(model.get_output_embeddings().weight.shape[0])
 
 
+@dataclass
+class PreparedRun:
+    """One request after prefill: its Decoder on the plan's caches, views, stats and helpers."""
+
+    plan: RequestPlan
+    decoder: Decoder
+    generated: list  # the new tokens, shared by every view of the request
+    views: tuple  # (full View, verifier View)
+    stats: StepStats
+    recorder: LogprobRecorder | None
+    checker: StopChecker
+    escalate: Callable[[], None]  # finish on the full context (SpecConfig.escalate_jsd)
+
+
 class Engine:
     """Local inference engine: verifier (+ drafter) with reusable KV caches and four modes."""
 
@@ -58,10 +77,12 @@ class Engine:
                  compression=None, draft_vocab: torch.Tensor | None = None,
                  max_sessions: int = 4, suffix_store: SuffixStore | None = None,
                  verifier_fingerprint: str | None = None, static_kv: bool = False,
-                 cuda_graphs: bool | None = None) -> None:
+                 cuda_graphs: bool | None = None, compile: bool = False) -> None:
         """`cuda_graphs`: decode with static KV caches and CUDA-graph captured forwards
         (asymagent/kv/static_cache.py); None reads ASYMAGENT_CUDA_GRAPHS on CUDA, off on CPU.
-        `static_kv`: the static caches without graphs (any device)."""
+        `static_kv`: the static caches without graphs (any device). `compile`: static caches
+        whose decode and verify forwards run through torch.compile (the CPU decode path,
+        asymagent/kv/compiled_forward.py; eager fallback when compilation fails)."""
         self.verifier = verifier.eval()
         self.drafter = drafter.eval() if drafter is not None else None
         for model in (self.verifier, self.drafter):  # verify forwards read grouped KV in place
@@ -99,7 +120,9 @@ class Engine:
         from asymagent.kv.static_cache import static_roles  # transformers' cache classes
 
         self.static_roles = static_roles(roles, self.device, static_kv=static_kv,
-                                         cuda_graphs=cuda_graphs)
+                                         cuda_graphs=cuda_graphs, compile=compile)
+        # dtype, automatic dtype and CPU matrix units (banner, --version, /version)
+        self.runtime = runtime_info(verifier) | {"compile": bool(compile)}
         self.caches = CacheStore(roles, max_sessions=max_sessions, static=self.static_roles)
         self._chat_format: ChatFormat | None = None  # built on first use (`chat_format`)
         self._format_lock = threading.Lock()  # builds chat_format once (not the request lock)
@@ -107,6 +130,12 @@ class Engine:
         self.lock = FairLock()
         # earlier responses for suffix drafting (SuffixStore(path=...) keeps them across runs)
         self.suffix_store = suffix_store if suffix_store is not None else SuffixStore()
+        # what the chat layer keeps per conversation (views, log-probs), alive with its caches
+        self.conversations = ConversationStore()
+
+    def conversation(self, cache_key: str) -> Conversation:
+        """The chat state of conversation `cache_key` (it lives as long as its cache session)."""
+        return self.conversations.of(self.caches.session(cache_key))
 
     @property
     def chat_format(self) -> ChatFormat:
@@ -120,7 +149,7 @@ class Engine:
     # ------------------------------------------------------------------ constructors
     @classmethod
     def from_pretrained(cls, verifier, drafter=None, spec: SpecConfig | None = None,
-                        compression=None, *, dtype: torch.dtype = torch.float32,
+                        compression=None, *, dtype: torch.dtype | str = torch.float32,
                         device: str | torch.device | None = None, config=None, **kw) -> "Engine":
         """Load verifier (and drafter) with asymagent.modeling.loading.load_model (id, dir or GGUF).
 
@@ -152,12 +181,14 @@ class Engine:
 
     @classmethod
     def from_default(cls, spec: SpecConfig | None = None, compression=None, *, config=None,
-                     dtype: torch.dtype = torch.float32, device: str | torch.device | None = None,
+                     dtype: torch.dtype | str = torch.float32, device: str | torch.device | None = None,
                      **kw) -> "Engine":
         """The embedded pair: SmolLM2-135M-Instruct verifier + the project's trained drafter.
 
         `compression=None` means the default CompressionConfig (as everywhere in asymagent.context.views).
-        `dtype` and `device` place both models (the drafter follows the verifier's dtype).
+        `dtype` and `device` place both models (the drafter follows the verifier's dtype); a
+        `--dtype` name works too ("auto": bfloat16 on a CPU with bf16 matrix units, float32
+        elsewhere; "int8": quantised decoder linears; asymagent/modeling/cpu_dtype.py).
         `config`: a config file (asymagent/config_file.py, e.g. what `asymagent tune` writes)
         supplying `spec` and `compression` where they are not given.
         """
@@ -183,22 +214,20 @@ class Engine:
                    spec=spec, compression=compression, **kw)
 
     # ------------------------------------------------------------------ validation
-    def _validate(self, prompt_ids, mode, max_new_tokens, temperature, top_p,
-                  compressed_prompt_ids, stop) -> tuple[list, list, list]:
-        if mode_of(mode).speculative and self.drafter is None:
-            raise ValueError(f"mode {mode!r} needs a drafter; this engine has none "
-                             "(use mode 'full' or 'compressed', or pass drafter=)")
+    def check(self, request: GenerationRequest) -> None:
+        """What only this engine can check about a request (a drafter for speculation, the
+        vocabulary for logit_bias, a tokenizer for stop strings); its own fields were checked
+        when it was built. `run` and `chat` call it before anything is prefilled."""
+        request.check_engine(vocab_size=self.vocab_size, has_drafter=self.drafter is not None,
+                             has_tokenizer=self.tokenizer is not None)
+
+    def _inputs(self, prompt_ids, compressed_prompt_ids) -> tuple[list, list]:
+        """(prompt, compressed view) as int lists; a ValueError naming the problem."""
         if isinstance(prompt_ids, torch.Tensor):
             prompt_ids = prompt_ids.flatten().tolist()
         prompt = [int(t) for t in prompt_ids]
         if not prompt:
             raise ValueError("prompt_ids is empty: give at least one token")
-        if not isinstance(max_new_tokens, int) or max_new_tokens < 1:
-            raise ValueError(f"max_new_tokens must be an integer >= 1, got {max_new_tokens!r}")
-        if temperature < 0:
-            raise ValueError(f"temperature must be >= 0, got {temperature!r}")
-        if not (0.0 < top_p <= 1.0):
-            raise ValueError(f"top_p must be in (0, 1], got {top_p!r}")
         if compressed_prompt_ids is None:
             compressed = prompt
         else:
@@ -216,12 +245,7 @@ class Engine:
                 raise ValueError(
                     f"{name} has {len(ids)} tokens but the model's context limit "
                     f"(max_position_embeddings) is {self.max_positions}; leave room to generate")
-        stops = [stop] if isinstance(stop, str) else list(stop or [])
-        if any(not isinstance(s, str) or not s for s in stops):
-            raise ValueError(f"stop must be non-empty strings, got {stops!r}")
-        if stops and self.tokenizer is None:
-            raise ValueError("stop strings need a tokenizer; this engine has none")
-        return prompt, compressed, stops
+        return prompt, compressed
 
     # ------------------------------------------------------------------ generate
     def generate(self, prompt_ids, mode: str = "asym", max_new_tokens: int = 64,
@@ -230,139 +254,165 @@ class Engine:
                  cache_key: str = "default", *, top_k: int = 0, min_p: float = 0.0,
                  frequency_penalty: float = 0.0, presence_penalty: float = 0.0,
                  logit_bias: dict | None = None,
-                 logprobs: int | LogprobRecorder | None = None) -> GenerationResult:
+                 logprobs: int | LogprobRecorder | None = None,
+                 request: GenerationRequest | None = None) -> GenerationResult:
         """Generate up to `max_new_tokens` new tokens after `prompt_ids` (see module docstring).
 
-        top_k, min_p, frequency_penalty, presence_penalty, logit_bias ({token id: bias}) act on
-        the verifier's rows as OpenAI/vLLM define them (asymagent/decoding/logit_processors.py).
-        `logprobs`: None (off), or how many top alternatives to keep per token (0..20), or a
-        LogprobRecorder to read while streaming; the result's `logprobs` then holds one
-        TokenLogprob per new token, from the verifier's own rows (asymagent/decoding/logprobs.py).
+        The keywords build one `GenerationRequest` (asymagent/request.py, which documents each
+        field); `request=` passes a ready one instead (the keywords other than `prompt_ids` and
+        `compressed_prompt_ids` are then not read). top_k, min_p, frequency_penalty,
+        presence_penalty, logit_bias ({token id: bias}) act on the verifier's rows as OpenAI/vLLM
+        define them (asymagent/decoding/logit_processors.py). `logprobs`: None (off), or how many
+        top alternatives to keep per token (0..20), or a LogprobRecorder to read while streaming;
+        the result's `logprobs` then holds one TokenLogprob per new token, from the verifier's
+        own rows (asymagent/decoding/logprobs.py).
 
         Thread-safe: requests to one engine run one at a time, in arrival order (`self.lock`).
         `callback` runs while the request holds the lock; it must not wait for another request.
         """
-        with self.lock:
-            return self._generate(prompt_ids, mode, max_new_tokens, temperature, seed, top_p,
-                                  compressed_prompt_ids, stop, constraint, callback, cache_key,
-                                  top_k=top_k, min_p=min_p, frequency_penalty=frequency_penalty,
-                                  presence_penalty=presence_penalty, logit_bias=logit_bias,
-                                  logprobs=logprobs)
+        if request is None:
+            request = GenerationRequest.build(
+                mode=mode, max_new_tokens=max_new_tokens, temperature=temperature, seed=seed,
+                top_p=top_p, stop=stop, constraint=constraint, callback=callback,
+                cache_key=cache_key, top_k=top_k, min_p=min_p,
+                frequency_penalty=frequency_penalty, presence_penalty=presence_penalty,
+                logit_bias=logit_bias, logprobs=logprobs)
+        return self.run(prompt_ids, request, compressed_prompt_ids=compressed_prompt_ids)
 
-    def _generate(self, prompt_ids, mode, max_new_tokens, temperature, seed, top_p,
-                  compressed_prompt_ids, stop, constraint, callback, cache_key, *, top_k, min_p,
-                  frequency_penalty, presence_penalty, logit_bias, logprobs) -> GenerationResult:
-        prompt, compressed, stops = self._validate(prompt_ids, mode, max_new_tokens,
-                                                   float(temperature), float(top_p),
-                                                   compressed_prompt_ids, stop)
-        processors = LogitProcessors(
-            frequency_penalty=float(frequency_penalty), presence_penalty=float(presence_penalty),
-            logit_bias={int(t): float(b) for t, b in (logit_bias or {}).items()},
-            top_k=top_k, min_p=float(min_p)).validate(self.vocab_size)
-        recorder = logprobs if isinstance(logprobs, LogprobRecorder) or logprobs is None \
-            else LogprobRecorder(logprobs)
+    def run(self, prompt_ids, request: GenerationRequest,
+            compressed_prompt_ids=None) -> GenerationResult:
+        """`generate` with a ready GenerationRequest (what the faces call)."""
+        self.check(request)
+        with self.lock:
+            return self._generate(prompt_ids, compressed_prompt_ids, request)
+
+    def _generate(self, prompt_ids, compressed_prompt_ids, request: GenerationRequest,
+                  constraint=None) -> GenerationResult:
+        """plan -> prefill -> loop -> finish. `constraint`: the chat layer's (else the request's)."""
+        prompt, compressed = self._inputs(prompt_ids, compressed_prompt_ids)
         t_start = time.perf_counter()
-        m = mode_of(mode)
-        # every random number is keyed by (seed, output position, purpose), never by draw order
-        noise = KeyedNoise(int(seed) if seed is not None else secrets.randbits(63),
-                           self.vocab_size, self.device)
-        session = self.caches.session(cache_key)
+        plan = plan_request(mode_of(request.mode), self.spec, request.sampling.temperature,
+                            two_views=compressed != prompt)
+        run = self._prefill(plan, request, (prompt, compressed),
+                            constraint if constraint is not None else request.constraint)
+        run.stats.prefill_s = time.perf_counter() - t_start
+        loop = decode_loop(run.decoder, run.generated, plan, request,
+                           LoopContext(views=run.views, max_positions=self.max_positions,
+                                       checker=run.checker, stats=run.stats, t_start=t_start,
+                                       escalate=run.escalate))
+        return self._finish(run, loop, t_start)
+
+    def _prefill_role(self, session, role: str, view: View, max_new_tokens: int
+                      ) -> tuple[ViewCache, int, float]:
+        """(the role's cache on `view`, tokens to prefill incl. the re-fed last one, FLOPs).
+
+        Keeps the longest common prefix and feeds the rest except the last token (the first
+        round's forward feeds it and reads its logits)."""
+        cache = session.get(role)
+        ids = view.ids()
+        # a static cache is sized once for the request: the view, the new tokens, the drafts
+        cache.reserve(len(ids) + max_new_tokens + 2
+                      + max(self.spec.k, self.spec.k_max, self.spec.lookup_k))
+        kept = cache.reuse_prefix(ids)
+        cache.prefill(ids[kept:-1], desc=f"prefill {role}")
+        return ViewCache(cache, view), len(ids) - kept, self.flops.forward(len(ids) - 1 - kept, kept)
+
+    def _prefill(self, plan: RequestPlan, request: GenerationRequest, views: tuple,
+                 constraint) -> "PreparedRun":
+        """Prefill the caches `plan` reads and build the request's Decoder on them."""
+        prompt, compressed = views
+        sampling = request.sampling
+        session = self.caches.session(request.cache_key)
         generated: list = []  # the new tokens, shared by every view of the request
         full_view = View(prompt, generated)
-        ver_prompt = compressed if m.compressed else prompt
-        # A mode's verifier always reads the same cache: in an agent loop step 0 often has
-        # nothing to compress (compressed == full), and switching caches at step 1 would
-        # re-prefill the whole compressed view instead of only the appended messages.
-        ver_role = "verifier_compressed" if m.compressed else "verifier_full"
-        ver_view = View(ver_prompt, generated)
-        stats = StepStats(mode=mode, full_context_tokens=len(prompt),
-                          verifier_context_tokens=len(ver_prompt),
-                          compression_ratio=len(ver_prompt) / len(prompt))
-
-        # Prefill: keep the longest common prefix, feed the rest except the last token (the
-        # first round's forward feeds it and reads its logits).
-        def prefill(role: str, view: View) -> tuple[ViewCache, int, float]:
-            """(the role's cache on `view`, tokens to prefill incl. the re-fed last one, FLOPs)."""
-            cache = session.get(role)
-            ids = view.ids()
-            # a static cache is sized once for the request: the view, the new tokens, the drafts
-            cache.reserve(len(ids) + max_new_tokens + 2
-                          + max(self.spec.k, self.spec.k_max, self.spec.lookup_k))
-            kept = cache.reuse_prefix(ids)
-            cache.prefill(ids[kept:-1], desc=f"prefill {role}")
-            return ViewCache(cache, view), len(ids) - kept, self.flops.forward(len(ids) - 1 - kept, kept)
-
-        verifier, stats.verifier_prefill_tokens, prefill_flops = prefill(ver_role, ver_view)
-        stats.cached_tokens = len(ver_prompt) - stats.verifier_prefill_tokens
-        drafter = base = None
-        drafters: list = []
-        sampler = dict(temperature=float(temperature), noise=noise, constraint=constraint)
-        copy = None
-        if m.speculative:
-            sp = self.spec
-            drafter, stats.drafter_prefill_tokens, _ = prefill("drafter_full", full_view)
-            # the drafter on the compressed view serves delta-fusion (beta), cda's base row and
-            # escalation's JSD; with none of them its prefill and per-round base pass are skipped
-            needs_base = sp.beta > 0 or sp.acceptance == "cda" or sp.escalate_jsd is not None
-            if m.fused and compressed != prompt and needs_base:
-                base, tokens, _ = prefill("drafter_compressed", View(compressed, generated))
+        ver_view = View(compressed if plan.mode.compressed else prompt, generated)
+        stats = StepStats(mode=request.mode, full_context_tokens=len(prompt),
+                          verifier_context_tokens=len(ver_view.prompt),
+                          compression_ratio=len(ver_view.prompt) / len(prompt))
+        # every random number is keyed by (seed, output position, purpose), never by draw order
+        noise = KeyedNoise(sampling.seed if sampling.seed is not None else secrets.randbits(63),
+                           self.vocab_size, self.device)
+        n = request.max_new_tokens
+        verifier, stats.verifier_prefill_tokens, prefill_flops = \
+            self._prefill_role(session, plan.verifier_role, ver_view, n)
+        stats.cached_tokens = len(ver_view.prompt) - stats.verifier_prefill_tokens
+        drafting = None
+        if plan.speculative:
+            drafter, stats.drafter_prefill_tokens, _ = \
+                self._prefill_role(session, "drafter_full", full_view, n)
+            base = None
+            if plan.base_pass:
+                base, tokens, _ = self._prefill_role(session, "drafter_compressed",
+                                                     View(compressed, generated), n)
                 stats.drafter_prefill_tokens += tokens
-            if m.fused and compressed != prompt and sp.copy_weight > 0:
-                copy = CopyDelta(full_view, ver_view, sp.copy_weight, min_len=sp.copy_min_len)
-            if sp.lookup_ngram and sp.suffix:
-                # earlier responses only where drafts cannot change the output: with cda or
-                # exact at T > 0 the rounds' layout is part of the rule, and a store that other
-                # requests filled would make the output depend on them (same seed, same output)
-                store = self.suffix_store if sp.position_invariant(m, float(temperature)) else None
-                drafters.append(SuffixDrafter(full_view, store, constraint,
-                                              factor=sp.suffix_factor, min_prob=sp.suffix_min_prob,
-                                              max_depth=sp.suffix_max_depth,
-                                              min_match=min(2, sp.lookup_ngram)))
-            elif sp.lookup_ngram:
-                drafters.append(LookupDrafter(full_view, sp.lookup_ngram, constraint))
-            drafters.append(ModelDrafter(drafter, self.head, bonus_row=m.fused, **sampler))
-        decoder = Decoder(verifier, self.flops, top_p=float(top_p), drafters=drafters,
-                          drafter=drafter, base=base, head=self.head, fused=m.fused,
-                          verifier_flops=prefill_flops, copy=copy, processors=processors,
-                          logprobs=recorder, **sampler)
-        t_prefill = time.perf_counter()
-        stats.prefill_s = t_prefill - t_start
+            drafting = Drafting(drafters=self._drafters(plan, full_view, drafter, sampling, noise,
+                                                        constraint),
+                                drafter=drafter, base=base, head=self.head, fused=plan.mode.fused)
+        copy = CopyDelta(full_view, ver_view, self.spec.copy_weight,
+                         min_len=self.spec.copy_min_len) if plan.copy_delta else None
+        recorder = request.logprobs if isinstance(request.logprobs, LogprobRecorder) \
+            or request.logprobs is None else LogprobRecorder(request.logprobs)
+        decoder = Decoder(verifier, self.flops, sampling, noise=noise, constraint=constraint,
+                          drafting=drafting, copy=copy, logprobs=recorder)
+        decoder.verifier_flops = prefill_flops
 
         def escalate() -> None:  # finish on the full context (SpecConfig.escalate_jsd)
-            full, tokens, flops = prefill("verifier_full", full_view)
+            full, tokens, flops = self._prefill_role(session, "verifier_full", full_view, n)
             stats.verifier_prefill_tokens += tokens
             decoder.verifier_flops += flops
             decoder.escalate(full)
 
-        checker = StopChecker(self.eos_ids, stops, self.tokenizer)
-        loop = decode_loop(decoder, generated, mode=m, spec=self.spec, max_new_tokens=max_new_tokens,
-                           temperature=float(temperature), views=(full_view, ver_view),
-                           max_positions=self.max_positions, checker=checker, stats=stats,
-                           t_start=t_start, constraint=constraint, callback=callback,
+        return PreparedRun(plan=plan, decoder=decoder, generated=generated,
+                           views=(full_view, ver_view), stats=stats, recorder=recorder,
+                           checker=StopChecker(self.eos_ids, request.stop, self.tokenizer),
                            escalate=escalate)
+
+    def _drafters(self, plan: RequestPlan, full_view: View, drafter: ViewCache,
+                  sampling, noise: KeyedNoise, constraint) -> list:
+        """The plan's drafters in order: copied drafts (suffix or lookup), then the model."""
+        sp, out = self.spec, []
+        for name in plan.drafters:
+            if name == "suffix":
+                out.append(SuffixDrafter(full_view, self.suffix_store if plan.suffix_store else None,
+                                         constraint, factor=sp.suffix_factor,
+                                         min_prob=sp.suffix_min_prob,
+                                         max_depth=sp.suffix_max_depth,
+                                         min_match=min(2, sp.lookup_ngram)))
+            elif name == "lookup":
+                out.append(LookupDrafter(full_view, sp.lookup_ngram, constraint))
+            else:
+                out.append(ModelDrafter(drafter, self.head, bonus_row=plan.mode.fused,
+                                        temperature=sampling.temperature, noise=noise,
+                                        constraint=constraint))
+        return out
+
+    def _finish(self, run: "PreparedRun", loop, t_start: float) -> GenerationResult:
+        """Stats, log-probs and the result; the response joins the store of earlier responses."""
+        generated, stats, recorder = run.generated, run.stats, run.recorder
         if recorder is not None:
             recorder.truncate(len(generated))  # tokens cut by a stop string or the constraint
-            decoder.score_pending()  # jump-forward tokens at the end: one more forward
+            run.decoder.score_pending()  # jump-forward tokens at the end: one more forward
         now = time.perf_counter()
         stats.wall_s = now - t_start
         stats.ttft_s = loop.ttft_s if loop.ttft_s is not None else stats.wall_s
-        stats.decode_s = now - t_prefill
+        stats.decode_s = now - t_start - stats.prefill_s
         stats.new_tokens = len(generated)
-        loop.tally.fill(stats, m.fused)
+        loop.tally.fill(stats, run.plan.mode.fused)
         if loop.speculation_off:
             stats.k = 0  # the drafter model was switched off for this request
-        stats.verifier_flops = decoder.verifier_flops
+        stats.verifier_flops = run.decoder.verifier_flops
         stats.finish_reason = loop.finish
         self.suffix_store.add(generated)  # later requests may copy from this response
-        return GenerationResult(token_ids=list(generated), text=checker.text(generated),
-                                stats=stats, finish_reason=loop.finish,
+        return GenerationResult(token_ids=list(generated), text=run.checker.text(generated),
+                                stats=stats,
+                                finish_reason=loop.finish,
                                 logprobs=None if recorder is None else list(recorder.entries))
 
     def score(self, prompt_ids, top_logprobs: int = 0) -> list:
         """The verifier's log-probability of every prompt token given the ones before it
         (TokenLogprob per token, the first with logprob None): prompt scoring for evals
         (`/v1/completions` with `echo`). Uses no cache session; holds `self.lock` like `generate`."""
-        prompt, _, _ = self._validate(prompt_ids, "full", 1, 0.0, 1.0, None, None)
+        prompt, _ = self._inputs(prompt_ids, None)
         with self.lock:
             return score_tokens(self.verifier, prompt, top_logprobs)
 
@@ -374,24 +424,35 @@ class Engine:
              top_k: int = 0, min_p: float = 0.0, frequency_penalty: float = 0.0,
              presence_penalty: float = 0.0, logit_bias: dict | None = None,
              logprobs: int | LogprobRecorder | None = None,
-             parallel_tool_calls: bool | None = None) -> ChatResult:
+             parallel_tool_calls: bool | None = None,
+             request: GenerationRequest | None = None) -> ChatResult:
         """OpenAI-style chat: render both views, generate, parse text and tool calls.
 
-        The chat layer lives in asymagent/chat/session.py (`run_chat`): message validation,
+        The keywords build one `GenerationRequest` (asymagent/request.py); `request=` passes a
+        ready one instead (the other keywords are then not read). The sampling keywords are
+        `generate`'s. `parallel_tool_calls` (OpenAI's field): True lets a constrained turn hold
+        1..8 calls, False keeps at most one call (the first); None (the default) constrains to
+        one call and keeps every call an unconstrained turn wrote. The chat layer is
+        asymagent/chat/session.py: message validation,
         tool_choice -> ToolCallConstraint, response_format (OpenAI's json_object / json_schema)
         -> ResponseFormatConstraint, the conversation's ContextViews (per `cache_key`), the
-        drafter's log-probs for surprisal compression, and output parsing into a ChatResult.
-        The sampling keywords are `generate`'s. `parallel_tool_calls` (OpenAI's field): True lets
-        a constrained turn hold 1..8 calls, False keeps at most one call (the first); None (the
-        default) constrains to one call and keeps every call an unconstrained turn wrote.
+        drafter's log-probs for surprisal compression (`prepare_chat`), and output parsing into
+        a ChatResult (`chat_result`).
         Thread-safe like `generate`: the whole call (views, caches, decoding) holds `self.lock`.
         """
-        sampling = dict(top_k=top_k, min_p=min_p, frequency_penalty=frequency_penalty,
-                        presence_penalty=presence_penalty, logit_bias=logit_bias,
-                        logprobs=logprobs)
+        if request is None:
+            request = GenerationRequest.build(
+                mode=mode, max_new_tokens=max_new_tokens, temperature=temperature, seed=seed,
+                top_p=top_p, stop=stop, tools=tools, tool_choice=tool_choice, callback=callback,
+                cache_key=cache_key, response_format=response_format, top_k=top_k, min_p=min_p,
+                frequency_penalty=frequency_penalty, presence_penalty=presence_penalty,
+                logit_bias=logit_bias, logprobs=logprobs, parallel_tool_calls=parallel_tool_calls)
+        self.check(request)
         with self.lock:
-            return run_chat(self, messages, tools=tools, mode=mode, max_new_tokens=max_new_tokens,
-                            temperature=temperature, seed=seed, top_p=top_p, stop=stop,
-                            tool_choice=tool_choice, callback=callback, cache_key=cache_key,
-                            response_format=response_format, sampling=sampling,
-                            parallel_tool_calls=parallel_tool_calls)
+            turn = prepare_chat(self, messages, request)
+            result = self._generate(turn.full_ids, turn.compressed_ids, request,
+                                    constraint=turn.constraint)
+            result = recall_step(self, turn, request, result,  # CompressionConfig.max_recalls
+                                 lambda ids: self._generate(turn.full_ids, ids, request,
+                                                            constraint=turn.constraint))
+            return chat_result(self, turn, result)

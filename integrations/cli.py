@@ -62,8 +62,9 @@ class VerbParser(argparse.ArgumentParser):
 
 def version_string() -> str:
     from asymagent import __version__
+    from asymagent.modeling.cpu_dtype import describe, runtime_info
 
-    return f"asymagent {__version__}"
+    return f"asymagent {__version__} {describe(runtime_info())}"
 
 
 def build_parser() -> tuple[argparse.ArgumentParser, dict]:

@@ -95,11 +95,13 @@ def _label(action) -> str:
 
 def _chat(engine, task, prompt, mode, max_new_tokens, acts, tool_choice):
     from asymagent.evals.running.engine_setup import use_suffix_store
+    from asymagent.request import GenerationRequest
 
     use_suffix_store(engine, mode)  # with --compare, neither mode copies the other's answers
-    return engine.chat(prompt, tools=task.tools, mode=mode, max_new_tokens=max_new_tokens,
-                       temperature=0.0, tool_choice=tool_choice if acts else "auto",
-                       cache_key=f"demo-{mode}")
+    request = GenerationRequest(mode=mode, max_new_tokens=max_new_tokens, tools=task.tools,
+                                tool_choice=tool_choice if acts else "auto",
+                                cache_key=f"demo-{mode}")  # greedy
+    return engine.chat(prompt, request=request)
 
 
 def teacher_forced_run(engine, env, seed: int, mode: str, max_new_tokens: int,
@@ -167,12 +169,14 @@ def main(args) -> int:
                   f"mode={args.mode} steps={total}")
     console.print(f"Task: {task.user_prompt}")
     console.print(NOTE)
+    from asymagent.modeling.cpu_dtype import describe
+
     t0 = time.perf_counter()
     engine, drafter_desc = load_engine(console, args.k)
     console.print(f"Engine: SmolLM2-135M-Instruct verifier + {drafter_desc}; "
                   f"loaded in {time.perf_counter() - t0:.1f} s; SpecConfig k={engine.spec.k} "
                   f"beta={engine.spec.beta} acceptance={engine.spec.acceptance} "
-                  f"lookup_ngram={engine.spec.lookup_ngram}\n")
+                  f"lookup_ngram={engine.spec.lookup_ngram}; {describe(engine.runtime)}\n")
 
     def live_table(stats, labels, agrees):
         # the same table as the final one (same columns), fitted to the terminal's width

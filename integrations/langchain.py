@@ -52,6 +52,8 @@ from langchain_core.utils.function_calling import convert_to_openai_tool
 from langchain_core.utils.utils import _build_model_kwargs, get_pydantic_field_names
 from pydantic import ConfigDict, Field, PrivateAttr, model_validator
 
+from asymagent.request import GenerationRequest
+
 DEFAULT_MODEL_NAME = "asymagent-smollm2-135m"
 _ARGS_PIECE = 24  # characters of tool-call arguments per streamed chunk
 # LangChain passes these through bind/with_structured_output; they need nothing from a local engine
@@ -190,8 +192,9 @@ class ChatAsymSpec(BaseChatModel):
 
     def _capture(self, call: dict, r) -> None:
         if self._trace_writer is not None:
-            self._trace_writer.record(self.engine, call["messages"], call["tools"], r, source="langchain",
-                                      mode=call["mode"], temperature=call["temperature"])
+            req = call["request"]
+            self._trace_writer.record(self.engine, call["messages"], req.tools, r, source="langchain",
+                                      mode=req.mode, temperature=req.sampling.temperature)
 
     @classmethod
     def from_default(cls, **kw) -> "ChatAsymSpec":
@@ -262,16 +265,18 @@ class ChatAsymSpec(BaseChatModel):
 
         max_new = kwargs.get("max_tokens", self.max_tokens) or 256
         logprobs = pick("logprobs", False)
-        return dict(messages=to_openai_messages(messages), tools=tools, tool_choice=choice,
-                    mode=kwargs.get("mode", self.mode), max_new_tokens=int(max_new),
-                    temperature=float(kwargs.get("temperature", self.temperature)),
-                    seed=kwargs.get("seed", self.seed), top_p=kwargs.get("top_p", self.top_p),
-                    stop=list(stop or self.stop or []) or None, cache_key=self.cache_key,
-                    response_format=kwargs.get("response_format"), top_k=pick("top_k", 0),
-                    min_p=pick("min_p", 0.0), frequency_penalty=pick("frequency_penalty", 0.0),
-                    presence_penalty=pick("presence_penalty", 0.0),
-                    logit_bias=pick("logit_bias"),
-                    logprobs=pick("top_logprobs", 0) if logprobs else None)
+        # one typed request per call (asymagent/request.py checks every field, naming it)
+        request = GenerationRequest.build(
+            tools=tools, tool_choice=choice, mode=kwargs.get("mode", self.mode),
+            max_new_tokens=int(max_new),
+            temperature=float(kwargs.get("temperature", self.temperature)),
+            seed=kwargs.get("seed", self.seed), top_p=kwargs.get("top_p", self.top_p),
+            stop=list(stop or self.stop or []) or None, cache_key=self.cache_key,
+            response_format=kwargs.get("response_format"), top_k=pick("top_k", 0),
+            min_p=pick("min_p", 0.0), frequency_penalty=pick("frequency_penalty", 0.0),
+            presence_penalty=pick("presence_penalty", 0.0), logit_bias=pick("logit_bias"),
+            logprobs=pick("top_logprobs", 0) if logprobs else None)
+        return dict(messages=to_openai_messages(messages), request=request)
 
     def _metadata(self, r) -> tuple[dict, dict]:
         s = r.stats
@@ -306,7 +311,7 @@ class ChatAsymSpec(BaseChatModel):
             try:
                 return self.engine.chat(**call)
             except BaseException:
-                self.engine.caches.drop(call["cache_key"])
+                self.engine.caches.drop(call["request"].cache_key)
                 raise
 
     def _generate(self, messages: list[BaseMessage], stop: list[str] | None = None,
@@ -329,10 +334,11 @@ class ChatAsymSpec(BaseChatModel):
         call = self._chat_kwargs(messages, stop, dict(kwargs))
         # Output may be a tool call (its chunks come at the end) unless no tool can be called:
         # an answer under a response_format without tools is JSON text, streamed as it comes.
-        may_call = not no_tools and (call["tools"] or not call["response_format"])
+        req = call["request"]
+        may_call = not no_tools and (req.tools or not req.response_format)
         tok = self.engine.tokenizer
         eos = set(getattr(self.engine, "eos_ids", ()) or ())
-        stops = call["stop"] or []
+        stops = list(req.stop)
         events: queue.Queue = queue.Queue()
         cancel = threading.Event()
 
@@ -342,7 +348,8 @@ class ChatAsymSpec(BaseChatModel):
 
         def work():
             try:
-                events.put(("done", self._chat(callback=on_tokens, **call)))
+                events.put(("done", self._chat(messages=call["messages"],
+                                               request=req.replace(callback=on_tokens))))
             except Exception as exc:  # re-raised in the consumer thread
                 events.put(("error", exc))
 

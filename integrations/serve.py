@@ -14,8 +14,7 @@ import argparse
 import os
 
 from asymagent.integrations.openai_server import DEFAULT_MAX_BODY_BYTES, DEFAULT_MODEL_NAME, create_app
-from asymagent.integrations.serve_setup import (  # noqa: F401  (check_args: the verb's hook)
-    check_args, load_engine)
+from asymagent.integrations.serve_setup import check_args as check_single, load_engine
 
 MODES = ("full", "compressed", "spec", "asym")
 DTYPES = ("auto", "float32", "bfloat16", "float16")
@@ -85,10 +84,38 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="with --trace-dir: start a new trace file when one would pass this size")
     parser.add_argument("--trace-max-files", type=int, default=None,
                         help="with --trace-dir: keep at most this many trace files (oldest deleted)")
+    parser.add_argument("--ray", nargs="?", const="", default=None, metavar="ADDRESS",
+                        help="serve from --replicas engine replicas on Ray Serve, each conversation "
+                             "kept on its replica (no ADDRESS: a new local Ray on 127.0.0.1; `auto` "
+                             "or HOST:PORT or ray://HOST:10001 joins a cluster; docs/serving.md, "
+                             "'Ray'; pip install 'asymagent[ray]')")
+    parser.add_argument("--replicas", type=int, default=2, help="with --ray: engine replicas")
+    parser.add_argument("--replica-cpus", type=float, default=1.0,
+                        help="with --ray: CPUs per replica (also its torch threads)")
+    parser.add_argument("--replica-gpus", type=float, default=0.0,
+                        help="with --ray: GPUs per replica")
+
+
+def check_args(args) -> None:
+    """The verb's hook: refuse what cannot work before any model loads (serve_setup.py; the
+    --ray flags and Ray itself: ray_serve/launch.py)."""
+    if args.ray and args.device != "cpu":  # a cluster: each replica's node checks its device
+        check_single(argparse.Namespace(**{**vars(args), "device": "cpu"}))
+    else:
+        check_single(args)
+    if args.ray is not None:
+        from asymagent.integrations.ray_serve.launch import check_ray
+
+        check_ray(args)
 
 
 def main(args) -> int:
     import logging
+
+    if args.ray is not None:
+        from asymagent.integrations.ray_serve.launch import main as serve_on_ray
+
+        return serve_on_ray(args)
 
     import uvicorn
 

@@ -109,6 +109,37 @@ def _copy_bandwidth_gbps() -> float:
     return 2 * src.numel() / (ms * 1e-3) / 1e9
 
 
+def graphed(fn, device: str):
+    """`fn` (device work only) recorded as a CUDA graph: a function that replays it. On CPU: fn.
+
+    What the engine's captured rounds pay for the gate: the launches without Python's dispatch."""
+    if device != "cuda":
+        return fn
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        fn()  # warm-up: compiles the kernels outside the capture
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        fn()
+    return graph.replay
+
+
+def _time_ms(fn, device: str) -> float:
+    """Median ms of `fn`: triton's do_bench on CUDA, wall-clock medians elsewhere (smoke runs)."""
+    import triton.testing
+
+    if device == "cuda":
+        return triton.testing.do_bench(fn, return_mode="median")
+    times = []
+    for _ in range(3):
+        t0 = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - t0)
+    return 1e3 * statistics.median(times)
+
+
 def bench_gpu(args, device: str = "cuda") -> list[dict]:
     """Kernel vs eager vs torch.compile on CUDA over the issue's grid (`--variants` picks).
 
@@ -139,19 +170,28 @@ def bench_gpu(args, device: str = "cuda") -> list[dict]:
             "eager": lambda: fused_gate_reference(ver, aug, base, drafts, **kwargs),
             "compiled": lambda: compiled(ver, aug, base, drafts, **kwargs),
         }
+        if "graph" in args.variants:  # the dispatched gate replayed from a CUDA graph
+            variants["graph"] = graphed(
+                lambda: gate.fused_gate_triton(ver, aug, base, drafts, **kwargs, **launch), device)
+        if "graph_passes" in args.variants:  # the same, always the separate passes (B <= 8)
+            variants["graph_passes"] = graphed(
+                lambda: gate.fused_gate_triton(ver, aug, base, drafts, **kwargs, **launch,
+                                               fused=False), device)
         variants = {name: variants[name] for name in args.variants}
         for fn in variants.values():
             fn()  # compile / autotune outside the timed region
-        times = {name: triton.testing.do_bench(fn, return_mode="median")
-                 for name, fn in variants.items()}  # ms
+        times = {name: _time_ms(fn, device) for name, fn in variants.items()}  # ms
         read_bytes = 3 * ver.numel() * ver.element_size()  # three logit tensors read once
         bound_ms = read_bytes / (peak * 1e9) * 1e3
         block_v, _ = gate.launch_config(vocab, device, args.block_v)
         n_split, _ = gate.split_plan(batch * (k + 1), vocab, block_v, ver.device, args.splits)
         name = torch.cuda.get_device_name() if device == "cuda" else device
         row = dict(device=name, vocab=vocab, k=k, batch=batch, rule=rule,
-                   dtype=args.dtype, block_v=block_v, splits=n_split)
+                   dtype=args.dtype, block_v=block_v, splits=n_split,
+                   one_launch=batch <= gate.FUSED_MAX_BATCH and rule != "exact")
         row.update({f"{name}_ms": ms for name, ms in times.items()})
+        if "graph" in times:
+            row["graph_x_of_bound"] = times["graph"] / bound_ms
         if "kernel" in times:
             if "eager" in times:
                 row["speedup_vs_eager"] = times["eager"] / times["kernel"]
@@ -163,7 +203,7 @@ def bench_gpu(args, device: str = "cuda") -> list[dict]:
 
 ARG_TYPES = {  # the kernels' runtime arguments by name (logit pointers get --dtype)
     "part_ptr": "*fp32", "ipart_ptr": "*i32", "d_ptr": "*i64", "u_ptr": "*fp32", "e_ptr": "*fp32",
-    "jsd_ptr": "*fp32", "n_ptr": "*i64", "next_ptr": "*i64", "K": "i32", "V": "i32",
+    "jsd_ptr": "*fp32", "n_ptr": "*i64", "next_ptr": "*i64", "count_ptr": "*i32", "K": "i32", "V": "i32",
     "CHUNK": "i32", "S": "i32", "stride_b": "i64", "stride_r": "i64", "g_stride_b": "i64",
     "g_stride_r": "i64", "beta": "fp32", "beta_bonus": "fp32", "log_gamma": "fp32",
     "temperature": "fp32",
@@ -174,6 +214,8 @@ COMPILE_CASES = [
     ("greedy", False, ("gate_stats", "gate_jsd", "gate_finish")),
     ("exact", False, ("gate_stats", "gate_jsd", "gate_race", "gate_finish")),
     ("exact", True, ("gate_stats", "gate_race", "gate_finish")),  # mode spec, sampled
+    ("cda", False, ("gate_fused",)),  # one launch at B <= FUSED_MAX_BATCH (cda / greedy)
+    ("greedy", True, ("gate_fused",)),
 ]
 
 
@@ -253,7 +295,9 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--rules", nargs="+", default=["cda"], choices=["cda", "greedy", "exact"])
     p.add_argument("--dtype", default="bf16", choices=sorted(DTYPES))
     p.add_argument("--variants", nargs="+", default=["kernel", "eager", "compiled"],
-                   choices=["kernel", "kernel_s1", "eager", "compiled"], help="what to time (GPU)")
+                   choices=["kernel", "kernel_s1", "eager", "compiled", "graph", "graph_passes"],
+                   help="what to time (GPU); graph = the dispatched gate replayed from a CUDA "
+                        "graph, graph_passes = the same with the separate passes (no one launch)")
     p.add_argument("--splits", type=int, default=None,
                    help="force the slices per row (default: fused_gate.split_plan's choice)")
     p.add_argument("--block-v", type=int, default=None,

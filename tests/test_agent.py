@@ -35,7 +35,12 @@ class ScriptedEngine:
     outputs: list
     calls: list = field(default_factory=list)
 
-    def chat(self, messages, **kw):
+    def chat(self, messages, request=None, **kw):
+        if request is not None:  # the agent passes one GenerationRequest: record its fields
+            kw = {"tools": request.tools, "mode": request.mode, "cache_key": request.cache_key,
+                  "tool_choice": request.tool_choice, "seed": request.sampling.seed,
+                  "temperature": request.sampling.temperature,
+                  "max_new_tokens": request.max_new_tokens, **kw}
         self.calls.append({"messages": [dict(m) for m in messages], **kw})
         text = self.outputs[min(len(self.calls) - 1, len(self.outputs) - 1)]
         parsed = parse_output(text)

@@ -84,7 +84,16 @@ def test_bench_cli_writes_the_schema(tiny_setup, tmp_path, monkeypatch, capsys):
     assert set(data) >= {"verifier", "drafter", "workload", "modes"}
     assert "partial" not in data  # the step-1 partial file was replaced by the finished run
     assert data["workload"]["steps"] == 2 and data["drafter"] == "tiny-drafter"
-    assert set(data["modes"]) == set(bench.ALL_MODES)
+    from asymagent.evals.bench.llama_cpp_peer import available
+
+    # the llama.cpp peer is optional: skipped with a note when llama-cpp-python does not load
+    skipped = {bench.LLAMA_CPP} if available() is not None else set()
+    assert set(data["modes"]) == set(bench.ALL_MODES) - skipped
+    assert (data["settings"]["llama_cpp_note"].startswith("skipped") if skipped
+            else data["modes"][bench.LLAMA_CPP]["decode_ms_per_token"] > 0)
+    assert data["machine"]["copy_gbps"] > 0 and data["machine"]["matmul_tflops_bf16"] > 0
+    assert data["machine"]["decode_bound_ms"] > 0 and data["runtime"]["dtype"] == "float32"
+    assert data["modes"]["full"]["prefill_tok_s"] > 0 and data["modes"]["asym"]["decode_ms_per_token"] > 0
     for m, d in data["modes"].items():
         assert MODE_KEYS <= set(d), m
         assert len(d["per_step_s"]) == 2 and d["wall_s"] > 0
@@ -182,3 +191,18 @@ def test_each_compared_label_gets_its_own_suffix_store():
     assert len(engine.suffix_store) == 0  # asym never sees full's responses
     use_suffix_store(engine, "full")
     assert len(engine.suffix_store) == 1
+
+
+def test_dtype_labels_run_on_their_engine(tiny_setup):
+    """'full@float32' runs mode full on the engine of that dtype (here the same tiny engine, so
+    its tokens equal full's); peers take no '@dtype'."""
+    bench.check_modes(["full", "full@float32", "asym@int8"], 1)
+    with pytest.raises(ValueError, match="only our modes"):
+        bench.check_modes(["full", "hf_generate@bfloat16"], 1)
+    with pytest.raises(ValueError, match="unknown dtype"):
+        bench.check_modes(["full", "full@float8"], 1)
+    w = bench.workload("records", 0, 1)
+    res = bench.run_bench(tiny_setup.engine, w, ["full", "full@float32"], repeats=1, progress=False,
+                          max_new_tokens=4, engines={"float32": tiny_setup.engine})
+    assert res["modes"]["full@float32"]["fidelity_vs_full"] == 1.0
+    assert "full/full@float32" in res["pairs"]

@@ -19,7 +19,9 @@ def test_version_and_python_dash_m():
     for cmd in ([sys.executable, "-m", "asymagent", "--version"],
                 [sys.executable, "-m", "asymagent.integrations.cli", "--version"]):
         out = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
-        assert out.returncode == 0 and out.stdout.strip() == f"asymagent {__version__}", out
+        # the version, then the dtype choice (asymagent/modeling/cpu_dtype.py describe())
+        assert out.returncode == 0 and out.stdout.startswith(f"asymagent {__version__} ("), out
+        assert "auto: " in out.stdout and "CPU bf16 unit: " in out.stdout, out
     out = subprocess.run([sys.executable, "-m", "asymagent", "serve", "--help"],
                          capture_output=True, text=True, timeout=300)
     assert out.returncode == 0 and "--served-model-name" in out.stdout

@@ -2,8 +2,9 @@
 
 The tables ("The core, one line per module" and "kernels/, integrations/, evals/") name files
 as full paths (`evals/bench/bench.py`), as paths inside the core (`decoding/round.py` for
-`asymagent/decoding/round.py`), or by bare name after a path of the same folder in the same
-row (`integrations/openai_server.py`, `server_schemas.py`), with `*` globs (`suite_*.py`).
+`asymagent/decoding/round.py`), as paths inside the row's folder (`integrations/server/app.py`,
+`server/context.py`), or by bare name after a path of the same folder in the same row
+(`integrations/serve.py`, `serve_setup.py`), with `*` globs (`suite_*.py`).
 Sources are listed from the file system, nothing is imported.
 """
 
@@ -18,14 +19,13 @@ FOLDERS = ("asymagent", "kernels", "integrations", "evals")
 
 
 def table_rows() -> list[list[str]]:
-    """The `.py` names in backticks of each table row of §2 (Layout and floors)."""
+    """The `.py` names in backticks of each table row of §2 (Layout and floors), in row order."""
     text = (ROOT / "docs" / "architecture.md").read_text()
     section = text[text.index("## §2"):text.index("## §3")]
     rows = []
     for line in section.splitlines():
         if line.startswith("|"):
-            first_cell = line.split("|")[1]
-            names = re.findall(r"`([^`\s]+\.py)`", first_cell)
+            names = re.findall(r"`([^`\s]+\.py)`", line)
             if names:
                 rows.append(names)
     return rows
@@ -36,7 +36,14 @@ def row_paths(names: list[str]) -> list[str]:
     paths, folder = [], None
     for name in names:
         if "/" in name:
-            path = name if name.split("/")[0] in FOLDERS else f"asymagent/{name}"
+            first = name.split("/")[0]
+            if first in FOLDERS:
+                path = name
+            elif folder and first in folder.split("/"):  # `server/x.py` after `integrations/server/a.py`
+                parts = folder.split("/")
+                path = "/".join(parts[:parts.index(first)] + [name])
+            else:  # a core sub-package: `decoding/round.py`
+                path = f"asymagent/{name}"
             folder = path.rsplit("/", 1)[0]
         else:
             path = f"{folder or 'asymagent'}/{name}"

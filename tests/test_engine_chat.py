@@ -77,8 +77,8 @@ def test_chat_asym_with_surprisal_compression(chat_engine):
     s = r.stats
     assert s.verifier_context_tokens < s.full_context_tokens  # surprisal pruned the tool output
     assert s.compression_ratio < 1.0
-    session = chat_engine.caches.session("a")
-    assert len(session.logprobs) == s.full_context_tokens  # views asked for the log-probs
+    conversation = chat_engine.conversation("a")  # the chat state beside the caches
+    assert len(conversation.logprobs) == s.full_context_tokens  # views asked for the log-probs
     # the drafter prefilled the full view once, for the log-probs (tokens 0..n-2; generate's
     # prefill then re-fed only the last one); with beta = 0 (the default) there is no base pass,
     # so the compressed view is never prefilled by the drafter

@@ -205,7 +205,7 @@ def test_bad_input_is_4xx_with_an_error_body(server):
             "name": "f", "parameters": {"type": "object", "properties": "nope"}}}]}, 400),
         "tool_choice names a missing tool": ({**ok, "tools": [WEATHER], "tool_choice": {
             "type": "function", "function": {"name": "nope"}}}, 400),
-        "n > 1": ({**ok, "n": 3}, 400),
+        "n over the bound": ({**ok, "n": 9}, 400),
         "schema the grammar cannot compile": ({**ok, "tool_choice": "required", "tools": [
             {"type": "function", "function": {"name": "f", "parameters": {
                 "type": "object", "properties": {"a": {"type": "string", "pattern": "[x"}}}}}]},

@@ -83,13 +83,14 @@ CHAT_VALUES = {
     "modalities": ["text"], "store": True, "functions": [{"name": "f"}],
     "function_call": "auto", "audio": {"voice": "alloy"}, "prediction": {"type": "content"},
     "reasoning_effort": "low", "verbosity": "low", "web_search_options": {},
+    "ignore_eos": True, "chat_template_kwargs": {"enable_thinking": False},
 }
 COMPLETION_VALUES = {
     "model": "asymagent", "prompt": "Hello", "max_tokens": 4, "temperature": 0.5, "top_p": 0.9,
     "top_k": 5, "min_p": 0.05, "seed": 1, "stop": ["zzz"], "n": 2, "stream": False,
     "stream_options": None, "frequency_penalty": 0.5, "presence_penalty": 0.5,
     "logit_bias": {"100": 1.0}, "logprobs": 2, "echo": True, "mode": "spec", "user": "u1",
-    "suffix": "tail", "best_of": 2,
+    "suffix": "tail", "best_of": 2, "prompt_cache_key": "k", "ignore_eos": True,
 }
 
 
@@ -278,3 +279,44 @@ def test_version_and_cors(server, engine):
     with serving(create_app(engine)) as plain:  # CORS is opt-in: no origins, no CORS headers
         r = httpx.options(plain + "/v1/chat/completions", headers=preflight)
         assert r.status_code == 405 and "access-control-allow-origin" not in r.headers
+
+
+# ------------------------------------------------------------------ n choices
+
+
+def test_n_choices_use_seed_plus_i(client):
+    kw = dict(model="asymagent", messages=USER, max_tokens=6, temperature=1.0)
+    many = client.chat.completions.create(n=3, seed=40, **kw)
+    assert [c.index for c in many.choices] == [0, 1, 2]
+    for i, choice in enumerate(many.choices):  # choice i is the n=1 answer with seed + i
+        alone = client.chat.completions.create(seed=40 + i, **kw).choices[0]
+        assert choice.message.content == alone.message.content
+    stats = many.model_extra["asymagent"]
+    assert len(stats) == 3
+    assert many.usage.completion_tokens == sum(s["stats"]["new_tokens"] for s in stats)
+    texts = ["", ""]
+    for chunk in client.chat.completions.create(n=2, seed=40, stream=True, **kw):
+        for c in chunk.choices:
+            texts[c.index] += c.delta.content or ""
+    assert [t.strip() for t in texts] == [c.message.content.strip() for c in many.choices[:2]]
+
+
+def test_completions_n_orders_choices_by_prompt(client):
+    r = client.completions.create(model="asymagent", prompt=["One", "Two"], n=2, max_tokens=3,
+                                  temperature=1.0, seed=7)
+    assert [c.index for c in r.choices] == [0, 1, 2, 3]
+    alone = client.completions.create(model="asymagent", prompt="Two", max_tokens=3,
+                                      temperature=1.0, seed=8)
+    assert r.choices[3].text == alone.choices[0].text
+
+
+def test_ignore_eos_runs_past_the_end_token(client, engine):
+    eos = {str(t): 100.0 for t in engine.eos_ids}  # the end token as the only choice
+    kw = dict(model="asymagent", messages=USER, max_tokens=5)
+    ends = client.chat.completions.create(logit_bias=eos, **kw)
+    assert ends.choices[0].finish_reason == "stop" and ends.usage.completion_tokens <= 1
+    runs = client.chat.completions.create(logit_bias=eos, extra_body={"ignore_eos": True}, **kw)
+    assert runs.choices[0].finish_reason == "length" and runs.usage.completion_tokens == 5
+    text = client.completions.create(model="asymagent", prompt="Hi", max_tokens=4,
+                                     logit_bias=eos, extra_body={"ignore_eos": True})
+    assert text.choices[0].finish_reason == "length"

@@ -129,7 +129,7 @@ def test_request_schema_rejects_bad_input():
         {**ok, "max_completion_tokens": -3},
         {**ok, "temperature": 2.5},
         {**ok, "top_p": 0},
-        {**ok, "n": 2},
+        {**ok, "n": 0},
         {**ok, "messages": [{"role": "robot", "content": "x"}]},
         {**ok, "messages": [{"role": "tool", "content": "x"}]},  # no tool_call_id
         {**ok, "tools": [{"type": "function", "function": {"name": "bad name!"}}]},
@@ -193,3 +193,15 @@ def test_loadtest_refuses_non_loopback_and_percentiles():
     # percentile of 1..101: index (100 * q / 100) -> exactly q + 1.
     values = [float(v) for v in range(1, 102)]
     assert percentile(values, 50) == 51.0 and percentile(values, 95) == 96.0
+
+
+def test_parallel_tool_calls_reaches_the_engine_call():
+    from asymagent.integrations.server.chat import chat_task, chat_turn
+    from asymagent.integrations.server.context import Limits
+
+    ok = {"model": "m", "messages": [{"role": "user", "content": "hi"}], "tools": [
+        {"type": "function", "function": {"name": "f"}}], "tool_choice": "required"}
+    for given, passed in ((None, True), (True, True), (False, False)):
+        req = ChatCompletionRequest.model_validate({**ok, "parallel_tool_calls": given})
+        task = chat_task(chat_turn(req, Limits()), req, Limits(), None)
+        assert task.options["parallel_tool_calls"] is passed  # OpenAI's default: true

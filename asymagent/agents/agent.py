@@ -29,6 +29,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterator
 
+from asymagent.request import GenerationRequest
 from asymagent.stats import RunStats, StepStats
 from asymagent.trace_capture import trace_writer
 from asymagent.agents.tools import Tool, ToolOutcome, as_tool, tool  # noqa: F401  (tool re-exported)
@@ -111,6 +112,9 @@ class Agent:
         self.max_new_tokens = int(max_new_tokens)
         self.temperature = float(temperature)
         self.seed = seed
+        # every step's request: this one with the step's seed, tools, tool_choice and cache key
+        self.request = GenerationRequest.build(mode=mode, max_new_tokens=self.max_new_tokens,
+                                               temperature=self.temperature, seed=seed)
         self.tool_choice = tool_choice
         self.cache_key = cache_key
         # capture: each model call as one JSONL trace line (a directory or a TraceWriter)
@@ -163,11 +167,10 @@ class Agent:
         for step in range(self.max_steps):
             choice = self._choice(step, messages)
             seed = None if self.seed is None else self.seed + step
-            r = self.engine.chat(messages, tools=schemas or None, mode=self.mode,
-                                 max_new_tokens=self.max_new_tokens,
-                                 temperature=self.temperature, seed=seed,
-                                 tool_choice=choice if schemas else "auto",
-                                 cache_key=cache_key)
+            request = self.request.replace(seed=seed, tools=schemas or None,
+                                           tool_choice=choice if schemas else "auto",
+                                           cache_key=cache_key)
+            r = self.engine.chat(messages, request=request)
             stats.add(r.stats)
             if self.trace_writer is not None:
                 self.trace_writer.record(self.engine, messages, schemas or None, r, source="agent",

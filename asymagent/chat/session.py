@@ -1,23 +1,28 @@
-"""Chat layer over `Engine.generate`: messages -> both views -> generate -> text + tool calls.
+"""Chat layer around the engine's decoding: messages -> both views (+ constraint); output -> text + tool calls.
 
-`run_chat` is what `Engine.chat` does (docs/architecture.md §4): validate the OpenAI-style messages, turn
-`tool_choice` into a `ToolCallConstraint` (or `response_format` into a `ResponseFormatConstraint`), build the full and compressed views with the
-conversation's append-stable `ContextViews` (one per `cache_key`, kept in the engine's cache
-session), offer the drafter's log-probs to surprisal compression (computed while prefilling the
-drafter's full-view cache, so `generate` finds it warm), generate, and parse the output into a
+`Engine.chat` (docs/architecture.md §4) is `prepare_chat` -> the engine's plan/prefill/loop ->
+`chat_result`. `prepare_chat` validates the OpenAI-style messages, turns the request's
+`tool_choice` into a `ToolCallConstraint` (or its `response_format` into a
+`ResponseFormatConstraint`), builds the full and compressed views with the conversation's
+append-stable `ContextViews` (one per `cache_key`, asymagent/chat/conversation.py) and offers
+the drafter's log-probs to surprisal compression (computed while prefilling the drafter's
+full-view cache, so the decoding finds it warm). `chat_result` parses the output into a
 `ChatResult`. The engine keeps the caches and the decoding; this module keeps the conversation.
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Callable
 
 import torch
 
 from asymagent.chat.response_format import ResponseFormatConstraint, format_schema, split_output
+from asymagent.context.recall import recall_loop
 from asymagent.context.views import ContextViews
 from asymagent.kv.cache import common_prefix_len
-from asymagent.results import ChatResult
+from asymagent.request import GenerationRequest
+from asymagent.results import ChatResult, GenerationResult
 from asymagent.spec_config import mode_of
 
 LOGPROB_CHUNK = 256  # positions per drafter forward: [256, V] log-probs at a time, not [T, V]
@@ -25,10 +30,10 @@ LOGPROB_CHUNK = 256  # positions per drafter forward: [256, V] log-probs at a ti
 
 def conversation_views(engine, cache_key: str) -> ContextViews:
     """The ContextViews of one conversation (append-stable views; same LRU as the caches)."""
-    session = engine.caches.session(cache_key)
-    if session.views is None:
-        session.views = ContextViews(engine.tokenizer, engine.compression, engine.chat_format)
-    return session.views
+    conv = engine.conversation(cache_key)
+    if conv.views is None:
+        conv.views = ContextViews(engine.tokenizer, engine.compression, engine.chat_format)
+    return conv.views
 
 
 def drafter_logprob_fn(engine, cache_key: str, counter: list) -> Callable[[list], list]:
@@ -41,14 +46,15 @@ def drafter_logprob_fn(engine, cache_key: str, counter: list) -> Callable[[list]
     if engine.drafter is None:
         raise ValueError("the drafter log-prob function needs a drafter; this engine has none")
     session = engine.caches.session(cache_key)
+    conv = engine.conversation(cache_key)
 
     @torch.inference_mode()
     def logprob_fn(full_ids: list) -> list:
         cache = session.get("drafter_full")
         kept = min(cache.reuse_prefix(full_ids),
-                   common_prefix_len(session.logprob_ids, full_ids))
+                   common_prefix_len(conv.logprob_ids, full_ids))
         start = max(kept - 1, 0)  # re-feed one token: its output predicts token `kept`
-        head = session.logprobs[: start + 1] if kept else [0.0]
+        head = conv.logprobs[: start + 1] if kept else [0.0]
         cache.crop(start)
         ids = full_ids[start:-1]
         counter[0] += len(ids)
@@ -59,13 +65,13 @@ def drafter_logprob_fn(engine, cache_key: str, counter: list) -> Callable[[list]
             targets = torch.tensor(full_ids[start + i + 1:start + i + 1 + len(hidden)],
                                    device=logp.device)  # [T]
             out.extend(logp.gather(1, targets[:, None])[:, 0].tolist())
-        session.logprobs, session.logprob_ids = out, list(full_ids)
+        conv.logprobs, conv.logprob_ids = out, list(full_ids)
         return out
 
     return logprob_fn
 
 
-def _check_request(engine, messages, tools, mode: str, tool_choice) -> None:
+def _check_messages(engine, messages) -> None:
     """Raise a ValueError naming the problem, before any view, cache or forward is made."""
     if engine.tokenizer is None:
         raise ValueError("chat needs a tokenizer; this engine has none (use generate)")
@@ -74,9 +80,6 @@ def _check_request(engine, messages, tools, mode: str, tool_choice) -> None:
     for i, m in enumerate(messages):
         if not isinstance(m, dict) or "role" not in m:
             raise ValueError(f"messages[{i}] must be a dict with a 'role'")
-    mode_of(mode)  # a ValueError naming the modes
-    if tool_choice not in (None, "auto", "none") and not tools:
-        raise ValueError(f"tool_choice={tool_choice!r} needs tools")
 
 
 def build_constraint(engine, tools: list | None, tool_choice, response_format,
@@ -97,38 +100,69 @@ def build_constraint(engine, tools: list | None, tool_choice, response_format,
                                     vocab_size=engine.vocab_size, parallel=parallel)
 
 
-def run_chat(engine, messages: list, tools: list | None = None, mode: str = "asym",
-             max_new_tokens: int = 256, temperature: float = 0.0, seed: int | None = None,
-             top_p: float = 1.0, stop=None, tool_choice="auto", callback=None,
-             cache_key: str = "default", response_format: dict | None = None,
-             sampling: dict | None = None, parallel_tool_calls: bool | None = None) -> ChatResult:
-    """`Engine.chat` (same arguments; `sampling` holds generate's sampling keywords): render
-    both views, generate, parse text and tool calls."""
-    _check_request(engine, messages, tools, mode, tool_choice)
-    constraint = build_constraint(engine, tools, tool_choice, response_format,
-                                  parallel=bool(parallel_tool_calls))
-    views = conversation_views(engine, cache_key)
+@dataclass
+class ChatTurn:
+    """One chat request made ready for decoding (`prepare_chat`)."""
+
+    full_ids: list  # the drafter's full view
+    compressed_ids: list | None  # the verifier's view in compressed modes (None: the full view)
+    constraint: object  # TokenConstraint from tool_choice / response_format, or None
+    rewrites: int  # earlier messages whose compressed form changed (StepStats.rewrites)
+    drafter_tokens: list  # [tokens the drafter fed for surprisal log-probs]
+    parallel_tool_calls: bool | None = None  # the request's (False: at most one call kept)
+
+
+def prepare_chat(engine, messages: list, request: GenerationRequest) -> ChatTurn:
+    """Validate the messages, build the constraint and both views of the conversation."""
+    _check_messages(engine, messages)
+    constraint = build_constraint(engine, request.tools, request.tool_choice,
+                                  request.response_format,
+                                  parallel=bool(request.parallel_tool_calls))
+    views = conversation_views(engine, request.cache_key)
     counter = [0]
     # the drafter's log-probs feed surprisal compression (only called when one is configured
     # and new messages need them); offered in every mode so one conversation's compressed
     # view does not depend on the mode of its first call
-    logprob_fn = drafter_logprob_fn(engine, cache_key, counter) \
+    logprob_fn = drafter_logprob_fn(engine, request.cache_key, counter) \
         if engine.drafter is not None else None
-    pair = views.build(messages, tools, logprob_fn=logprob_fn)
-    compressed = pair.compressed_ids if mode_of(mode).compressed else None
-    result = engine.generate(pair.full_ids, mode=mode, max_new_tokens=max_new_tokens,
-                             temperature=temperature, seed=seed, top_p=top_p,
-                             compressed_prompt_ids=compressed, stop=stop, constraint=constraint,
-                             callback=callback, cache_key=cache_key, **(sampling or {}))
+    pair = views.build(messages, request.tools, logprob_fn=logprob_fn)
+    compressed = pair.compressed_ids if mode_of(request.mode).compressed else None
+    return ChatTurn(full_ids=pair.full_ids, compressed_ids=compressed, constraint=constraint,
+                    rewrites=pair.rewrites, drafter_tokens=counter,
+                    parallel_tool_calls=request.parallel_tool_calls)
+
+
+def recall_step(engine, turn: ChatTurn, request: GenerationRequest, result: GenerationResult,
+                decode: Callable[[list], GenerationResult]) -> GenerationResult:
+    """Recall on evidence (asymagent/context/recall.py) after a compressed turn decoded: at most
+    `CompressionConfig.max_recalls` times (0, the default: `result` as it is); not while streaming
+    (the callback has already sent the first pass's tokens). `decode(compressed_ids)` decodes the
+    turn again on a restored verifier view."""
+    views = conversation_views(engine, request.cache_key)
+    if turn.compressed_ids is None or not views.config.max_recalls or request.callback is not None:
+        return result
+
+    def again(compressed_ids: list) -> GenerationResult:
+        if turn.constraint is not None:
+            turn.constraint.reset()  # the turn is decoded again from its first token
+        return decode(compressed_ids)
+
+    return recall_loop(views, turn.full_ids, turn.compressed_ids, result, again,
+                       min_len=engine.spec.copy_min_len)
+
+
+def chat_result(engine, turn: ChatTurn, result: GenerationResult) -> ChatResult:
+    """The decoded tokens as a ChatResult: text, tool calls, finish reason, stats."""
     stats = result.stats
-    stats.rewrites += pair.rewrites
-    stats.drafter_prefill_tokens += counter[0]
+    stats.rewrites += turn.rewrites
+    stats.drafter_prefill_tokens += turn.drafter_tokens[0]
+    constraint = turn.constraint
     if isinstance(constraint, ResponseFormatConstraint):
         parsed = split_output(result.text, [f["name"] for f in constraint.functions],
                               max_calls=constraint.max_calls)
     else:
         parsed = engine.chat_format.parse_output(result.text)
-    if parallel_tool_calls is False:
+    if turn.parallel_tool_calls is False:
         del parsed.tool_calls[1:]  # OpenAI's parallel_tool_calls=false: at most one call
     finish = result.finish_reason
     if parsed.tool_calls and finish == "stop":

@@ -20,6 +20,7 @@ rows perturbed with the Gumbel noise of their output positions (docs/engine.md, 
 from __future__ import annotations
 
 import time
+from dataclasses import dataclass
 
 import torch
 
@@ -29,43 +30,69 @@ from asymagent.decoding.logit_processors import LogitProcessors
 from asymagent.decoding.logprobs import LogprobRecorder
 from asymagent.decoding.model_drafter import DraftHead
 from asymagent.decoding.noise import KeyedNoise
+from asymagent.decoding.plan import Acceptance
 from asymagent.decoding.sampling import NEG_INF, mask_rows, perturb, sample_token, top_p_filter
 from asymagent.kernels import fused_gate
 from asymagent.kv.cache import ViewCache
+from asymagent.request import SamplingParams
+
+
+@dataclass
+class Drafting:
+    """What a speculative request drafts with: the drafters in the order a round asks them
+    (copied continuations first, then the drafter model), the drafter model's cache on the full
+    view, its cache on the compressed view (`base`, None when the plan skips the base pass) and
+    its head; `fused` (mode asym) adds the drafter's rows to the gate."""
+
+    drafters: list
+    drafter: ViewCache
+    base: ViewCache | None = None
+    head: DraftHead | None = None
+    fused: bool = False
+
+
+@dataclass(frozen=True)
+class RoundRule:
+    """How a round's gate decides: the resolved acceptance rule, beta, gamma, fuse_bonus."""
+
+    acceptance: Acceptance
+    beta: float = 0.0
+    gamma: float = 1.0
+    fuse_bonus: bool = True
 
 
 class Decoder:
     """The decode steps of one request: plain verifier steps and speculative rounds.
 
-    `verifier` reads the verifier's view. For speculation, `drafters` is the ordered list to ask
-    (copied continuations first, then the drafter model) and `drafter` is the drafter model's
-    cache on the full view; `fused` (mode asym) adds the drafter's rows to the gate, with `base`
-    the drafter's cache on the compressed view (None when the two views are the same).
-    `processors` (penalties, logit bias, top-k, min-p) adjust the verifier's rows; `logprobs`
-    records the verifier's raw row of every emitted token (asymagent/decoding/logprobs.py).
-    `noise` (asymagent/decoding/noise.py) keys every random number by output position; it is
-    only read at temperature > 0.
+    `verifier` reads the verifier's view; `sampling` (asymagent/request.py) says how a token is
+    chosen: temperature and top_p here, penalties, logit bias, top-k and min-p through
+    `LogitProcessors` on the verifier's rows. `drafting` (None: no speculation) holds the
+    drafters and the drafter model's caches. `logprobs` records the verifier's raw row of every
+    emitted token (asymagent/decoding/logprobs.py). `noise` (asymagent/decoding/noise.py) keys
+    every random number by output position; it is only read at temperature > 0.
     """
 
-    def __init__(self, verifier: ViewCache, flops: FlopCounter, *, temperature: float = 0.0,
-                 top_p: float = 1.0, noise: KeyedNoise | None = None, constraint=None,
-                 drafters: tuple = (), drafter: ViewCache | None = None,
-                 base: ViewCache | None = None, head: DraftHead | None = None,
-                 fused: bool = False, verifier_flops: float = 0.0, copy=None,
-                 processors: LogitProcessors | None = None,
+    def __init__(self, verifier: ViewCache, flops: FlopCounter, sampling: SamplingParams, *,
+                 noise: KeyedNoise | None = None, constraint=None,
+                 drafting: Drafting | None = None, copy=None,
                  logprobs: LogprobRecorder | None = None) -> None:
         self.verifier, self.flops = verifier, flops
-        self.temperature, self.top_p, self.noise = temperature, top_p, noise
+        self.temperature, self.top_p, self.noise = sampling.temperature, sampling.top_p, noise
         self.constraint = constraint
-        self.drafters = tuple(drafters)  # asked in order each round; the first proposal wins
-        self.drafter, self.base, self.head, self.fused = drafter, base, head, fused
-        self.verifier_flops = verifier_flops  # prefill + every verifier forward of the request
+        d = drafting if drafting is not None else Drafting(drafters=[], drafter=None)
+        self.drafters = tuple(d.drafters)  # asked in order each round; the first proposal wins
+        self.drafter, self.base, self.head, self.fused = d.drafter, d.base, d.head, d.fused
+        self.verifier_flops = 0.0  # prefill + every verifier forward of the request
         # asymagent/decoding/copy_delta.py CopyDelta (asym on two views): what only the full
         # view's removed text could be copied from, added to the verifier's rows; None: off
         self.copy = copy
         self.verifier_tokens_fed = 0
-        self.processors = processors if processors is not None else LogitProcessors()
+        self.processors = LogitProcessors.of(sampling)
         self.logprobs = logprobs
+        # rounds as static-shape device calls on static caches (CUDA graphs), else None
+        from asymagent.decoding.graph_round import graph_round_for
+
+        self.graph_round = graph_round_for(self)
 
     def position(self) -> int:
         """Output position of the next token (new tokens emitted so far): the noise key."""
@@ -120,8 +147,9 @@ class Decoder:
         round with no drafts): the output never depends on which positions plain steps took.
         """
         if self.fused and self.base is not None and beta > 0.0:
-            return self._round(Drafts(tokens=[], source=""), None, rule="greedy", beta=beta,
-                               gamma=1.0, fuse_bonus=True)
+            return self._round(Drafts(tokens=[], source=""), None,
+                               RoundRule(Acceptance.of("greedy", self.temperature), beta=beta,
+                                         gamma=1.0, fuse_bonus=True))
         t0 = time.perf_counter()
         raw = self._verify([], keep=1)  # [1, V]
         c = self.constraint
@@ -142,14 +170,17 @@ class Decoder:
         full = self.head.to_full(drafts.proposal).to(like.device)  # [K, V]
         return full if drafts.masks is None else mask_rows(full, drafts.masks[:k])
 
-    def spec_round(self, budgets: dict, *, rule: str, beta: float, gamma: float,
-                   fuse_bonus: bool = True) -> RoundOutcome:
+    def spec_round(self, budgets: dict, rule: "RoundRule") -> RoundOutcome:
         """Draft -> verify K+1 in one forward -> base pass -> gate -> crop.
 
-        `budgets[name]` is how many drafts to ask the drafter called `name` for ("lookup",
-        "model"); the first non-empty proposal wins. `rule` is the acceptance rule
-        (SpecConfig.rule_for): "cda", "greedy", "exact" or "coupled".
+        `budgets[name]` is how many drafts to ask the drafter called `name` for ("suffix",
+        "lookup", "model"); the first non-empty proposal wins. `rule`: the round's acceptance
+        as the plan resolved it (asymagent/decoding/plan.py) and the gate's beta and gamma.
         """
+        if self.graph_round is not None:  # the whole round on the device (graph_round.py)
+            outcome = self.graph_round.spec_round(budgets, rule)
+            if outcome is not None:
+                return outcome
         # 1. Draft d_1..d_K on the full view: the first drafter with a proposal wins.
         t0 = time.perf_counter()
         drafts, source = Drafts(tokens=[], source=""), None
@@ -158,13 +189,12 @@ class Decoder:
             if drafts:
                 break
         if not drafts:  # nothing to propose (e.g. the constraint allows no draft): plain step
-            return self.plain_step(beta if fuse_bonus else 0.0)
-        outcome = self._round(drafts, t0, rule=rule, beta=beta, gamma=gamma, fuse_bonus=fuse_bonus)
+            return self.plain_step(rule.beta if rule.fuse_bonus else 0.0)
+        outcome = self._round(drafts, t0, rule)
         source.update(outcome)
         return outcome
 
-    def _round(self, drafts: Drafts, t0: float | None, *, rule: str, beta: float, gamma: float,
-               fuse_bonus: bool) -> RoundOutcome:
+    def _round(self, drafts: Drafts, t0: float | None, rule: "RoundRule") -> RoundOutcome:
         """Steps 2-5 of a round over `drafts` (none: a fused plain step); `t0` = drafting start."""
         t1 = time.perf_counter()
         t0 = t1 if t0 is None else t0
@@ -200,17 +230,17 @@ class Decoder:
         # of the (fused) target at its position; "exact" gets its uniforms and exponentials
         # keyed by position too. Greedy and cda read no noise.
         noise = None
-        sampled = self.temperature > 0.0
-        if sampled and rule in ("coupled", "greedy"):
+        acc = rule.acceptance
+        if acc.perturb:
             v = perturb(v, self.temperature, self.noise.gumbel_rows(position, k + 1))  # [K+1, V]
-            rule = "greedy"
-        elif sampled and rule == "exact":
+        elif acc.gate_noise:
             noise = self.noise.gate_noise(position, k)
         result = fused_gate(v[None], None if a is None else a[None], None if b is None else b[None],
                             torch.tensor([tokens], dtype=torch.long, device=v.device).view(1, k),  # [1, K]
-                            beta=beta if self.fused else 0.0, gamma=gamma if self.fused else 1.0,
-                            acceptance=rule, temperature=self.temperature, noise=noise,
-                            proposal_logits=proposal[None], fuse_bonus=fuse_bonus)
+                            beta=rule.beta if self.fused else 0.0,
+                            gamma=rule.gamma if self.fused else 1.0,
+                            acceptance=acc.gate, temperature=self.temperature, noise=noise,
+                            proposal_logits=proposal[None], fuse_bonus=rule.fuse_bonus)
         n = int(result.num_accepted[0])  # the one sync per round
         token = int(result.next_token[0])
 

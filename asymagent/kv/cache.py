@@ -214,10 +214,7 @@ class CacheSession:
     def __init__(self, models: dict, static: dict | None = None) -> None:
         self._models = models  # role -> model
         self._static = static or {}
-        self.caches: dict = {}
-        self.views = None  # the conversation's asymagent.context.views.ContextViews (chat)
-        self.logprobs: list = []  # drafter log p(token_t | tokens_<t) for logprob_ids (chat)
-        self.logprob_ids: list = []  # the token ids `logprobs` refers to
+        self.caches: dict = {}  # the chat state beside them: asymagent/chat/conversation.py
 
     def get(self, role: str) -> ModelCache:
         if role not in self.caches:

@@ -53,3 +53,53 @@ class GraphSet:
         with torch.cuda.graph(graph):
             out = kv.step(ids, head)  # recorded, not run: the length is unchanged
         return graph, ids, out
+
+
+class CapturedCall:
+    """Any static-shape device function over StaticKVs (a whole speculative round), as one graph.
+
+    `fn(**inputs)` must do device work only (no host sync, no data-dependent Python branch) and
+    return tensors; `kvs` are the StaticKVs it feeds (their device lengths move on inside it).
+    With `capture` (CUDA) the first call copies the inputs into static buffers on `device`, warms
+    up on a side stream (the lengths are put back to the host mirrors afterwards), records the
+    graph and replays it; later calls copy the inputs (host tensors too: asynchronously, no sync)
+    and replay. Without `capture` (CPU) `fn` runs eagerly on the inputs moved to `device`: the
+    same code, which is what the CPU tests pin. The outputs of a replay are overwritten by the
+    next one: read them (one device->host copy) before calling again.
+    """
+
+    def __init__(self, fn, kvs: list, capture: bool, device: torch.device) -> None:
+        self.fn, self.kvs, self.capture = fn, list(kvs), bool(capture)
+        self.device = torch.device(device)
+        self.inputs: dict | None = None  # name -> static input buffer (CUDA)
+        self.graph = None
+        self.out = None
+
+    def __call__(self, **inputs):
+        if not self.capture:
+            return self.fn(**{name: None if v is None else v.to(self.device)
+                              for name, v in inputs.items()})
+        if self.graph is None:
+            self._record(inputs)
+        for name, value in inputs.items():
+            if value is not None:
+                self.inputs[name].copy_(value, non_blocking=True)
+        self.graph.replay()
+        return self.out
+
+    def _record(self, inputs: dict) -> None:
+        self.inputs = {name: None if v is None else v.to(self.device, copy=True)
+                       for name, v in inputs.items()}
+        device = self.device
+        current = torch.cuda.current_stream(device)
+        side = torch.cuda.Stream(device=device)
+        side.wait_stream(current)
+        with torch.cuda.stream(side):
+            self.fn(**self.inputs)  # warm-up: lazy cuBLAS / Triton compiles, outside the capture
+            for kv in self.kvs:
+                kv.length.fill_(kv.seen)  # the warm-up wrote past the lengths: put them back
+        current.wait_stream(side)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            self.out = self.fn(**self.inputs)  # recorded, not run
+        self.graph = graph

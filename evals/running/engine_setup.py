@@ -52,8 +52,11 @@ class EngineSpec:
 
 
 def build_engine(verifier: str = "default", drafter: str | None = None, *, spec=None,
-                 compression=None, allow_fallback: bool = True, max_sessions: int = 8) -> EngineSetup:
-    """The engine eval/bench run on (see module docstring)."""
+                 compression=None, allow_fallback: bool = True, max_sessions: int = 8,
+                 dtype="float32", compile: bool = False) -> EngineSetup:
+    """The engine eval/bench run on (see module docstring). `dtype`: a torch dtype or a
+    `--dtype` name (asymagent/modeling/cpu_dtype.py; the drafter follows the verifier's);
+    `compile`: Engine(compile=...) (asymagent/kv/compiled_forward.py)."""
     from asymagent.modeling.drafter import DrafterMismatchError, build_drafter, load_drafter
     from asymagent.engine import Engine
     from asymagent.modeling.loading import EMBEDDED_VERIFIER_ID, load_model
@@ -62,14 +65,14 @@ def build_engine(verifier: str = "default", drafter: str | None = None, *, spec=
         from asymagent.context.views import CompressionConfig
 
         compression = CompressionConfig()
-    loaded = load_model(verifier)
+    loaded = load_model(verifier, dtype=dtype)
     ver_desc = EMBEDDED_VERIFIER_ID if verifier in ("default", "embedded", "smollm2") else loaded.source
     if drafter is not None:
         model = load_drafter(drafter, loaded.model)
         card = getattr(model, "asymagent_card", {}) or {}
         desc = f"{drafter} ({card.get('name') or card.get('steps', '?')} steps)" if card else str(drafter)
         return EngineSetup(Engine(loaded.model, model, loaded.tokenizer, spec=spec, compression=compression,
-                                  max_sessions=max_sessions, verifier_fingerprint=loaded.fingerprint),
+                                  max_sessions=max_sessions, compile=compile, verifier_fingerprint=loaded.fingerprint),
                            ver_desc, desc, False)
     if verifier in ("default", "embedded", "smollm2"):
         try:
@@ -77,7 +80,7 @@ def build_engine(verifier: str = "default", drafter: str | None = None, *, spec=
 
             model = load_default_drafter(loaded.model, loaded.fingerprint)
             return EngineSetup(Engine(loaded.model, model, loaded.tokenizer, spec=spec,
-                                      compression=compression, max_sessions=max_sessions,
+                                      compression=compression, max_sessions=max_sessions, compile=compile,
                                       verifier_fingerprint=loaded.fingerprint),
                                ver_desc, f"default ({DEFAULT_DRAFTER_FILE.name})", False)
         except (FileNotFoundError, DrafterMismatchError) as exc:
@@ -92,7 +95,7 @@ def build_engine(verifier: str = "default", drafter: str | None = None, *, spec=
     desc = (f"FALLBACK: the verifier's first 2 layers, untrained, full vocabulary ({reason}); "
             "numbers for spec/asym do not reflect a trained drafter")
     return EngineSetup(Engine(loaded.model, model, loaded.tokenizer, spec=spec, compression=compression,
-                              max_sessions=max_sessions, verifier_fingerprint=loaded.fingerprint),
+                              max_sessions=max_sessions, compile=compile, verifier_fingerprint=loaded.fingerprint),
                        ver_desc, desc, True)
 
 

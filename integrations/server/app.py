@@ -4,7 +4,7 @@ It builds the serving context (context.py: engine worker, metrics, limits, traci
 middleware (the body cap, body_limit.py; CORS for the origins given, opt-in), the error handlers
 (errors.py) and one handler object per endpoint: GET /health, /version, /metrics (health.py),
 GET /v1/models[/{id}] (models.py), POST /v1/chat/completions (chat.py), POST /v1/completions
-(completions.py). docs/serving.md is the reference of the HTTP API.
+(completions.py), POST /v1/responses and GET /v1/responses/{id} (responses.py). docs/serving.md is the reference of the HTTP API.
 """
 
 from __future__ import annotations
@@ -56,7 +56,7 @@ def _app(ctx: ServingContext, max_body_bytes: int, cors_origins: list[str] | Non
             ctx.worker.stop()
 
     app = FastAPI(title="asymagent OpenAI-compatible server", lifespan=lifespan)
-    app.add_middleware(BodyLimit, max_body_bytes=max_body_bytes, on_refused=ctx.metrics.error)
+    app.add_middleware(BodyLimit, max_body_bytes=max_body_bytes, on_refused=ctx.refused_body)
     if cors_origins:  # added last: the outermost layer answers a preflight first
         from starlette.middleware.cors import CORSMiddleware
 
@@ -76,6 +76,7 @@ def _routes(app, ctx: ServingContext) -> None:
     from asymagent.integrations.server.completions import Completions
     from asymagent.integrations.server.health import Health
     from asymagent.integrations.server.models import Models
+    from asymagent.integrations.server.responses import Responses
 
     keyed = [Depends(ctx.check_key)]
     health, models = Health(ctx), Models(ctx)
@@ -86,3 +87,6 @@ def _routes(app, ctx: ServingContext) -> None:
     app.get("/v1/models/{model_id:path}", dependencies=keyed)(models.get)
     app.post("/v1/chat/completions", dependencies=keyed)(ChatCompletions(ctx).create)
     app.post("/v1/completions", dependencies=keyed)(Completions(ctx).create)
+    responses = Responses(ctx)
+    app.post("/v1/responses", dependencies=keyed)(responses.create)
+    app.get("/v1/responses/{response_id}", dependencies=keyed)(responses.retrieve)

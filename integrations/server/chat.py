@@ -29,15 +29,18 @@ from asymagent.integrations.server.streaming import DONE, SSE_HEADERS, error_lin
 from asymagent.integrations.server.worker import count_prompt_tokens
 
 
-def cache_key_for(messages: list[dict], tools: list | None, mode: str) -> str:
+def cache_key_for(messages: list[dict], tools: list | None, mode: str,
+                  prompt_cache_key: str | None = None) -> str:
     """Conversation identity: tools, mode and every message up to and including the first user
-    message. Later turns of the same agent conversation keep that prefix, so they share a session."""
+    message. Later turns of the same agent conversation keep that prefix, so they share a session.
+    A client's `prompt_cache_key` (OpenAI's name for a conversation) replaces the messages."""
     head = []
     for message in messages:
         head.append(message)
         if message.get("role") == "user":
             break
-    blob = json.dumps({"m": head, "t": tools, "mode": mode}, sort_keys=True, ensure_ascii=False)
+    ident = {"m": head} if prompt_cache_key is None else {"k": prompt_cache_key}
+    blob = json.dumps({**ident, "t": tools, "mode": mode}, sort_keys=True, ensure_ascii=False)
     return "conv-" + hashlib.sha256(blob.encode()).hexdigest()[:24]
 
 
@@ -51,115 +54,199 @@ class ChatTask:
     cache_key: str
     options: dict = field(default_factory=dict)  # Engine.chat's other keywords
     where: str = "messages"
+    call_prefix: str = field(default_factory=lambda: "call_" + uuid.uuid4().hex[:22])
 
     @property
     def mode(self) -> str:
         return self.options["mode"]
 
+    def call_id(self, index: int) -> str:
+        """The id of this turn's tool call at `index`: the same in the stream, the answer and
+        the trace (the engine's own ids are replaced with these)."""
+        return f"{self.call_prefix}{index:02d}"
+
     def prompt_tokens(self, engine, chat_format) -> int:
         return count_prompt_tokens(chat_format, self.messages, self.tools)
 
     def run(self, engine, callback):
-        return engine.chat(messages=self.messages, tools=self.tools, max_new_tokens=self.max_new_tokens,
-                           cache_key=self.cache_key, callback=callback, **self.options)
+        result = engine.chat(messages=self.messages, tools=self.tools,
+                             max_new_tokens=self.max_new_tokens, cache_key=self.cache_key,
+                             callback=callback, **self.options)
+        for index, call in enumerate(getattr(result, "tool_calls", None) or []):
+            call["id"] = self.call_id(index)
+        return result
 
     def record(self, trace_writer, engine, result) -> None:
         trace_writer.record(engine, self.messages, self.tools, result, source="serve",
                             mode=self.mode, temperature=self.options.get("temperature") or 0.0)
 
 
-def chat_task(req: S.ChatCompletionRequest, limits, recorder) -> ChatTask:
-    """The worker's task for a chat request (the server's defaults where the request is silent)."""
-    mode = req.mode or limits.default_mode
-    messages = [m.to_engine() for m in req.messages]
-    tool_choice = req.engine_tool_choice()
+@dataclass
+class Turn:
+    """What a chat-shaped request asks the engine for, in the engine's terms (chat.py builds it
+    from a chat completion request, responses.py from a Responses request)."""
+
+    messages: list[dict]
+    tools: list[dict] | None  # OpenAI chat tool dicts
+    tool_choice: object  # "none" | "auto" | "required" | {"type": "function", "function": ...}
+    response_format: dict | None
+    max_new_tokens: int
+    prompt_cache_key: str | None = None
+    parallel_tool_calls: bool | None = None  # the request's; OpenAI's default (None) is true
+
+
+def chat_task(turn: Turn, sampling: S.SamplingFields, limits, recorder,
+              seed: int | None = None, eos_ids=()) -> ChatTask:
+    """The worker's task for a turn (the server's defaults where the request is silent);
+    `seed` the choice's (SamplingFields.choice_seeds); `eos_ids` the engine's end tokens."""
+    mode = sampling.mode or limits.default_mode
+    engine_tools = turn.tools if turn.tool_choice != "none" else None
+    temperature = limits.default_temperature if sampling.temperature is None \
+        else sampling.temperature
+    options = dict(mode=mode, temperature=temperature, seed=seed, top_p=sampling.top_p,
+                   stop=sampling.stop, tool_choice=turn.tool_choice if engine_tools else "auto",
+                   response_format=turn.response_format, logprobs=recorder,
+                   parallel_tool_calls=turn.parallel_tool_calls is not False,
+                   **sampling.sampling(eos_ids))
+    return ChatTask(turn.messages, engine_tools, turn.max_new_tokens,
+                    cache_key_for(turn.messages, engine_tools, mode, turn.prompt_cache_key),
+                    options)
+
+
+def chat_turn(req: S.ChatCompletionRequest, limits) -> Turn:
     tools = [t.model_dump(exclude_none=True) for t in req.tools] if req.tools else None
-    engine_tools = tools if tool_choice != "none" else None
-    temperature = limits.default_temperature if req.temperature is None else req.temperature
-    options = dict(mode=mode, temperature=temperature, seed=req.seed, top_p=req.top_p,
-                   stop=req.stop, tool_choice=tool_choice if engine_tools else "auto",
-                   response_format=req.response_format.to_engine() if req.response_format
-                   else None, logprobs=recorder, **req.sampling())
-    return ChatTask(messages, engine_tools, req.max_new_tokens(limits.default_max_tokens),
-                    cache_key_for(messages, engine_tools, mode), options)
+    return Turn([m.to_engine() for m in req.messages], tools, req.engine_tool_choice(),
+                req.response_format.to_engine() if req.response_format else None,
+                req.max_new_tokens(limits.default_max_tokens), req.prompt_cache_key,
+                req.parallel_tool_calls)
+
+
+def choices_usage(results: list, prompt_tokens: int) -> dict:
+    """OpenAI's usage over n choices of one prompt: the prompt once, the completions added."""
+    usage = usage_for(results[0], prompt_tokens)
+    for result in results[1:]:
+        more = usage_for(result, prompt_tokens)
+        for key in ("completion_tokens", "drafted_tokens", "accepted_tokens"):
+            usage[key] += more[key]
+        for key in ("accepted_prediction_tokens", "rejected_prediction_tokens"):
+            usage["completion_tokens_details"][key] += more["completion_tokens_details"][key]
+    usage["total_tokens"] = prompt_tokens + usage["completion_tokens"]
+    drafted = usage["drafted_tokens"]
+    usage["acceptance_rate"] = usage["accepted_tokens"] / drafted if drafted else 0.0
+    return usage
 
 
 class ChatCompletions:
-    """The handler of POST /v1/chat/completions (one per app)."""
+    """The handler of POST /v1/chat/completions (one per app). `n` choices run one after
+    another on the conversation's cache session, choice i with seed `seed + i`."""
 
     def __init__(self, ctx):
         self.ctx = ctx
+
+    def tasks(self, req: S.ChatCompletionRequest) -> list[ChatTask]:
+        turn, top = chat_turn(req, self.ctx.limits), req.top_logprobs_count()
+        return [chat_task(turn, req, self.ctx.limits,
+                          None if top is None else LogprobRecorder(top), seed, self.ctx.stop_ids)
+                for seed in req.choice_seeds()]
 
     async def create(self, req: S.ChatCompletionRequest, request: Request):
         ctx = self.ctx
         refused = ctx.check_request(req)
         if refused is not None:
             return ctx.respond(refused)
-        top = req.top_logprobs_count()
-        recorder = None if top is None else LogprobRecorder(top)
-        task = chat_task(req, ctx.limits, recorder)
         max_calls = 1 if req.parallel_tool_calls is False else None
-        job = ctx.new_job(task)
-        first = await ctx.start(job, request)
+        jobs = [ctx.new_job(task) for task in self.tasks(req)]
+        first = await ctx.start(jobs[0], request)  # its errors get their own status
         if isinstance(first, Failed):
             return ctx.respond(first)
         cid = "chatcmpl-" + uuid.uuid4().hex[:24]
         if req.stream:
-            encoder = ChatChunks(ctx, cid, task, first.prompt_tokens, recorder=recorder,
+            encoder = ChatChunks(ctx, cid, first.prompt_tokens, max_calls=max_calls,
                                  include_usage=bool(req.stream_options and
-                                                    req.stream_options.include_usage),
-                                 max_calls=max_calls, stop=req.stop)
-            return StreamingResponse(encoder.stream(job, request), media_type="text/event-stream",
-                                     headers=SSE_HEADERS)
-        ev = await ctx.finished(job, request)
-        if isinstance(ev, Failed):
-            return ctx.respond(ev)
-        return JSONResponse(self.body(cid, task, ev.result, first.prompt_tokens, recorder,
-                                      max_calls))
+                                                    req.stream_options.include_usage))
+            return StreamingResponse(encoder.stream(jobs, request),
+                                     media_type="text/event-stream", headers=SSE_HEADERS)
+        results = []
+        for index, job in enumerate(jobs):
+            started = first if index == 0 else await ctx.start(job, request)
+            ev = started if isinstance(started, Failed) else await ctx.finished(job, request)
+            if isinstance(ev, Failed):
+                return ctx.respond(ev)
+            results.append(ev.result)
+        return JSONResponse(self.body(cid, [job.task for job in jobs], results,
+                                      first.prompt_tokens, max_calls))
 
-    def body(self, cid: str, task: ChatTask, result, prompt_tokens: int, recorder,
-             max_calls: int | None) -> dict:
+    def choice(self, index: int, task: ChatTask, result, max_calls: int | None) -> S.Choice:
         ctx = self.ctx
         calls = [S.ToolCall.model_validate(c) for c in (result.tool_calls or [])[:max_calls]]
         message = S.ResponseMessage(content=(result.text or None) if calls else (result.text or ""),
                                     tool_calls=calls or None)
-        logprobs = None if recorder is None else {
+        logprobs = None if task.options["logprobs"] is None else {
             "content": chat_content(ctx.texts, visible(result.logprobs, ctx.stop_ids)),
             "refusal": None}
+        return S.Choice(index=index, message=message, finish_reason=finish_reason_for(result),
+                        logprobs=logprobs)
+
+    def body(self, cid: str, tasks: list[ChatTask], results: list, prompt_tokens: int,
+             max_calls: int | None) -> dict:
+        mode = tasks[0].mode
         body = S.ChatCompletion(
-            id=cid, model=ctx.model_name, system_fingerprint=f"asymagent-{task.mode}",
-            choices=[S.Choice(message=message, finish_reason=finish_reason_for(result),
-                              logprobs=logprobs)],
-            usage=S.Usage(**usage_for(result, prompt_tokens)))
+            id=cid, model=self.ctx.model_name, system_fingerprint=f"asymagent-{mode}",
+            choices=[self.choice(i, task, result, max_calls)
+                     for i, (task, result) in enumerate(zip(tasks, results))],
+            usage=S.Usage(**choices_usage(results, prompt_tokens)))
         out = body.model_dump(exclude_none=False)
-        out["asymagent"] = extension_for(result, task.mode)
+        exts = [extension_for(result, mode) for result in results]
+        out["asymagent"] = exts[0] if len(exts) == 1 else exts
         return out
 
 
 class ChatChunks:
-    """The SSE chunks of one streamed chat completion (an Encoder for streaming.relay)."""
+    """The SSE chunks of one streamed chat completion, its choices one after another (an
+    Encoder for streaming.relay, reset by `begin` for each choice)."""
 
-    def __init__(self, ctx, cid: str, task: ChatTask, prompt_tokens: int, *, recorder,
-                 include_usage: bool, max_calls: int | None, stop: list[str] | None):
-        self.ctx, self.cid, self.mode = ctx, cid, task.mode
-        self.prompt_tokens, self.recorder, self.include_usage = prompt_tokens, recorder, \
-            include_usage
-        self.tools_enabled = task.tools is not None
-        self.streamer = DeltaStreamer(tools_enabled=self.tools_enabled, stop=stop,
-                                      max_calls=max_calls)
+    def __init__(self, ctx, cid: str, prompt_tokens: int, *, include_usage: bool,
+                 max_calls: int | None):
+        self.ctx, self.cid, self.prompt_tokens = ctx, cid, prompt_tokens
+        self.include_usage, self.max_calls = include_usage, max_calls
         self.created = int(time.time())
-        self.sent = 0  # log-prob entries sent so far
-        self.covered = 0  # tokens the text sent so far covers
+        self.results: list = []
         self.closed = False
 
-    async def stream(self, job, request):
+    async def stream(self, jobs: list, request):
         try:
-            # OpenAI opens with content "" for text and null when the answer may be a tool call.
-            yield self.sse({"role": "assistant", "content": None if self.tools_enabled else ""})
-            async for line in relay(self.ctx, job, request, self):
-                yield line
+            for index, job in enumerate(jobs):
+                if index:
+                    started = await self.ctx.start(job, request)
+                    if isinstance(started, Failed):
+                        if started.status != 499:  # the client is still there: tell it
+                            self.ctx.count_error(started)
+                            for line in self.error(started):
+                                yield line
+                        return
+                yield self.begin(index, job.task)
+                async for line in relay(self.ctx, job, request, self):
+                    yield line
+                if self.closed:
+                    return
         finally:
-            job.cancel.set()  # a no-op once finished; stops generation if the client left
+            for job in jobs:
+                job.cancel.set()  # a no-op once finished; stops generation if the client left
+        if self.include_usage:
+            yield self.sse(None, usage=choices_usage(self.results, self.prompt_tokens))
+        yield DONE
+
+    def begin(self, index: int, task: ChatTask) -> str:
+        """Start choice `index`: OpenAI opens with content "" for text and null when the answer
+        may be a tool call."""
+        self.index, self.mode, self.recorder = index, task.mode, task.options["logprobs"]
+        self.tools_enabled = task.tools is not None
+        self.streamer = DeltaStreamer(tools_enabled=self.tools_enabled,
+                                      stop=task.options["stop"], max_calls=self.max_calls,
+                                      call_id=task.call_id)
+        self.sent = 0  # log-prob entries sent so far
+        self.covered = 0  # tokens the text sent so far covers
+        return self.sse({"role": "assistant", "content": None if self.tools_enabled else ""})
 
     def take_logprobs(self, entries: list | None = None) -> dict | None:
         """Entries not sent yet, up to the tokens covered (all of `entries` at the end)."""
@@ -175,7 +262,8 @@ class ChatChunks:
         chunk = {"id": self.cid, "object": "chat.completion.chunk", "created": self.created,
                  "model": self.ctx.model_name, "system_fingerprint": f"asymagent-{self.mode}",
                  "choices": [] if delta is None else [
-                     {"index": 0, "delta": delta, "logprobs": lp, "finish_reason": finish}]}
+                     {"index": self.index, "delta": delta, "logprobs": lp,
+                      "finish_reason": finish}]}
         if self.include_usage:
             chunk["usage"] = None
         chunk.update(extra)
@@ -191,12 +279,10 @@ class ChatChunks:
         lines = [self.sse(delta, final_logprobs=final) for delta in self.streamer.finish(result)]
         if timed_out:
             return lines
+        self.results.append(result)
         reason = finish_reason_for(result, self.streamer.sent_tool_calls)
-        lines.append(self.sse({}, reason, final_logprobs=final,
-                              asymagent=extension_for(result, self.mode)))
-        if self.include_usage:
-            lines.append(self.sse(None, usage=usage_for(result, self.prompt_tokens)))
-        return lines + [DONE]
+        return lines + [self.sse({}, reason, final_logprobs=final,
+                                 asymagent=extension_for(result, self.mode))]
 
     def error(self, failed: Failed) -> list[str]:
         return error_lines(failed)

@@ -15,6 +15,7 @@ prefix (few-shot examples) reuse its KV.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import time
 import uuid
@@ -130,12 +131,20 @@ class CompletionTask:
         """Text completions are not captured (a trace is a chat conversation)."""
 
 
-def completion_task(req: CompletionRequest, prompt, mode: str, limits) -> CompletionTask:
+def completions_cache_key(mode: str, prompt_cache_key: str | None) -> str:
+    """The cache session of text completions: one per mode, or per mode and `prompt_cache_key`."""
+    if prompt_cache_key is None:
+        return f"completions-{mode}"
+    return f"completions-{mode}-" + hashlib.sha256(prompt_cache_key.encode()).hexdigest()[:24]
+
+
+def completion_task(req: CompletionRequest, prompt, mode: str, limits,
+                    seed: int | None = None, eos_ids=()) -> CompletionTask:
     recorder = None if req.logprobs is None else LogprobRecorder(req.logprobs)
-    kwargs = dict(mode=mode, seed=req.seed, top_p=req.top_p, stop=req.stop,
+    kwargs = dict(mode=mode, seed=seed, top_p=req.top_p, stop=req.stop,
                   temperature=limits.default_temperature if req.temperature is None
-                  else req.temperature, cache_key=f"completions-{mode}",
-                  logprobs=recorder, **req.sampling())
+                  else req.temperature, cache_key=completions_cache_key(mode, req.prompt_cache_key),
+                  logprobs=recorder, **req.sampling(eos_ids))
     return CompletionTask(prompt, req.max_tokens, kwargs, echo=req.echo,
                           score_top=req.logprobs if req.echo else None, recorder=recorder)
 
@@ -165,8 +174,9 @@ class Completions:
             return ctx.respond(refused)
         mode = req.mode or ctx.limits.default_mode
         cid = "cmpl-" + uuid.uuid4().hex[:24]
-        jobs = [ctx.new_job(completion_task(req, prompt, mode, ctx.limits))
-                for prompt in req.prompts()]
+        # choices: each prompt's n samples in a row (index = prompt * n + i), as OpenAI orders them
+        jobs = [ctx.new_job(completion_task(req, prompt, mode, ctx.limits, seed, ctx.stop_ids))
+                for prompt in req.prompts() for seed in req.choice_seeds()]
         # The first prompt starts before the answer does, so its errors get their own status.
         first = await ctx.start(jobs[0], request)
         if isinstance(first, Failed):
@@ -185,7 +195,7 @@ class Completions:
             if isinstance(ev, Failed):
                 return ctx.respond(ev)
             choices.append(self.choice(index, job.task, ev.result))
-            usages.append(usage_for(ev.result, first.prompt_tokens))
+            usages.append(usage_for(ev.result, first.prompt_tokens if index % req.n == 0 else 0))
             exts.append(extension_for(ev.result, mode))
         return JSONResponse({"id": cid, "object": "text_completion", "created": int(time.time()),
                              "model": ctx.model_name, "system_fingerprint": f"asymagent-{mode}",
@@ -208,7 +218,7 @@ class CompletionChunks:
     streaming.relay, reset for each prompt)."""
 
     def __init__(self, ctx, cid: str, mode: str, req: CompletionRequest):
-        self.ctx, self.cid, self.mode, self.stop = ctx, cid, mode, req.stop
+        self.ctx, self.cid, self.mode, self.stop, self.n = ctx, cid, mode, req.stop, req.n
         self.include_usage = bool(req.stream_options and req.stream_options.include_usage)
         self.created = int(time.time())
         self.usages: list[dict] = []
@@ -282,7 +292,8 @@ class CompletionChunks:
             return []
         rest = "".join(d.get("content", "") for d in self.streamer.finish(_AsText(result.text)))
         final = [] if self.task.recorder is None else visible(result.logprobs, self.ctx.stop_ids)
-        self.usages.append(usage_for(result, self.prompt_tokens))
+        self.usages.append(usage_for(result, self.prompt_tokens if self.index % self.n == 0
+                                     else 0))
         return [self.sse(self.index, rest, finish_reason_for(result), self.take(final),
                          asymagent=extension_for(result, self.mode))]
 

@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from fastapi import Request  # module level: FastAPI resolves the dependency's annotation here
 
 from asymagent.integrations.server.errors import (ApiError, Failed, error_body, gone,
-                                                  model_not_found, timed_out)
+                                                  model_not_found, refusals, timed_out)
 from asymagent.integrations.server.logprobs import TokenTexts
 from asymagent.integrations.server.metrics import ServerMetrics
 from asymagent.integrations.server.schemas import MODES, finish_reason_for, lone_surrogate_at
@@ -136,7 +136,16 @@ class ServingContext:
 
     # -- errors and checks --------------------------------------------------------------------
     def count_error(self, failed: Failed) -> None:
+        """Count an error answer; a refusal (4xx) is also logged at INFO with its reason."""
         self.metrics.error(failed.status)
+        if 400 <= failed.status < 500:
+            refusals.info("%d %s%s: %s", failed.status, failed.code or failed.type,
+                          f" ({failed.param})" if failed.param else "", failed.message)
+
+    def refused_body(self, status: int) -> None:
+        """A body the body limit refused before the app saw it (413)."""
+        self.count_error(Failed(status, "request body over --max-body-bytes",
+                                code="request_too_large"))
 
     def respond(self, failed: Failed):
         """The HTTP response for an error (a bare 499 when the client has gone)."""

@@ -54,8 +54,11 @@ class DeltaStreamer:
     """Feed raw text with `push(text)`; close with `finish(result)`; both return delta dicts."""
 
     def __init__(self, *, tools_enabled: bool, stop: list[str] | None = None,
-                 max_calls: int | None = None):
+                 max_calls: int | None = None, call_id=None):
         self.tools_enabled = tools_enabled
+        # call_id(index) -> the id of the call at `index` (the task's, so the streamed id is
+        # the one in the engine's result and the trace); a fresh id per call without one
+        self.call_id = call_id or (lambda index: new_call_id())
         self.max_calls = max_calls  # parallel_tool_calls=false: 1 (later calls are dropped)
         self.stop = list(stop or [])
         self.text = ""
@@ -124,7 +127,7 @@ class DeltaStreamer:
                 return out  # incomplete head (or not a call: finish() sorts it out)
             call = _Call(len(self.calls), json.loads('"' + m.group(1) + '"'), m.end())
             self.calls.append(call)
-            out.append({"tool_calls": [{"index": call.index, "id": new_call_id(),
+            out.append({"tool_calls": [{"index": call.index, "id": self.call_id(call.index),
                                         "type": "function",
                                         "function": {"name": call.name, "arguments": ""}}]})
 
@@ -192,7 +195,7 @@ class DeltaStreamer:
                 elif call.value_end is not None:
                     out += self._args_delta(call, self.text[call.args_start:call.value_end])
                 continue
-            out.append({"tool_calls": [{"index": i, "id": tc.get("id") or new_call_id(),
+            out.append({"tool_calls": [{"index": i, "id": tc.get("id") or self.call_id(i),
                                         "type": "function",
                                         "function": {"name": tc["function"]["name"],
                                                      "arguments": args}}]})

@@ -16,6 +16,9 @@ import logging
 from dataclasses import dataclass
 
 log = logging.getLogger("asymagent.server")
+# Refusals (4xx) are logged at INFO with their reason under uvicorn's error logger, so
+# `asymagent serve --log-level info` prints them beside uvicorn's own lines.
+refusals = logging.getLogger("uvicorn.error").getChild("asymagent")
 
 
 @dataclass
@@ -88,6 +91,24 @@ def validation_failure(errors: list[dict]) -> Failed:
                   code="invalid_value")
 
 
+def endpoints(app) -> list[str]:
+    """'METHOD /path' of every endpoint the app serves (its API routes)."""
+    from fastapi.routing import APIRoute
+
+    out = []
+    for route in app.routes:
+        if isinstance(route, APIRoute):
+            out += [f"{method} {route.path}" for method in sorted(route.methods)]
+    return out
+
+
+def unknown_route(request) -> Failed:
+    """The 404 of a path nobody serves: it names the path and lists the endpoints."""
+    listed = ", ".join(endpoints(request.app))
+    return Failed(404, f"Unknown request URL: {request.method} {request.url.path}. This server "
+                       f"serves: {listed}", "not_found_error", code="unknown_url")
+
+
 def install_handlers(app, respond) -> None:
     """FastAPI's own exceptions as OpenAI error bodies; `respond(Failed) -> Response`."""
     from fastapi.exceptions import RequestValidationError
@@ -110,7 +131,11 @@ def install_handlers(app, respond) -> None:
         if exc.status_code == 400 and exc.__cause__ is not None:  # FastAPI could not read JSON
             return respond(Failed(400, body_parse_error(exc.__cause__), code="invalid_json"))
         if exc.status_code == 404:
-            return respond(Failed(404, str(exc.detail), "not_found_error"))
+            return respond(unknown_route(request))
+        if exc.status_code == 405:  # a known path with another method
+            listed = ", ".join(endpoints(request.app))
+            return respond(Failed(405, f"Method {request.method} is not allowed for "
+                                       f"{request.url.path}. This server serves: {listed}"))
         return respond(Failed(exc.status_code, str(exc.detail)))
 
     @app.exception_handler(Exception)

@@ -8,12 +8,14 @@ answer, accepted with no effect; unknown fields are a 400 (`extra="forbid"`).
 
 from __future__ import annotations
 
+import secrets
 from typing import Any, Literal, Optional, Union
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator, model_validator
 
 MIN_SAMPLING_TEMPERATURE = 1e-4  # smaller positive temperatures decode greedily (see below)
 MIN_TOP_P = 1e-6
+MAX_CHOICES = 8  # n: choices are generated one after another on one CPU worker
 
 
 class StreamOptions(BaseModel):
@@ -64,6 +66,9 @@ REFUSED = {
     "web_search_options": "web search is not supported",
     "best_of": "best_of > 1 is not supported: one completion per request",
     "suffix": "suffix (insertion) is not supported",
+    "chat_template_kwargs": "chat_template_kwargs is not supported: the engine renders every "
+                            "conversation with one append-stable chat format per tokenizer (the "
+                            "template's defaults)",
 }
 
 
@@ -104,7 +109,7 @@ class SamplingFields(BaseModel):
     min_p: Optional[float] = Field(default=None, ge=0.0, le=1.0)  # vLLM extension
     seed: Optional[int] = None
     stop: Optional[Union[str, list[str]]] = None
-    n: int = 1
+    n: int = Field(default=1, ge=1, le=MAX_CHOICES)  # choice i samples with seed + i
     stream: bool = False
     stream_options: Optional[StreamOptions] = None
     presence_penalty: float = Field(default=0.0, ge=-2.0, le=2.0)
@@ -112,6 +117,9 @@ class SamplingFields(BaseModel):
     logit_bias: Optional[dict[str, float]] = None
     mode: Optional[Literal["full", "compressed", "spec", "asym"]] = None  # extension
     user: Optional[str] = None  # no effect: an end-user id for the caller's own records
+    # OpenAI's name for a conversation: the engine cache session (and a router's affinity key)
+    prompt_cache_key: Optional[str] = Field(default=None, max_length=1024)
+    ignore_eos: bool = False  # vLLM extension: the end tokens are masked, so it runs to max_tokens
 
     @field_validator("temperature")
     @classmethod
@@ -126,14 +134,6 @@ class SamplingFields(BaseModel):
         # A nucleus of mass 1e-6 is already the top token alone; smaller values round to 0 in
         # float32, and a zero nucleus would drop every token.
         return max(value, MIN_TOP_P)
-
-    @field_validator("n")
-    @classmethod
-    def _one(cls, value: int) -> int:
-        if value != 1:
-            raise ValueError("only n=1 is supported: one completion per request (send n "
-                             "requests, with different seeds when sampling)")
-        return value
 
     @field_validator("stop")
     @classmethod
@@ -161,9 +161,20 @@ class SamplingFields(BaseModel):
             raise ValueError("stream_options is only allowed when stream is true")
         return value
 
-    def sampling(self) -> dict:
-        """The engine's sampling keywords (penalties, bias, top-k, min-p)."""
+    def choice_seeds(self) -> list[int | None]:
+        """The seed of each of the n choices: `seed + i` (a random base without a seed), so
+        choice 0 is the n=1 answer and a seeded request repeats; n=1 keeps `seed` as given."""
+        if self.n == 1:
+            return [self.seed]
+        base = self.seed if self.seed is not None else secrets.randbits(62)
+        return [base + i for i in range(self.n)]
+
+    def sampling(self, eos_ids=()) -> dict:
+        """The engine's sampling keywords (penalties, bias, top-k, min-p); with `ignore_eos` the
+        end tokens `eos_ids` get a bias of -100 (never chosen unless a grammar forces one)."""
+        bias = token_bias(self.logit_bias)
+        if self.ignore_eos and eos_ids:
+            bias = {**(bias or {}), **{int(t): -100.0 for t in eos_ids}}
         return dict(top_k=max(self.top_k or 0, 0), min_p=self.min_p or 0.0,
                     frequency_penalty=self.frequency_penalty,
-                    presence_penalty=self.presence_penalty,
-                    logit_bias=token_bias(self.logit_bias))
+                    presence_penalty=self.presence_penalty, logit_bias=bias)

@@ -13,7 +13,8 @@ class Models:
         self.ctx = ctx
 
     def card(self) -> S.ModelCard:
-        return S.ModelCard(id=self.ctx.model_name, created=self.ctx.created)
+        return S.ModelCard(id=self.ctx.model_name, created=self.ctx.created,
+                           max_model_len=self.ctx.worker.max_context)
 
     async def list(self):
         return S.ModelList(data=[self.card()]).model_dump()

@@ -185,7 +185,6 @@ class ChatCompletionRequest(SamplingFields):
     # No effect on the answer (accepted so clients that always send them work):
     metadata: Optional[dict[str, str]] = None  # tags for stored completions; nothing is stored
     service_tier: Optional[str] = None  # one local tier
-    prompt_cache_key: Optional[str] = None  # prefix caching is automatic (cache_key_for)
     safety_identifier: Optional[str] = None  # an end-user id for the caller's own records
     # Refused with a 400 naming the field (REFUSED says why):
     functions: Optional[Any] = None
@@ -195,12 +194,18 @@ class ChatCompletionRequest(SamplingFields):
     reasoning_effort: Optional[Any] = None
     verbosity: Optional[Any] = None
     web_search_options: Optional[Any] = None
+    chat_template_kwargs: Optional[dict[str, Any]] = None  # vLLM's; only empty (see REFUSED)
 
     @field_validator("functions", "function_call", "audio", "prediction", "reasoning_effort",
                      "verbosity", "web_search_options")
     @classmethod
     def _refused(cls, value, info):
         return refuse(info.field_name, value)
+
+    @field_validator("chat_template_kwargs")
+    @classmethod
+    def _template_kwargs(cls, value):
+        return refuse("chat_template_kwargs", value or None)
 
     @field_validator("store")
     @classmethod
@@ -312,6 +317,7 @@ class ModelCard(BaseModel):
     object: Literal["model"] = "model"
     created: int
     owned_by: str = "asymagent"
+    max_model_len: Optional[int] = None  # vLLM's field: the context limit (prompt + completion)
 
 
 class ModelList(BaseModel):

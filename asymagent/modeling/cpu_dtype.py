@@ -1,0 +1,117 @@
+"""Which weight dtype fits this machine: bfloat16 where the CPU multiplies bf16 in hardware.
+
+Measured on a 2-core AMX machine (issue 30): prefill of 1024 tokens of the embedded verifier is
+2-7x faster in bfloat16 than in float32, because AMX / AVX512-BF16 units multiply bf16 at several
+times the float32 rate; a CPU without them emulates bf16 and gets slower, not faster. So:
+
+- `cpu_bf16_support()` says once per process which bf16 matrix unit the CPU has ("amx_bf16",
+  "avx512_bf16") or None, from torch's own CPU feature probe (and /proc/cpuinfo's flags);
+- `auto_dtype(device)` is bfloat16 on such a CPU (and on CUDA), float32 elsewhere;
+- `resolve_dtype(name, device)` turns a `--dtype` value ("auto", "float32", "bfloat16",
+  "float16", "int8") into (weights dtype, quantisation or None): "int8" is float32 weights whose
+  linear layers are then quantised (asymagent/modeling/quantize.py);
+- `runtime_info(model)` is what `asymagent --version`, the engine banner and the server's
+  `/version` report: the model's dtype, the automatic choice and the CPU's matrix units.
+
+Logits and the acceptance gate stay float32 in every dtype: the engine casts the LM-head output
+rows (`ModelCache.forward_logits`, `DraftHead`) before any softmax.
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+
+import torch
+
+DTYPE_NAMES = ("auto", "float32", "bfloat16", "float16", "int8")
+QUANTIZED = ("int8",)  # names that are a quantisation of float32 weights, not a torch dtype
+
+
+@functools.cache
+def cpu_bf16_support() -> str | None:
+    """The CPU's bf16 matrix unit ("amx_bf16" or "avx512_bf16"), or None; probed once.
+
+    `ASYMAGENT_CPU_BF16=0` forces None (to measure the float32 path on a bf16 machine)."""
+    if os.environ.get("ASYMAGENT_CPU_BF16", "").strip().lower() in ("0", "false", "off", "no"):
+        return None
+    flags: set = set()
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("flags"):
+                    flags = set(line.split(":", 1)[1].split())
+                    break
+    except OSError:
+        pass
+    cpu = getattr(torch, "cpu", None)
+
+    def probe(name: str) -> bool:
+        fn = getattr(cpu, name, None)
+        try:
+            return bool(fn()) if fn is not None else False
+        except Exception:  # noqa: BLE001 - a probe that fails means "not known to be there"
+            return False
+
+    if "amx_bf16" in flags or (not flags and probe("_is_amx_tile_supported")):
+        return "amx_bf16"
+    if "avx512_bf16" in flags or (not flags and probe("_is_avx512_bf16_supported")):
+        return "avx512_bf16"
+    return None
+
+
+def auto_dtype(device: str | torch.device | None = None) -> torch.dtype:
+    """bfloat16 on CUDA and on a CPU with bf16 matrix units, float32 elsewhere."""
+    kind = torch.device(device).type if device is not None else "cpu"
+    if kind == "cuda":
+        return torch.bfloat16
+    if kind == "cpu" and cpu_bf16_support() is not None:
+        return torch.bfloat16
+    return torch.float32
+
+
+def resolve_dtype(name, device: str | torch.device | None = None
+                  ) -> tuple[torch.dtype, str | None]:
+    """(weights dtype, quantisation) for a `--dtype` value, a torch.dtype or None (= "auto")."""
+    if name is None:
+        name = "auto"
+    if isinstance(name, torch.dtype):
+        return name, None
+    name = str(name).strip().lower().removeprefix("torch.")
+    if name == "auto":
+        return auto_dtype(device), None
+    if name in QUANTIZED:
+        return torch.float32, name
+    if name in ("float32", "bfloat16", "float16"):
+        return getattr(torch, name), None
+    raise ValueError(f"unknown dtype {name!r}; use one of {', '.join(DTYPE_NAMES)}")
+
+
+def dtype_name(model: torch.nn.Module) -> str:
+    """"int8" for a model with dynamically quantised linear layers, else its parameters' dtype."""
+    if getattr(model, "asymagent_quantized", None):
+        return str(model.asymagent_quantized)
+    param = next(model.parameters(), None)
+    return str(param.dtype).removeprefix("torch.") if param is not None else "unknown"
+
+
+def runtime_info(model: torch.nn.Module | None = None) -> dict:
+    """{"dtype" (the model's, when given), "auto_dtype", "cpu_bf16", "cpu_capability"}."""
+    info = {}
+    if model is not None:
+        info["dtype"] = dtype_name(model)
+    info["auto_dtype"] = str(auto_dtype("cpu")).removeprefix("torch.")
+    info["cpu_bf16"] = cpu_bf16_support()
+    try:
+        info["cpu_capability"] = torch.backends.cpu.get_cpu_capability()
+    except Exception:  # noqa: BLE001 - older torch
+        info["cpu_capability"] = None
+    return info
+
+
+def describe(info: dict) -> str:
+    """One line for banners: 'dtype bfloat16 (auto: bfloat16; CPU bf16 unit amx_bf16, AVX512)'."""
+    unit = info.get("cpu_bf16") or "none"
+    head = f"dtype {info['dtype']} " if "dtype" in info else ""
+    return (f"{head}(auto: {info['auto_dtype']}; CPU bf16 unit: {unit}; "
+            f"capability: {info.get('cpu_capability')})")

@@ -1,0 +1,62 @@
+"""Compiled static-KV forwards (asymagent/kv/compiled_forward.py): same tokens, eager fallback.
+
+The fallback test runs everywhere in a second (torch.compile replaced by one that fails). The
+real compilation (inductor generates and builds C++ for the tiny model: minutes on a shared 2-core
+machine) is a `slow` test.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from asymagent.engine import Engine
+from asymagent.kv import compiled_forward
+from asymagent.kv.cache import ModelCache
+from asymagent.kv.static_cache import StaticKVOptions
+from asymagent.spec_config import SpecConfig
+from test_engine_models import make_model, random_prompts
+
+
+@pytest.fixture
+def fresh_state(monkeypatch):
+    monkeypatch.setattr(compiled_forward, "_state", {"fn": None, "failed": None})
+    monkeypatch.setattr(compiled_forward, "WARMUP", {})
+
+
+def test_failed_compilation_falls_back_to_eager(fresh_state, monkeypatch):
+    def broken(fn, **kw):
+        def run(*a, **k):
+            raise RuntimeError("no C++ compiler\nsecond line")
+        return run
+
+    monkeypatch.setattr(torch, "compile", broken)
+    model = make_model(seed=0)
+    eager = ModelCache(model, static=StaticKVOptions())
+    comp = ModelCache(model, static=StaticKVOptions(compile=True))
+    ids = random_prompts(1, length=12, seed=4)[0]
+    want_first = eager.forward_logits(ids[:10], keep=1)  # [1, V]
+    want_rest = eager.forward_logits(ids[10:], keep=2)  # [2, V]
+    with pytest.warns(UserWarning, match="decoding eagerly .*no C\\+\\+ compiler"):
+        got_first = comp.forward_logits(ids[:10], keep=1)  # <= 16 tokens: the compiled path
+    got_rest = comp.forward_logits(ids[10:], keep=2)  # after the failure: eager, no new warning
+    torch.testing.assert_close(got_first, want_first, atol=1e-5, rtol=0)
+    torch.testing.assert_close(got_rest, want_rest, atol=1e-5, rtol=0)
+    assert compiled_forward.compile_failed().startswith("RuntimeError: no C++ compiler")
+    assert int(comp.cache.length) == comp.cache.seen == len(ids)  # the failed try left no trace
+
+
+@pytest.mark.slow
+def test_compiled_engine_emits_the_eager_tokens(fresh_state):
+    verifier = make_model(seed=0, head_scale=2.0)
+    drafter = make_model(seed=1, layers=1)
+    spec = SpecConfig(k=3, adaptive_k=False, beta=0.0, acceptance="greedy")
+    prompt = random_prompts(1, length=30, seed=5)[0]
+    out = {}
+    for compile_ in (False, True):
+        engine = Engine(verifier=verifier, drafter=drafter, spec=spec, static_kv=True, compile=compile_)
+        out[compile_] = [engine.generate(prompt, mode=m, max_new_tokens=12).token_ids
+                         for m in ("full", "spec")]
+    assert out[True] == out[False] and out[True][0] == out[True][1]
+    assert compiled_forward.compile_failed() is None
+    assert any(t == 1 for t, *_ in compiled_forward.WARMUP)  # the decode shape was compiled

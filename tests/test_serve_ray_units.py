@@ -1,0 +1,172 @@
+"""Units of `serve --ray` that need no Ray cluster: conversation keys, the metrics merge, the
+ASGI bridge an engine replica serves through, and the `--ray` flag checks (Ray absent: one line,
+exit 2, before any model loads)."""
+
+from __future__ import annotations
+
+import asyncio
+import sys
+
+import pytest
+
+from asymagent.integrations.ray_serve.affinity import conversation_key
+from asymagent.integrations.ray_serve.asgi_call import HttpRequest, call_asgi
+from asymagent.integrations.ray_serve.metrics_merge import merge_expositions
+
+SYSTEM = {"role": "system", "content": "You are a file agent."}
+USER = {"role": "user", "content": "Summarise the logs."}
+
+
+def test_conversation_key_order_prompt_cache_key_then_user_then_leading_messages():
+    chat = "/v1/chat/completions"
+    body = {"messages": [SYSTEM, USER], "user": "u1", "prompt_cache_key": "conv-7"}
+    assert conversation_key(chat, body) == "pck:conv-7"
+    del body["prompt_cache_key"]
+    assert conversation_key(chat, body) == "user:u1"
+    del body["user"]
+    first = conversation_key(chat, body)
+    assert first.startswith("chat:")
+    # An agent's later steps append to the conversation: same key.
+    grown = {"messages": [SYSTEM, USER, {"role": "assistant", "content": "ok"},
+                          {"role": "user", "content": "and the errors?"}], "max_tokens": 9}
+    assert conversation_key(chat, grown) == first
+    other = {"messages": [SYSTEM, {"role": "user", "content": "Another task."}]}
+    assert conversation_key(chat, other) != first
+
+
+def test_conversation_key_responses_completions_and_no_key():
+    r1 = conversation_key("/v1/responses", {"input": "hi", "instructions": "be brief"})
+    r2 = conversation_key("/v1/responses", {"input": [{"role": "user", "content": "hi"},
+                                                      {"role": "assistant", "content": "x"}],
+                                            "instructions": "be brief"})
+    assert r1 == r2 and r1.startswith("resp:")
+    few_shot = "Q: 1+1\nA: 2\n" * 100
+    assert conversation_key("/v1/completions", {"prompt": few_shot + "Q: 2+2"}) == \
+        conversation_key("/v1/completions", {"prompt": few_shot + "Q: 3+3"})
+    assert conversation_key("/v1/completions", {"prompt": [[1, 2, 3]]}).startswith("ids:")
+    for path, body in (("/v1/chat/completions", None), ("/v1/chat/completions", [1]),
+                       ("/v1/models", {}), ("/v1/chat/completions", {"messages": "x"}),
+                       ("/v1/chat/completions", {"prompt_cache_key": ""})):
+        assert conversation_key(path, body) is None
+
+
+def test_merge_expositions_labels_each_replica_and_adds_the_total():
+    from asymagent.integrations.server.metrics import ServerMetrics
+
+    a, b = ServerMetrics("m"), ServerMetrics("m")
+    a.prompt_tokens.labels("m").inc(5)
+    b.prompt_tokens.labels("m").inc(7)
+    a.waiting.labels("m").set(2)
+    b.waiting.labels("m").set(3)
+    a.e2e.labels("m").observe(0.3)
+    b.e2e.labels("m").observe(3.0)
+    text = merge_expositions([("r1", a.exposition().decode()),
+                              ("r2", b.exposition().decode())]).decode()
+    assert 'asymagent:prompt_tokens_total{model_name="m",replica="r1"} 5.0' in text
+    assert 'asymagent:prompt_tokens_total{model_name="m",replica="r2"} 7.0' in text
+    assert 'asymagent:prompt_tokens_total{model_name="m",replica="all"} 12.0' in text
+    assert 'asymagent:num_requests_waiting{model_name="m",replica="all"} 5.0' in text
+    assert 'asymagent:e2e_request_latency_seconds_bucket{le="0.5",model_name="m",replica="all"} 1.0' in text
+    assert 'asymagent:e2e_request_latency_seconds_count{model_name="m",replica="all"} 2.0' in text
+    assert "_created" not in text
+    from prometheus_client.parser import text_string_to_metric_families
+
+    assert any(f.name == "asymagent:prompt_tokens" for f in text_string_to_metric_families(text))
+
+
+def _collect(app, req: HttpRequest, stop_after: int | None = None):
+    async def run():
+        parts = []
+        gen = call_asgi(app, req)
+        async for part in gen:
+            parts.append(part)
+            if stop_after is not None and len(parts) >= stop_after:
+                await gen.aclose()
+                break
+        return parts
+    return asyncio.run(run())
+
+
+def test_call_asgi_streams_the_apps_response_and_reports_a_departed_caller():
+    from starlette.applications import Starlette
+    from starlette.requests import Request
+    from starlette.responses import JSONResponse, StreamingResponse
+    from starlette.routing import Route
+
+    seen = {"disconnected": False}
+
+    async def echo(request: Request):
+        body = await request.json()
+        return JSONResponse({"got": body, "q": request.url.query}, status_code=201)
+
+    async def stream(request: Request):
+        async def chunks():
+            try:
+                for i in range(1000):
+                    yield f"data: {i}\n\n"
+                    await asyncio.sleep(0.01)
+            finally:  # Starlette cancels the stream when receive() reports the disconnect
+                seen["disconnected"] = True
+        return StreamingResponse(chunks(), media_type="text/event-stream")
+
+    app = Starlette(routes=[Route("/echo", echo, methods=["POST"]), Route("/s", stream)])
+    parts = _collect(app, HttpRequest("POST", "/echo", b"a=1",
+                                      [("content-type", "application/json")], b'{"x": 1}'))
+    assert parts[0]["status"] == 201 and isinstance(parts[1], bytes)
+    assert b'"got":{"x":1}' in b"".join(parts[1:]) and b'"q":"a=1"' in parts[1]
+    parts = _collect(app, HttpRequest("GET", "/s"), stop_after=3)
+    assert parts[0]["status"] == 200 and parts[1] == b"data: 0\n\n"
+    assert seen["disconnected"]  # the app saw the caller leave and stopped
+
+
+def _serve_args(argv):
+    from asymagent.integrations.cli import build_parser
+
+    parser, _ = build_parser()
+    return parser.parse_args(["serve", *argv])
+
+
+def test_ray_flags_are_checked_before_any_model_loads(monkeypatch):
+    from asymagent.integrations import serve
+
+    with pytest.raises(ValueError, match="--replicas must be >= 1"):
+        serve.check_args(_serve_args(["--ray", "--replicas", "0"]))
+    with pytest.raises(ValueError, match="needs 400 CPUs"):
+        serve.check_args(_serve_args(["--ray", "--replicas", "400"]))
+    serve.check_args(_serve_args(["--ray", "auto", "--replicas", "400"]))  # a cluster may hold them
+    with pytest.raises(ValueError, match="--replica-gpus needs --device cuda"):
+        serve.check_args(_serve_args(["--ray", "auto", "--replica-gpus", "1"]))
+    args = _serve_args(["--ray", "--replicas", "1", "--replica-cpus", "0.5"])
+    assert args.ray == "" and args.replicas == 1 and args.replica_cpus == 0.5
+
+
+def test_ray_missing_refuses_in_one_line_with_exit_2(monkeypatch, capsys):
+    from asymagent.integrations import cli
+
+    monkeypatch.setitem(sys.modules, "ray", None)  # `import ray` raises ImportError
+    loaded = []
+    monkeypatch.setattr("asymagent.integrations.serve_setup.load_engine",
+                        lambda args: loaded.append(args))
+    with pytest.raises(SystemExit) as exc:
+        cli.main(["serve", "--ray", "--replicas", "1"])
+    assert exc.value.code == 2 and not loaded
+    err = capsys.readouterr().err.strip()
+    assert err.count("\n") == 0 and "pip install 'asymagent[ray]'" in err
+
+
+def test_response_owners_route_a_stored_response_back_to_its_conversation():
+    from asymagent.integrations.ray_serve.response_owners import ResponseOwners, response_id_in
+
+    owners = ResponseOwners(max_ids=2)
+    assert response_id_in(b'{"id": "resp_1", "object": "response"}') == "resp_1"
+    event = (b'event: response.created\ndata: {"type": "response.created", "sequence_number": 0, '
+             b'"response": {"id": "resp_2", "status": "in_progress"}}\n\n')
+    assert response_id_in(event) == "resp_2"
+    assert response_id_in(b'event: response.output_text.delta\ndata: {"type": "x"}\n\n') is None
+    owners.learn("chat:abc", "resp_1")
+    owners.learn("pck:k", "resp_2")
+    assert owners.key_for("POST", "/v1/responses", {"previous_response_id": "resp_1"}) == "chat:abc"
+    assert owners.key_for("GET", "/v1/responses/resp_2", None) == "pck:k"
+    assert owners.key_for("POST", "/v1/responses", {"previous_response_id": "resp_9"}) is None
+    owners.learn("x", "resp_3")  # the oldest id is forgotten past max_ids
+    assert owners.key_for("GET", "/v1/responses/resp_1", None) is None
