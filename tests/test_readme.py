@@ -93,3 +93,7 @@ def test_eval_on_your_traces_snippet(tmp_path):
     assert set(result["modes"]) == {"full", "asym"}
     for summary in result["modes"].values():
         assert summary["steps"] == 2 and 0.0 <= summary["step_accuracy"] <= 1.0
+    # issue 27: the traces' ids, and only the columns that apply to traces
+    assert result["trace_ids"] == ["lookup", "answer"]
+    assert "lookup" in out.stdout and "answer" in out.stdout
+    assert "attack" not in out.stdout and "seeds" not in out.stdout
