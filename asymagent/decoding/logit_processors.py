@@ -9,10 +9,10 @@ min-p truncate softmax(logits / T) like top-p (only at temperature > 0; greedy p
 which both keep). The repetition penalty is vLLM's / HF's (CTRL's): a token that occurs in the
 prompt or in the tokens generated so far has its logit divided by the penalty when positive and
 multiplied by it when negative (penalty > 1 discourages repeats, < 1 encourages them, 1 is off);
-`prompt_ids` are the request's prompt (the full view), and drafts count as for the other
-penalties (the prompt is the one the verifier reads: the compressed view in modes compressed
-and asym). The drafter's proposals are left unpenalised: a draft the penalised target
-does not want is rejected by the gate, so the output follows the penalised target either way.
+`prompt_ids` are the prompt the verifier reads (the compressed view in modes compressed and
+asym), and drafts count as for the other penalties. The drafter's proposals are left
+unpenalised: a draft the penalised target does not want is rejected by the gate, so the output
+follows the penalised target either way.
 """
 
 from __future__ import annotations
