@@ -167,6 +167,7 @@ class GenerationRequest:
     cache_key: str = "default"
     callback: Callable | None = None
     parallel_tool_calls: bool | None = None  # OpenAI's: True 1..8 calls, False at most one
+    chat_template_kwargs: dict | None = None  # extra chat-template variables (vLLM's), chat only
 
     def __post_init__(self) -> None:
         mode_of(self.mode)  # a ValueError naming the modes
@@ -187,6 +188,10 @@ class GenerationRequest:
         if self.parallel_tool_calls not in (None, True, False):
             raise RequestError("parallel_tool_calls", f"parallel_tool_calls must be true, false "
                                                       f"or null, got {self.parallel_tool_calls!r}")
+        kw = self.chat_template_kwargs
+        if kw is not None and (not isinstance(kw, dict) or not all(isinstance(k, str) for k in kw)):
+            raise RequestError("chat_template_kwargs", f"chat_template_kwargs must be a dict with "
+                                                       f"string keys, got {kw!r}")
         if not isinstance(self.cache_key, str):
             raise RequestError("cache_key", f"cache_key must be a string, got {self.cache_key!r}")
 

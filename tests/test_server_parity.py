@@ -331,3 +331,24 @@ def test_repetition_penalty_changes_a_repeating_answer(client):
     assert strong.choices[0].text != plain  # greedy, so only the penalty can change it
     one = client.completions.create(extra_body={"repetition_penalty": 1.0}, **kw)
     assert one.choices[0].text == plain
+
+
+def test_chat_template_kwargs_reach_the_template(smollm_tokenizer):
+    import copy
+
+    tokenizer = copy.deepcopy(smollm_tokenizer)
+    tokenizer.chat_template = "{% if shout %}SHOUT LOUDLY {% endif %}" + tokenizer.chat_template
+    app = create_app(tiny_engine(tokenizer), default_max_tokens=2, request_timeout=120)
+    with serving(app) as url:
+        def ask(**extra) -> dict:
+            r = httpx.post(url + "/v1/chat/completions", timeout=60,
+                           json={"model": "asymagent", "messages": USER, **extra})
+            assert r.status_code == 200, r.text
+            return r.json()
+
+        plain = ask()
+        shout = ask(chat_template_kwargs={"shout": True})
+        unread = ask(chat_template_kwargs={"enable_thinking": False})  # the template ignores it
+    assert shout["usage"]["prompt_tokens"] > plain["usage"]["prompt_tokens"]
+    assert shout["asymagent"]["stats"]["full_context_tokens"] == shout["usage"]["prompt_tokens"]
+    assert unread["usage"]["prompt_tokens"] == plain["usage"]["prompt_tokens"]

@@ -31,17 +31,21 @@ from asymagent.integrations.server.worker import count_prompt_tokens
 
 
 def cache_key_for(messages: list[dict], tools: list | None, mode: str,
-                  prompt_cache_key: str | None = None) -> str:
+                  prompt_cache_key: str | None = None, template_kwargs: dict | None = None) -> str:
     """Conversation identity: tools, mode and every message up to and including the first user
     message. Later turns of the same agent conversation keep that prefix, so they share a session.
-    A client's `prompt_cache_key` (OpenAI's name for a conversation) replaces the messages."""
+    A client's `prompt_cache_key` (OpenAI's name for a conversation) replaces the messages;
+    chat-template variables render other tokens, so they are part of it."""
     head = []
     for message in messages:
         head.append(message)
         if message.get("role") == "user":
             break
     ident = {"m": head} if prompt_cache_key is None else {"k": prompt_cache_key}
-    blob = json.dumps({**ident, "t": tools, "mode": mode}, sort_keys=True, ensure_ascii=False)
+    if template_kwargs:
+        ident["ct"] = template_kwargs
+    blob = json.dumps({**ident, "t": tools, "mode": mode}, sort_keys=True, ensure_ascii=False,
+                      default=str)
     return "conv-" + hashlib.sha256(blob.encode()).hexdigest()[:24]
 
 
@@ -76,6 +80,9 @@ class ChatTask:
         return f"{self.call_prefix}{index:02d}"
 
     def prompt_tokens(self, engine, chat_format) -> int:
+        kwargs = self.request.chat_template_kwargs
+        if kwargs:  # rendered as the engine will render it
+            chat_format = engine.chat_format_for(kwargs)
         return count_prompt_tokens(chat_format, self.messages, self.tools)
 
     def run(self, engine, callback):
@@ -102,6 +109,7 @@ class Turn:
     max_new_tokens: int
     prompt_cache_key: str | None = None
     parallel_tool_calls: bool | None = None  # the request's; OpenAI's default (None) is true
+    chat_template_kwargs: dict | None = None  # vLLM's: extra variables for the chat template
 
 
 def chat_task(turn: Turn, sampling: S.SamplingFields, limits, recorder,
@@ -117,8 +125,10 @@ def chat_task(turn: Turn, sampling: S.SamplingFields, limits, recorder,
         stop=sampling.stop or (), tools=engine_tools,
         tool_choice=turn.tool_choice if engine_tools else "auto",
         response_format=turn.response_format, logprobs=recorder,
-        cache_key=cache_key_for(turn.messages, engine_tools, mode, turn.prompt_cache_key),
-        parallel_tool_calls=turn.parallel_tool_calls is not False)
+        cache_key=cache_key_for(turn.messages, engine_tools, mode, turn.prompt_cache_key,
+                                turn.chat_template_kwargs),
+        parallel_tool_calls=turn.parallel_tool_calls is not False,
+        chat_template_kwargs=turn.chat_template_kwargs or None)
     return ChatTask(turn.messages, request)
 
 
@@ -127,7 +137,7 @@ def chat_turn(req: S.ChatCompletionRequest, limits) -> Turn:
     return Turn([m.to_engine() for m in req.messages], tools, req.engine_tool_choice(),
                 req.response_format.to_engine() if req.response_format else None,
                 req.max_new_tokens(limits.default_max_tokens), req.prompt_cache_key,
-                req.parallel_tool_calls)
+                req.parallel_tool_calls, req.chat_template_kwargs)
 
 
 def choices_usage(results: list, prompt_tokens: int) -> dict:

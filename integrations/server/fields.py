@@ -68,9 +68,6 @@ REFUSED = {
     "web_search_options": "web search is not supported",
     "best_of": "best_of > 1 is not supported: one completion per request",
     "suffix": "suffix (insertion) is not supported",
-    "chat_template_kwargs": "chat_template_kwargs is not supported: the engine renders every "
-                            "conversation with one append-stable chat format per tokenizer (the "
-                            "template's defaults)",
 }
 
 
