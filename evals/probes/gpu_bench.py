@@ -292,6 +292,9 @@ def bench_engine(args, device: str = "cuda", sink: Sink | None = None) -> dict:
                 runs[name].append(r)
         _summarise(out, runs)
         out["repeats_done"] = rep
+        from asymagent.kv.cuda_graphs import CAPTURE_ERRORS
+
+        out["round_capture_errors"] = list(CAPTURE_ERRORS)  # rounds then ran uncaptured
         sink.flush()
     return out
 
