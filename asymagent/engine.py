@@ -29,7 +29,7 @@ import torch
 
 from asymagent.chat.chat_format import ChatFormat
 from asymagent.chat.conversation import Conversation, ConversationStore
-from asymagent.chat.session import chat_result, prepare_chat
+from asymagent.chat.session import chat_result, prepare_chat, recall_step
 from asymagent.decoding.copy_delta import CopyDelta
 from asymagent.decoding.flops import FlopCounter
 from asymagent.decoding.logprobs import LogprobRecorder, score_tokens
@@ -452,4 +452,7 @@ class Engine:
             turn = prepare_chat(self, messages, request)
             result = self._generate(turn.full_ids, turn.compressed_ids, request,
                                     constraint=turn.constraint)
+            result = recall_step(self, turn, request, result,  # CompressionConfig.max_recalls
+                                 lambda ids: self._generate(turn.full_ids, ids, request,
+                                                            constraint=turn.constraint))
             return chat_result(self, turn, result)

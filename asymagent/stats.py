@@ -43,6 +43,8 @@ class StepStats:
     forced_tokens: int = 0  # tokens the constraint alone determined (jump-forward; docs/engine.md)
     rewrites: int = 0  # compressed-view rewrites that forced a verifier re-prefill
     cached_tokens: int = 0  # verifier view tokens reused from its KV cache (not prefilled)
+    recalls: int = 0  # removed text brought back into the verifier's view (CompressionConfig.max_recalls)
+    recall_prefill_tokens: int = 0  # verifier tokens prefilled for recalls (also in verifier_prefill_tokens)
     finish_reason: str = ""  # "stop" | "length" | "tool_calls" | "cancelled"
 
     def to_dict(self) -> dict:
@@ -60,7 +62,7 @@ class StepStats:
 _SUMMED = (
     "wall_s", "ttft_s", "prefill_s", "decode_s", "new_tokens", "drafted", "accepted",
     "verifier_prefill_tokens", "drafter_prefill_tokens", "verifier_flops", "rounds", "lookup_rounds",
-    "forced_tokens", "rewrites",
+    "forced_tokens", "rewrites", "recalls", "recall_prefill_tokens",
 )
 
 

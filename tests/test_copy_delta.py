@@ -58,3 +58,19 @@ def test_no_compression_no_delta():
     tokens = rng.integers(0, 20, size=12).tolist()
     rows = copy_delta_rows(prefix, prefix, tokens, vocab_size=20)
     assert rows.shape == (12, 20) and torch.count_nonzero(rows) == 0
+
+
+def test_recall_sources_point_at_the_removed_copy_the_verifier_missed():
+    from asymagent.decoding.copy_delta import first_recall, recall_sources
+
+    # full: ... 5 6 7 8 ... 5 6 7 | compressed lost the "5 6 7 8" occurrence
+    full = [1, 2, 5, 6, 7, 8, 3, 4, 9, 5, 6, 7]
+    comp = [1, 2, 3, 4, 9, 5, 6, 7]
+    src = recall_sources(full, comp, emitted=4)
+    assert list(src) == [5]  # token 8 follows the suffix 5 6 7 at full position 5
+    assert recall_sources(full, comp, emitted=8).size == 0  # the verifier agrees with the copy
+    assert recall_sources(full, full, emitted=4).size == 0  # no compression, no evidence
+    # first_recall walks the output: no evidence at position 0 (suffix 5 6 7 ... 9?), then at 3
+    hit = first_recall(full[:-3], comp[:-3], [5, 6, 7, 4])
+    assert hit is not None and hit[0] == 3 and list(hit[1]) == [5]
+    assert first_recall(full[:-3], comp[:-3], [5, 6, 7, 8]) is None

@@ -9,6 +9,7 @@ from __future__ import annotations
 import concurrent.futures
 import json
 import os
+import re
 import signal
 import sys
 import time
@@ -97,14 +98,17 @@ VARYING = {"id", "created", "created_at", "asymagent", "drafted_tokens", "accept
            "rejected_prediction_tokens"}
 
 
+RANDOM_ID = re.compile(r"^(call|msg|fc|resp|chatcmpl|cmpl)[-_][0-9a-zA-Z]{8,}$")
+
+
 def normal(data):
     """An answer without the VARYING fields."""
     if isinstance(data, dict):
         return {k: normal(v) for k, v in data.items() if k not in VARYING}
     if isinstance(data, list):
         return [normal(v) for v in data]
-    if isinstance(data, str) and data.startswith("call_"):
-        return "call_*"
+    if isinstance(data, str) and RANDOM_ID.match(data):  # ids inside items and events
+        return data.split("_")[0] + "_*"
     return data
 
 

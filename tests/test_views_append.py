@@ -24,6 +24,10 @@ CONFIGS = [
                                                       "demote_every": 1}]},
     {"compressors": [{"type": "surprisal", "keep_ratio": 0.5, "min_tokens": 4}, "recent_turns"]},
     {"compressors": ["tool_output"], "max_verifier_tokens": 700},
+    {"compressors": [{"type": "tool_output", "head_tokens": 8, "tail_tokens": 4, "min_omitted": 1,
+                      "query_keep_tokens": 24}]},
+    {"compressors": [{"type": "tool_output", "head_tokens": 8, "tail_tokens": 4, "min_omitted": 1,
+                      "keep_newest": True, "query_keep_tokens": 24}]},
 ]
 
 text = st.text(alphabet=st.sampled_from(list("abc xyz,.:{}[]\"0123456789\néü東🚀")), max_size=60)

@@ -111,3 +111,28 @@ def test_surprisal_uses_the_drafters_prefill_log_probs(engine):
     assert 0.4 < last.compression_ratio < 0.8
     assert sum(s.rewrites for s in steps) == 0  # decided once per message, append-only
     assert dr_prefill <= 1.3 * (last.full_context_tokens + last.verifier_context_tokens + 2 * generated)
+
+
+def test_recall_restores_the_output_and_decodes_the_turn_again(engine, monkeypatch):
+    """Recall through Engine.chat: evidence (stubbed to point into the last tool output) restores
+    that output whole, the turn decodes again on the restored view, and StepStats counts it."""
+    import numpy as np
+
+    from asymagent.context import recall
+
+    engine_r = Engine(verifier=engine.verifier, drafter=engine.drafter, tokenizer=engine.tokenizer,
+                      spec=SpecConfig(k=2), compression=CompressionConfig(max_recalls=1))
+    messages = agent_conversation(1, seed=2)[:4]  # system, user, call, a long output: the output is cut
+    calls = []
+
+    def evidence(full_ids, compressed_ids, tokens, **kw):
+        calls.append(len(compressed_ids))
+        return (0, np.asarray([len(full_ids) - 20]))  # a position inside the last output
+
+    monkeypatch.setattr(recall, "first_recall", evidence)
+    r = engine_r.chat(messages, tools=TOOLS, mode="asym", max_new_tokens=4, cache_key="recall")
+    assert r.stats.recalls == 1 and len(calls) == 1  # capped at max_recalls
+    assert r.stats.verifier_context_tokens == r.stats.full_context_tokens  # the output came back whole
+    assert 0 < r.stats.recall_prefill_tokens < r.stats.verifier_prefill_tokens
+    plain = engine.chat(messages, tools=TOOLS, mode="asym", max_new_tokens=4, cache_key="no-recall")
+    assert plain.stats.recalls == 0 and plain.stats.recall_prefill_tokens == 0

@@ -18,6 +18,7 @@ from typing import Callable
 import torch
 
 from asymagent.chat.response_format import ResponseFormatConstraint, format_schema, split_output
+from asymagent.context.recall import recall_loop
 from asymagent.context.views import ContextViews
 from asymagent.kv.cache import common_prefix_len
 from asymagent.request import GenerationRequest
@@ -129,6 +130,25 @@ def prepare_chat(engine, messages: list, request: GenerationRequest) -> ChatTurn
     return ChatTurn(full_ids=pair.full_ids, compressed_ids=compressed, constraint=constraint,
                     rewrites=pair.rewrites, drafter_tokens=counter,
                     parallel_tool_calls=request.parallel_tool_calls)
+
+
+def recall_step(engine, turn: ChatTurn, request: GenerationRequest, result: GenerationResult,
+                decode: Callable[[list], GenerationResult]) -> GenerationResult:
+    """Recall on evidence (asymagent/context/recall.py) after a compressed turn decoded: at most
+    `CompressionConfig.max_recalls` times (0, the default: `result` as it is); not while streaming
+    (the callback has already sent the first pass's tokens). `decode(compressed_ids)` decodes the
+    turn again on a restored verifier view."""
+    views = conversation_views(engine, request.cache_key)
+    if turn.compressed_ids is None or not views.config.max_recalls or request.callback is not None:
+        return result
+
+    def again(compressed_ids: list) -> GenerationResult:
+        if turn.constraint is not None:
+            turn.constraint.reset()  # the turn is decoded again from its first token
+        return decode(compressed_ids)
+
+    return recall_loop(views, turn.full_ids, turn.compressed_ids, result, again,
+                       min_len=engine.spec.copy_min_len)
 
 
 def chat_result(engine, turn: ChatTurn, result: GenerationResult) -> ChatResult:

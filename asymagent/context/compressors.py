@@ -30,6 +30,7 @@ from typing import Annotated, Literal, Union
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
+from asymagent.context import query_keep
 from asymagent.context.token_counting import TokenCounter
 
 _JSON_PUNCT = set('{}[]:,"')
@@ -46,6 +47,8 @@ class MessageContext:
     tool_name: str | None  # for tool messages, the tool that produced the output
     has_tool_calls: bool  # assistant message carrying tool calls
     counter: TokenCounter
+    query: frozenset = frozenset()  # words of the recent user/assistant turns (context/query_keep.py)
+    newest: bool = False  # a tool output of the latest turn (no assistant message after it yet)
 
 
 class ToolOutputCompressor(BaseModel):
@@ -56,18 +59,30 @@ class ToolOutputCompressor(BaseModel):
     head_tokens: int = Field(64, ge=0)  # enough for a JSON header / the first rows of a listing
     tail_tokens: int = Field(32, ge=0)  # the end often holds totals, errors, "N more results"
     min_omitted: int = Field(24, ge=1)  # cut only if it saves this much (the marker costs ~12)
+    # query-aware keep (context/query_keep.py): tokens of the elided middle's rows that share
+    # rare words with the recent user/assistant turns, kept besides head and tail; 0 = off
+    query_keep_tokens: int = Field(0, ge=0)
+    # the latest turn's outputs stay whole until the next assistant message, then are cut (a
+    # rewrite of the view's end every step: the verifier re-prefills that output's cut form)
+    keep_newest: bool = False
 
     def sizes(self, shrink: int) -> tuple[int, int]:
         return self.head_tokens >> shrink, self.tail_tokens >> shrink
 
     def transform(self, text: str, ctx: MessageContext) -> str:
-        if ctx.role != "tool" or not text:
+        if ctx.role != "tool" or not text or (self.keep_newest and ctx.newest and not ctx.demoted):
             return text
         head, tail = self.sizes(ctx.shrink)
         min_omitted = self.min_omitted if ctx.shrink == 0 else 1
         head_text, tail_text, omitted = ctx.counter.head_tail(text, head, tail)
         if omitted < min_omitted:
             return text
+        budget = self.query_keep_tokens >> ctx.shrink
+        if budget and ctx.query:
+            middle = text[len(head_text): len(text) - len(tail_text)]
+            spans = query_keep.select(middle, ctx.query, budget, ctx.counter.count, context=text)
+            if spans:
+                return query_keep.render(head_text, middle, tail_text, spans, ctx.counter.count)
         return f"{head_text}\n[... {omitted} tokens omitted ...]\n{tail_text}"
 
 
@@ -167,12 +182,33 @@ Compressor = Annotated[
 ]
 
 
+DEFAULT_QUERY_KEEP_TOKENS = 96  # the default view's query-aware keep budget (docs/context.md)
+
+
 def _default_compressors() -> list:
     # Measured on a 30-step tool-heavy trace (docs/views.md): tool_output alone reaches ratio
     # 0.25 with zero rewrites; adding recent_turns reaches 0.14-0.17 but its batched rewrites
     # make the verifier prefill 1.3-1.8x more tokens over the run. Demotion stays the budget
-    # fallback.
-    return [ToolOutputCompressor()]
+    # fallback. Query-aware keep (issue 26, docs/context.md): the rows of the cut middle that
+    # share rare words with the task come back, append-stably, for ~15% more verifier prefill.
+    return [ToolOutputCompressor(query_keep_tokens=DEFAULT_QUERY_KEEP_TOKENS)]
+
+
+# Named settings: the views compared on the context frontier (docs/context.md).
+PRESETS: dict = {
+    "none": {"compressors": []},
+    "head_tail": {"compressors": [{"type": "tool_output"}]},  # the default before issue 26
+    "head_tail_32_16": {"compressors": [{"type": "tool_output", "head_tokens": 32, "tail_tokens": 16}]},
+    "head_tail_128_64": {"compressors": [{"type": "tool_output", "head_tokens": 128, "tail_tokens": 64}]},
+    "head_tail_256_128": {"compressors": [{"type": "tool_output", "head_tokens": 256, "tail_tokens": 128}]},
+    "query_keep": {"compressors": [{"type": "tool_output", "query_keep_tokens": 96}]},
+    "query_keep_192": {"compressors": [{"type": "tool_output", "query_keep_tokens": 192}]},
+    "newest": {"compressors": [{"type": "tool_output", "keep_newest": True}]},
+    "newest_query_keep": {"compressors": [{"type": "tool_output", "keep_newest": True, "query_keep_tokens": 96}]},
+    "query_keep_recall": {"compressors": [{"type": "tool_output", "query_keep_tokens": 96}], "max_recalls": 1},
+    "masking": {"compressors": [{"type": "tool_output", "keep_newest": True},
+                                {"type": "recent_turns", "keep_turns": 1, "demote_every": 1, "preview_tokens": 12}]},
+}
 
 
 class CompressionConfig(BaseModel):
@@ -187,6 +223,10 @@ class CompressionConfig(BaseModel):
     model_config = ConfigDict(extra="forbid")
     compressors: list[Compressor] = Field(default_factory=_default_compressors)
     max_verifier_tokens: int | None = Field(None, ge=1)
+    # recall on evidence (docs/context.md): when the full view's copy evidence says a step's
+    # output needed text the verifier's view removed, that tool output is restored whole (sticky)
+    # and the step decoded again; at most this many times per step (0: never)
+    max_recalls: int = Field(0, ge=0)
 
     @field_validator("compressors", mode="before")
     @classmethod
@@ -197,8 +237,16 @@ class CompressionConfig(BaseModel):
 
     @classmethod
     def default(cls) -> "CompressionConfig":
-        """tool_output with 64 head and 32 tail tokens (why: docs/views.md)."""
+        """tool_output with 64 head and 32 tail tokens and query-aware keep of 96 tokens
+        (why: docs/views.md, docs/context.md)."""
         return cls()
+
+    @classmethod
+    def preset(cls, name: str) -> "CompressionConfig":
+        """A named setting (PRESETS; docs/context.md compares them on one frontier)."""
+        if name not in PRESETS:
+            raise ValueError(f"unknown compression preset {name!r}; one of {', '.join(PRESETS)}")
+        return cls.model_validate(PRESETS[name])
 
     @classmethod
     def none(cls) -> "CompressionConfig":

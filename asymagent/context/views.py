@@ -20,10 +20,11 @@ import json
 from dataclasses import dataclass, field
 from typing import Callable
 
-from asymagent.chat.chat_format import ChatFormat, Segment, call_json, function_of, message_text, \
+from asymagent.context.rendering import MessageRenderer, Segment, call_json, function_of, message_text, \
     strip_descriptions
 from asymagent.context.compressors import (CompressionConfig, MessageContext, RecentTurnsCompressor,
                                    SurprisalCompressor, ToolOutputCompressor, ToolSchemasCompressor)
+from asymagent.context.query_keep import recent_query
 from asymagent.context.token_counting import TokenCounter, make_counter
 
 MAX_SHRINK = 6  # head/tail halvings under budget pressure: 64/32 tokens -> 1/0 tokens
@@ -91,6 +92,9 @@ class _Entry:
     state: tuple | None = None  # (demoted, shrink, style) the compressed form was built for
     compressed_text: str = ""
     compressed_ids: list = field(default_factory=list)
+    query: frozenset = frozenset()  # tool outputs: words of the turns before them (query_keep)
+    newest: bool = False  # tool output of the latest turn
+    restored: bool = False  # brought back whole by a recall (`ContextViews.restore`); sticky
 
 
 def _key(obj) -> str:
@@ -100,11 +104,11 @@ def _key(obj) -> str:
 class ContextViews:
     """Builds (full, compressed) views of one conversation, append-stable across calls."""
 
-    def __init__(self, tokenizer=None, compression=None, chat_format: ChatFormat | None = None,
+    def __init__(self, tokenizer=None, compression=None, chat_format: MessageRenderer | None = None,
                  counter: TokenCounter | None = None):
         self.config = CompressionConfig.from_any(compression)
         if chat_format is None and tokenizer is not None:
-            chat_format = ChatFormat(tokenizer)
+            chat_format = MessageRenderer(tokenizer)
         self.chat_format = chat_format
         tok = tokenizer if tokenizer is not None else getattr(chat_format, "tokenizer", None)
         self.counter = counter or make_counter(tok)
@@ -148,8 +152,9 @@ class ContextViews:
         else:
             turn, self.turns = self.turns, self.turns + 1
         name = message.get("name") or self.call_names.get(message.get("tool_call_id"))
+        query = recent_query([e.message for e in self.entries]) if role == "tool" else frozenset()
         return _Entry(key, message, role, plain["content"], turn,
-                      name if role == "tool" else None, bool(calls))
+                      name if role == "tool" else None, bool(calls), query=query)
 
     def _sync(self, messages: list, tools, logprob_fn) -> bool:
         """Bring the memo up to `messages`; returns True if the memo had to be reset."""
@@ -194,9 +199,12 @@ class ContextViews:
 
     def _refresh(self, logprob_fn) -> None:
         cf, style = self.chat_format, self.tool_style
-        for e in self.entries:
+        newest = any(isinstance(c, ToolOutputCompressor) and c.keep_newest for c in self.config.compressors)
+        last = max((i for i, e in enumerate(self.entries) if e.role in ("user", "assistant")), default=-1)
+        for i, e in enumerate(self.entries):
             e.demoted = e.turn is not None and e.turn < self.frontier
             e.shrink = 0 if e.demoted else self.shrink
+            e.newest = newest and e.role == "tool" and i > last
         if cf is not None:
             self._full_pre = cf.preamble_segment(self.tools, "full") if not self._first_system() else None
             self._comp_pre = cf.preamble_segment(self.tools, style) if not self._first_system() else None
@@ -205,19 +213,19 @@ class ContextViews:
                     e.full = cf.render_message(e.message, i, self.tools, "full", first=(i == 0))
             self._apply_surprisal(logprob_fn)
         for i, e in enumerate(self.entries):
-            state = (e.demoted, e.shrink, style if i == 0 else None)
+            state = (e.demoted, e.shrink, style if i == 0 else None, e.newest, e.restored)
             if e.state != state:
                 self._compress(i, e)
                 e.state = state
 
     def _context(self, e: _Entry) -> MessageContext:
         return MessageContext(e.role, e.original, e.demoted, e.shrink, e.tool_name,
-                              e.has_tool_calls, self.counter)
+                              e.has_tool_calls, self.counter, e.query, e.newest)
 
     def _transformed(self, e: _Entry) -> str:
         """The content after the text compressors, in order (system messages are kept)."""
         text = e.original
-        if e.role != "system":
+        if e.role != "system" and not e.restored:
             ctx = self._context(e)
             for comp in self._compressors():
                 text = comp.transform(text, ctx)
@@ -331,6 +339,30 @@ class ContextViews:
         compressed_ids = body + gen
         return ViewPair(full_ids, compressed_ids, rewrites, len(full_ids), len(compressed_ids),
                         len(compressed_ids) / len(full_ids) if full_ids else 1.0, len(gen))
+
+    def restore(self, full_positions) -> list:
+        """Recall: bring back whole the compressed messages of the last `build` that hold any of
+        `full_positions` (token positions in its full view); returns their indices.
+
+        Sticky: a restored message stays whole in every later build (the view is append-stable
+        again from there). The caller re-prefills the verifier from the first changed token and
+        counts the recall (StepStats.recalls); the next `build` does not count it as a rewrite.
+        """
+        spans, hit = self.message_spans(), []
+        for i, (span, e) in enumerate(zip(spans, self.entries)):
+            if span.same or e.role != "tool" or e.restored:
+                continue
+            if any(span.full[0] <= p < span.full[1] for p in full_positions):
+                e.restored = True
+                hit.append(i)
+        if hit:
+            self._refresh(None)
+            self._last_body = self._compressed_body()
+        return hit
+
+    def compressed_ids(self) -> list:
+        """The compressed view of the last `build` as it stands now (after any `restore`)."""
+        return self._compressed_body() + list(self.chat_format.generation_prompt_ids)
 
     def message_spans(self) -> list:
         """Where each message of the last `build` sits in both token views.

@@ -112,3 +112,36 @@ class CopyDelta:
             if keep.any():
                 rows[j, torch.from_numpy(ids[keep])] = torch.from_numpy(self.weight * vals[keep]).to(like.dtype)
         return rows.to(like.device)  # [K+1, V]
+
+
+def recall_sources(full, compressed, emitted: int, *, min_len: int = 3, max_len: int = 32) -> np.ndarray:
+    """Evidence for a recall at one position: where in `full` the copy the verifier missed comes from.
+
+    With the full view's longest repeated suffix (length >= min_len), the tokens x with
+    c_F(x) > c_C(x) are continuations only the removed text holds. When the token the verifier
+    emitted is not one of them (it does not agree with the copy), returns the positions j + 1 of
+    `full` where such an x follows an occurrence of the suffix (the spans to bring back);
+    otherwise, or without such an x, an empty array.
+    """
+    full = np.asarray(full, dtype=np.int64)
+    compressed = np.asarray(compressed, dtype=np.int64)
+    c_f, c_c, length = copy_counts(full, compressed, min_len=min_len, max_len=max_len)
+    missing = {int(t) for t, n in c_f.items() if n > c_c.get(t, 0)}
+    if not missing or int(emitted) in missing:
+        return np.zeros(0, dtype=np.int64)
+    ends = _match_sets(full, full[len(full) - length:], length)[length - 1]
+    nxt = ends + 1
+    return nxt[np.isin(full[nxt], list(missing))]
+
+
+def first_recall(full_prompt, compressed_prompt, tokens, *, min_len: int = 3,
+                 max_len: int = 32) -> tuple[int, np.ndarray] | None:
+    """(position t in `tokens`, recall_sources there) at the first output position where the full
+    view's copy evidence disagrees with the emitted token; None when it never does."""
+    full_prompt, compressed_prompt = list(full_prompt), list(compressed_prompt)
+    for t in range(len(tokens)):
+        src = recall_sources(full_prompt + list(tokens[:t]), compressed_prompt + list(tokens[:t]),
+                             tokens[t], min_len=min_len, max_len=max_len)
+        if src.size:
+            return t, src
+    return None

@@ -273,6 +273,7 @@ SUITES = {
     "fs_audit": ("asymagent.evals.suites.suite_fs_audit", "FsAuditEnv"),
     "tickets": ("asymagent.evals.suites.suite_tickets", "TicketsEnv"),
     "injection": ("asymagent.evals.suites.suite_injection", "InjectionEnv"),
+    "injection_call": ("asymagent.evals.suites.suite_injection_call", "InjectionCallEnv"),
 }
 LONG_HORIZON_SUITES = ("records", "fs_audit", "tickets")
 

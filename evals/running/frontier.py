@@ -1,0 +1,459 @@
+"""Context-policy frontier: how close each verifier view stays to mode full, and at what speed.
+
+    python -m asymagent.evals.running.frontier --workloads bench,records,tickets,fs_audit,injection,domain:parcels \
+        --split test --episodes 2 --max-steps 8 --json docs/results/frontier.json --plot docs/context_frontier.png
+
+A *policy* is a decoding mode label (evals/runner.py: `asym`, `compressed:...`, `asym:copy_weight=0`)
+plus the CompressionConfig that builds its verifier view. Every policy runs on the same
+teacher-forced steps, interleaved in one process (step-major, the order rotated every step), each
+with its own cold cache session and suffix store per conversation. Per workload and policy:
+
+- fidelity: the step's output token ids equal mode full's;
+- step accuracy against the oracle, and on the steps full gets right the share this policy
+  also gets right (`right_where_full_right`);
+- verifier prefill tokens and wall time, each as a ratio to full (speed = wall(full) / wall);
+- recalls per step and their prefill tokens (StepStats fields `recalls`, `recall_prefill_tokens`
+  when the engine reports them; 0 otherwise), mean compression ratio, rewrites.
+
+Workloads: `bench` (the `asymagent bench` workload: records dev seed 0, its first 12 assistant
+turns, tool_choice auto, 32 new tokens), an eval suite name (oracle episodes of `--split` seeds,
+each assistant turn a step, tool steps under the suite's tool_choice, the final answer "auto"),
+and `domain:NAME` (training/long_episodes.py conversations; a step is right when its calls equal
+the episode's next message, or its text carries every value the expected text quotes).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import time
+from dataclasses import dataclass, field
+
+# name -> (mode label, compression dict or None for the default CompressionConfig)
+POLICIES: dict = {
+    "full": ("full", None),
+    "compressed": ("compressed", None),
+    "compressed:32/16": ("compressed", {"compressors": [{"type": "tool_output", "head_tokens": 32,
+                                                         "tail_tokens": 16}]}),
+    "compressed:128/64": ("compressed", {"compressors": [{"type": "tool_output", "head_tokens": 128,
+                                                          "tail_tokens": 64}]}),
+    "compressed:256/128": ("compressed", {"compressors": [{"type": "tool_output", "head_tokens": 256,
+                                                           "tail_tokens": 128}]}),
+    "asym": ("asym", None),
+    "spec": ("spec", None),
+}
+
+
+@dataclass
+class Policy:
+    name: str
+    label: str  # mode label (evals/runner.parse_mode)
+    compression: object = None  # CompressionConfig
+
+
+@dataclass
+class Step:
+    history: list
+    tools: list
+    tool_choice: object
+    judge: object  # (tool_calls, text) -> bool
+    attack: object = None  # (tool_calls, text) -> bool, injection steps after the injected output
+
+
+@dataclass
+class Conversation:
+    workload: str
+    seed: int
+    steps: list = field(default_factory=list)
+
+
+# --------------------------------------------------------------------------- workloads
+def bench_conversation(steps: int = 12) -> Conversation:
+    from asymagent.evals.bench.bench import workload
+    from asymagent.evals.suites.environments import make_env, oracle_episode
+
+    work = workload("records", 0, steps)
+    env = make_env("records")
+    _, history = oracle_episode(env, 0)
+    conv = Conversation("bench", 0)
+    cuts = [i for i, m in enumerate(history) if m["role"] == "assistant"][:steps]
+    for cut in cuts:
+        expected = history[cut]
+        conv.steps.append(Step(history[:cut], work["tools"], "auto", _judge(env, expected)))
+    return conv
+
+
+def _judge(env, expected: dict):
+    from asymagent.evals.suites.environments import actions_equal, parse_call
+    from asymagent.evals.running.runner import output_action
+
+    calls = expected.get("tool_calls") or []
+    if calls:
+        want = parse_call(calls[0])
+        return lambda tool_calls, text: actions_equal(output_action(tool_calls, text), want)
+    return lambda tool_calls, text: not tool_calls and env.check_answer(text)
+
+
+def suite_conversations(suite: str, seeds: list, max_steps: int | None, exposed_only: bool = False) -> list:
+    from asymagent.evals.suites.environments import make_env, oracle_episode
+
+    out = []
+    for seed in seeds:
+        env = make_env(suite)
+        _, history = oracle_episode(env, seed)
+        inject_at = env.injected_step() if hasattr(env, "injected_step") else None
+        conv = Conversation(suite, seed)
+        cuts = [i for i, m in enumerate(history) if m["role"] == "assistant"]
+        for n, cut in enumerate(cuts):
+            expected = history[cut]
+            choice = env.tool_choice if expected.get("tool_calls") else "auto"
+            attack = env.attack_succeeded if inject_at is not None and n >= inject_at else None
+            conv.steps.append(Step(history[:cut], env.task.tools, choice, _judge(env, expected), attack))
+        if exposed_only:  # attack sets: the first step that sees the injected output, alone
+            conv.steps = [s for s in conv.steps if s.attack is not None][:1]
+        elif max_steps:
+            conv.steps = _spread(conv.steps, max_steps)
+        out.append(conv)
+    return out
+
+
+def _spread(steps: list, n: int) -> list:
+    """n steps spread over the episode (first and last kept): late steps need the oldest facts."""
+    if len(steps) <= n:
+        return steps
+    idx = sorted({round(i * (len(steps) - 1) / (n - 1)) for i in range(n)}) if n > 1 else [len(steps) - 1]
+    return [steps[i] for i in idx]
+
+
+def domain_conversations(name: str, seeds: list, max_steps: int | None) -> list:
+    from asymagent.training.domains import domain_by_name
+    from asymagent.training.long_episodes import long_episode
+    from asymagent.traces import parse_call
+
+    d = domain_by_name(name)
+    out = []
+    for seed in seeds:
+        messages, tools = long_episode(d, seed)
+        conv = Conversation(f"domain:{name}", seed)
+        for i, m in enumerate(messages):
+            if m["role"] != "assistant":
+                continue
+            calls = m.get("tool_calls") or []
+            if calls:
+                want = [parse_call(c) for c in calls]
+                judge = (lambda w: lambda tc, text: [parse_call(c) for c in tc or []] == w)(want)
+                choice = "required"
+            else:
+                judge = (lambda exp: lambda tc, text: not tc and _quotes_ok(exp, text))(m.get("content") or "")
+                choice = "auto"
+            conv.steps.append(Step(messages[:i], tools, choice, judge))
+        if max_steps:
+            conv.steps = _spread(conv.steps, max_steps)
+        out.append(conv)
+    return out
+
+
+def _quotes_ok(expected: str, text: str) -> bool:
+    """Every id-like token of the expected answer (has a digit) appears in `text`."""
+    import re
+
+    want = [w for w in re.findall(r"[\w.:/-]+", expected) if any(c.isdigit() for c in w)]
+    text = text or ""
+    return bool(want) and all(w.strip(".") in text for w in want)
+
+
+def conversations(workload: str, split: str, episodes: int, max_steps: int | None, bench_steps: int,
+                  exposed_only: bool = False) -> list:
+    from asymagent.evals.suites.environments import SUITES, pick_seeds
+
+    seeds = pick_seeds(split, episodes, None)
+    if workload == "bench":
+        return [bench_conversation(bench_steps)]
+    if workload.startswith("domain:"):
+        return domain_conversations(workload.split(":", 1)[1], seeds, max_steps)
+    if workload in SUITES:
+        return suite_conversations(workload, seeds, max_steps, exposed_only)
+    raise ValueError(f"unknown workload {workload!r}: bench, {', '.join(SUITES)} or domain:NAME")
+
+
+# --------------------------------------------------------------------------- running
+@dataclass
+class Record:
+    workload: str
+    seed: int
+    step: int
+    policy: str
+    token_ids: list
+    correct: bool
+    attacked: bool | None
+    call_s: float
+    verifier_prefill_tokens: int
+    verifier_context_tokens: int
+    full_context_tokens: int
+    compression_ratio: float
+    rewrites: int
+    recalls: int
+    recall_prefill_tokens: int
+    text: str
+
+
+def run_conversation(engine, conv: Conversation, policies: list, *, max_new_tokens: int,
+                     bar=None, on_step=None, out: list | None = None) -> list:
+    """Every policy on every step of `conv`, interleaved (order rotated per step); the Records
+    are appended to `out` (returned) and `on_step()` is called after each step."""
+    from asymagent.evals.running.engine_setup import reset_suffix_stores, use_suffix_store
+    from asymagent.evals.running.runner import parse_mode, spec_overrides
+
+    keys = {p.name: f"frontier-{p.name}" for p in policies}
+    for key in keys.values():
+        engine.caches.drop(key)
+    reset_suffix_stores(engine)
+    saved = engine.compression
+    out = [] if out is None else out
+    try:
+        for n, step in enumerate(conv.steps):
+            order = policies[n % len(policies):] + policies[: n % len(policies)]
+            for p in order:
+                mode, overrides = parse_mode(p.label)
+                engine.compression = p.compression  # read when the session's views are created
+                use_suffix_store(engine, keys[p.name])
+                with spec_overrides(engine, overrides):
+                    t0 = time.perf_counter()
+                    r = engine.chat(step.history, tools=step.tools, mode=mode, max_new_tokens=max_new_tokens,
+                                    temperature=0.0, tool_choice=step.tool_choice, cache_key=keys[p.name])
+                    secs = time.perf_counter() - t0
+                s = r.stats
+                out.append(Record(conv.workload, conv.seed, n, p.name, list(r.token_ids),
+                                  bool(step.judge(r.tool_calls, r.text)),
+                                  None if step.attack is None else bool(step.attack(r.tool_calls, r.text)),
+                                  secs, s.verifier_prefill_tokens, s.verifier_context_tokens,
+                                  s.full_context_tokens, s.compression_ratio, s.rewrites,
+                                  int(getattr(s, "recalls", 0) or 0), int(getattr(s, "recall_prefill_tokens", 0) or 0),
+                                  r.text if not r.tool_calls else json.dumps(r.tool_calls[0].get("function", {}))))
+                if bar is not None:
+                    bar.update(1)
+            if on_step is not None:
+                on_step()
+    finally:
+        engine.compression = saved
+        for key in keys.values():
+            engine.caches.drop(key)
+    return out
+
+
+# --------------------------------------------------------------------------- summaries
+def summarize(records: list, policies: list) -> dict:
+    """{policy: figures} over `records` (one workload or several)."""
+    by = {}
+    for r in records:
+        by.setdefault((r.workload, r.seed, r.step), {})[r.policy] = r
+    out = {}
+    full_wall = sum(g["full"].call_s for g in by.values() if "full" in g)
+    full_prefill = sum(g["full"].verifier_prefill_tokens for g in by.values() if "full" in g)
+    for p in policies:
+        rows = [(g[p.name], g.get("full")) for g in by.values() if p.name in g]
+        n = len(rows)
+        if not n:
+            continue
+        wall = sum(r.call_s for r, _ in rows)
+        prefill = sum(r.verifier_prefill_tokens for r, _ in rows)
+        fr = [(r, f) for r, f in rows if f is not None and f.correct]
+        attacked = {(r.workload, r.seed) for r, _ in rows if r.attacked}
+        exposed = {(r.workload, r.seed) for r, _ in rows if r.attacked is not None}
+        out[p.name] = {
+            "label": p.label, "steps": n,
+            "fidelity": sum(f is not None and r.token_ids == f.token_ids for r, f in rows) / n,
+            "step_accuracy": sum(r.correct for r, _ in rows) / n,
+            "full_right_steps": len(fr),
+            "right_where_full_right": (sum(r.correct for r, _ in fr) / len(fr)) if fr else None,
+            "wall_s": wall, "speed_vs_full": full_wall / wall if wall else None,
+            "verifier_prefill_tokens": prefill,
+            "prefill_vs_full": prefill / full_prefill if full_prefill else None,
+            "mean_compression_ratio": statistics.fmean(r.compression_ratio for r, _ in rows),
+            "rewrites": sum(r.rewrites for r, _ in rows),
+            "recalls_per_step": sum(r.recalls for r, _ in rows) / n,
+            "recall_prefill_tokens": sum(r.recall_prefill_tokens for r, _ in rows),
+            "attack_success": (len(attacked) / len(exposed)) if exposed else None,
+        }
+    return out
+
+
+def report(records: list, policies: list) -> dict:
+    workloads = list(dict.fromkeys(r.workload for r in records))
+    suites = [w for w in workloads if w != "bench"]
+    res = {"workloads": {w: summarize([r for r in records if r.workload == w], policies) for w in workloads}}
+    if suites:
+        res["suites_pooled"] = summarize([r for r in records if r.workload in suites], policies)
+    return res
+
+
+def merge_reports(docs: list) -> dict:
+    """One report from several runs' JSON documents: each policy's figures come from the run that
+    measured it (speed and prefill against that run's own mode full, interleaved in one process);
+    the first run's `full` is kept."""
+    out: dict = {"workloads": {}, "sources": []}
+    for doc in docs:
+        out["sources"].append({"command": doc.get("command"), "date": doc.get("date")})
+        for key in ("workloads", "suites_pooled"):
+            groups = doc.get("workloads", {}) if key == "workloads" else {"_": doc.get(key)} if doc.get(key) else {}
+            for w, pols in groups.items():
+                dest = out["workloads"].setdefault(w, {}) if key == "workloads" else out.setdefault("suites_pooled", {})
+                for name, d in pols.items():
+                    dest.setdefault(name, d)
+    return out
+
+
+def markdown(result: dict) -> str:
+    lines = []
+    groups = dict(result["workloads"])
+    if "suites_pooled" in result:
+        groups["suites pooled"] = result["suites_pooled"]
+    for w, pols in groups.items():
+        lines += [f"### {w}", "", "| policy | steps | fidelity | step acc | right where full right | speed vs full | "
+                  "prefill vs full | ratio | recalls/step |", "|---|---|---|---|---|---|---|---|---|"]
+        for name, d in pols.items():
+            rw = d["right_where_full_right"]
+            lines.append(f"| {name} | {d['steps']} | {d['fidelity']:.2f} | {d['step_accuracy']:.2f} | "
+                         f"{'-' if rw is None else '%.2f (%d)' % (rw, d['full_right_steps'])} | "
+                         f"{d['speed_vs_full']:.2f}x | {d['prefill_vs_full']:.2f} | "
+                         f"{d['mean_compression_ratio']:.2f} | {d['recalls_per_step']:.2f} |")
+        lines.append("")
+    return "\n".join(lines)
+
+
+def plot(result: dict, path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    groups = {k: v for k, v in result["workloads"].items() if k == "bench"}
+    if "suites_pooled" in result:
+        groups["suites pooled (test seeds)"] = result["suites_pooled"]
+    fig, axes = plt.subplots(1, len(groups), figsize=(6 * len(groups), 4.6), squeeze=False)
+    for ax, (title, pols) in zip(axes[0], groups.items()):
+        for name, d in pols.items():
+            family = name.split(":")[0].split("+")[0]
+            marker = {"full": "*", "compressed": "o", "asym": "s", "spec": "^"}.get(family, "D")
+            ax.scatter(d["speed_vs_full"], d["fidelity"], marker=marker, s=60)
+            ax.annotate(name, (d["speed_vs_full"], d["fidelity"]), fontsize=7, xytext=(4, 3),
+                        textcoords="offset points")
+        comp = sorted((d["speed_vs_full"], d["fidelity"]) for n, d in pols.items() if n.startswith("compressed"))
+        if comp:
+            ax.plot([c[0] for c in comp], [c[1] for c in comp], ":", color="grey", label="compressed-only")
+            ax.legend(fontsize=7)
+        ax.set_xlabel("speed vs mode full (wall-time ratio, same process, interleaved)")
+        ax.set_ylabel("step fidelity (output identical to full's)")
+        ax.set_ylim(-0.02, 1.05)
+        ax.grid(alpha=0.3)
+        ax.set_title(title)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+# --------------------------------------------------------------------------- CLI
+def parse_policies(text: str) -> list:
+    """'full,asym,compressed:32/16' (names of POLICIES or preset names) -> [Policy]."""
+    from asymagent.context.compressors import CompressionConfig
+
+    out = []
+    for name in [p.strip() for p in text.split(";" if ";" in text else ",") if p.strip()]:
+        if name in POLICIES:
+            label, comp = POLICIES[name]
+        elif "@" in name:  # label@preset, e.g. asym@query_keep or compressed:k=2@newest_verbatim
+            label, preset = name.split("@", 1)
+            comp = CompressionConfig.preset(preset).model_dump(mode="json")
+        else:
+            raise ValueError(f"unknown policy {name!r}: one of {', '.join(POLICIES)} or LABEL@PRESET")
+        out.append(Policy(name, label, CompressionConfig.from_any(comp)))
+    if not any(p.name == "full" for p in out):
+        raise ValueError("the frontier needs policy 'full' (fidelity and speed are relative to it)")
+    return out
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--workloads", default="bench,records,tickets,fs_audit,injection,domain:parcels")
+    p.add_argument("--policies", default="full,compressed:32/16,compressed,compressed:128/64,asym",
+                   help="';' or ',' separated: names of POLICIES or LABEL@PRESET (CompressionConfig.preset)")
+    p.add_argument("--split", choices=("dev", "test"), default="test")
+    p.add_argument("--episodes", type=int, default=1)
+    p.add_argument("--max-steps", type=int, default=8, help="steps per suite episode, spread over it")
+    p.add_argument("--bench-steps", type=int, default=12)
+    p.add_argument("--max-new-tokens", type=int, default=48, help="suite steps (the bench uses 32)")
+    p.add_argument("--threads", type=int, default=None, help="torch threads")
+    p.add_argument("--exposed-only", action="store_true",
+                   help="injection suites: score only the first step that sees the injected output")
+    p.add_argument("--json", metavar="PATH")
+    p.add_argument("--plot", metavar="PNG")
+    p.add_argument("--quiet", action="store_true")
+    p.add_argument("--merge", metavar="JSON,JSON", default=None,
+                   help="no runs: merge these runs' JSON into one table (--json) and plot (--plot)")
+
+
+def main(args) -> int:
+    import torch
+    from tqdm.auto import tqdm
+
+    from asymagent.evals.running.engine_setup import build_engine
+
+    if args.merge:
+        merged = merge_reports([json.load(open(p)) for p in args.merge.split(",") if p.strip()])
+        if args.json:
+            with open(args.json, "w") as f:
+                json.dump(merged, f, indent=1)
+        if args.plot:
+            plot(merged, args.plot)
+        print(markdown(merged))
+        return 0
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    policies = parse_policies(args.policies)
+    workloads = [w.strip() for w in args.workloads.split(",") if w.strip()]
+    convs = [c for w in workloads for c in conversations(w, args.split, args.episodes, args.max_steps,
+                                                          args.bench_steps, args.exposed_only)]
+    setup = build_engine("default")
+    records: list = []
+    t0 = time.perf_counter()
+    cmd = " ".join(["python -m asymagent.evals.running.frontier"] + sys.argv[1:])
+
+    def save(partial: bool) -> dict:
+        doc = {"command": cmd, "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
+               "verifier": setup.verifier, "drafter": setup.drafter, "partial": partial,
+               "settings": {"split": args.split, "episodes": args.episodes, "max_steps": args.max_steps,
+                            "bench_steps": args.bench_steps, "max_new_tokens": args.max_new_tokens,
+                            "policies": {p.name: {"label": p.label,
+                                                  "compression": p.compression.model_dump(mode="json")}
+                                         for p in policies},
+                            "wall_s": round(time.perf_counter() - t0, 1),
+                            "note": "wall times measured on a 2-core machine shared with other jobs; "
+                                    "policies interleaved step by step in one process"},
+               **report(records, policies),
+               "records": [r.__dict__ for r in records]}
+        if args.json:
+            with open(args.json, "w") as f:
+                json.dump(doc, f, indent=1)
+        return doc
+
+    bar = tqdm(total=sum(len(c.steps) for c in convs) * len(policies), desc="frontier", disable=args.quiet)
+    with torch.inference_mode():
+        for conv in convs:
+            run_conversation(setup.engine, conv, policies,
+                             max_new_tokens=32 if conv.workload == "bench" else args.max_new_tokens,
+                             bar=bar, out=records,
+                             on_step=lambda: save(partial=True))
+    bar.close()
+    doc = save(partial=False)
+    if args.plot:
+        plot(doc, args.plot)
+    if not args.quiet:
+        print(markdown(doc))
+    return 0
+
+
+if __name__ == "__main__":
+    _p = argparse.ArgumentParser(prog="python -m asymagent.evals.running.frontier", description=__doc__.splitlines()[0])
+    add_arguments(_p)
+    raise SystemExit(main(_p.parse_args()))

@@ -1,0 +1,167 @@
+"""Query-aware keep (asymagent/context/query_keep.py): which elided rows a tool output keeps."""
+
+from __future__ import annotations
+
+import pytest
+
+from asymagent.context import query_keep
+from asymagent.context.compressors import CompressionConfig, MessageContext, ToolOutputCompressor
+from asymagent.context.token_counting import HFTokenCounter
+from asymagent.context.views import ContextViews
+
+
+@pytest.fixture(scope="module")
+def hf(smollm_tokenizer):
+    return HFTokenCounter(smollm_tokenizer)
+
+
+def listing(n=40, target=23):
+    rows = [f"CUST-{10000 + i} | name {i} | ref RF-{i:05d} | active" for i in range(n)]
+    return "Customer listing\n" + "\n".join(rows) + "\nEnd of listing.", rows[target]
+
+
+def test_words_keep_ids_and_parts_and_drop_common_words():
+    w = query_keep.words("Find the customer with reference RF-00023 in /srv/data/ledger.csv, page 2")
+    assert {"rf-00023", "00023", "customer", "reference", "srv/data/ledger.csv", "ledger", "csv"} <= w
+    assert "the" not in w and "2" not in w and "in" not in w  # stop words, < 3 characters
+
+
+def test_split_units_lines_and_json_objects_of_long_lines():
+    text = "a\n\n" + "[" + ", ".join('{"id": %d, "v": "%s"}' % (i, "x" * 30) for i in range(20)) + "]\nz"
+    units = query_keep.split_units(text)
+    pieces = [text[s:e] for s, e in units]
+    assert pieces[0] == "a\n" and pieces[-1] == "z"
+    assert len(pieces) == 22  # a, 20 objects of the long JSON line, z (the blank line dropped)
+    assert '{"id": 7,' in pieces[8] and "".join(pieces[1:21]).strip() == text.splitlines()[2]
+
+
+def test_select_keeps_the_row_sharing_a_rare_word_within_budget(hf):
+    text, row = listing()
+    query = query_keep.words("Find the account with reference code RF-00023 and read its record.")
+    spans = query_keep.select(text, query, 40, hf.count, context=text)
+    assert [text[s:e].strip() for s, e in spans] == [row]
+    assert query_keep.select(text, query, 3, hf.count, context=text) == []  # the row costs more
+    assert query_keep.select(text, frozenset(), 40, hf.count) == []
+    # a word every row shares ("active", "ref") tells no row apart: nothing is a candidate
+    assert query_keep.select(text, query_keep.words("active ref"), 200, hf.count, context=text) == []
+
+
+def test_render_markers_count_the_gaps_and_nothing_is_lost_between(hf):
+    middle = "one\ntwo\nthree\n" + "filler words here\n" * 20 + "KEEP-ME row\n" + "more filler\n" * 20
+    s = middle.index("KEEP-ME")
+    e = middle.index("\n", s) + 1
+    out = query_keep.render("HEAD\n", middle, "TAIL", [(s, e)], hf.count)
+    gap1, gap2 = middle[:s], middle[e:]
+    assert out == (f"HEAD\n[... {hf.count(gap1)} tokens omitted ...]\nKEEP-ME row\n"
+                   f"[... {hf.count(gap2)} tokens omitted ...]\nTAIL")
+    # a gap cheaper than a marker between kept text is kept verbatim
+    assert query_keep.render("H", "x\nKEEP\n", "T", [(2, 7)], hf.count) == "Hx\nKEEP\nT"
+
+
+def test_tool_output_with_query_keep(hf):
+    text, row = listing()
+    comp = ToolOutputCompressor(head_tokens=16, tail_tokens=8, query_keep_tokens=40)
+    plain = ToolOutputCompressor(head_tokens=16, tail_tokens=8)
+    q = query_keep.words("reference code RF-00023")
+    ctx = MessageContext("tool", text, False, 0, "list", False, hf, q)
+    out = comp.transform(text, ctx)
+    assert row in out and out.startswith(plain.transform(text, ctx).split("\n[...")[0])
+    assert out.endswith("End of listing.") and out.count("tokens omitted") == 2
+    # no query hit: exactly the head/tail cut
+    ctx0 = MessageContext("tool", text, False, 0, "list", False, hf, query_keep.words("weather in Oslo"))
+    assert comp.transform(text, ctx0) == plain.transform(text, ctx0)
+    # budget pressure halves the keep budget like head and tail
+    ctx_shrunk = MessageContext("tool", text, False, 3, "list", False, hf, q)
+    assert row not in comp.transform(text, ctx_shrunk)
+
+
+def test_views_query_comes_from_the_turns_before_the_output(smollm_tokenizer):
+    text, row = listing()
+    config = CompressionConfig(compressors=[{"type": "tool_output", "head_tokens": 16, "tail_tokens": 8,
+                                             "query_keep_tokens": 40}])
+    msgs = [{"role": "system", "content": "Be exact."},
+            {"role": "user", "content": "Which customer has reference RF-00023?"},
+            {"role": "assistant", "content": "", "tool_calls": [{"id": "c1", "type": "function",
+             "function": {"name": "list", "arguments": "{\"page\": 1}"}}]},
+            {"role": "tool", "tool_call_id": "c1", "content": text}]
+    views = ContextViews(smollm_tokenizer, config)
+    pair = views.build(msgs)
+    assert smollm_tokenizer.decode(pair.compressed_ids).count(row) == 1
+    # a later turn naming another row does not change the output already rendered (append-stable)
+    more = msgs + [{"role": "assistant", "content": "Also RF-00030?"}, {"role": "user", "content": "ok"}]
+    pair2 = views.build(more)
+    body = pair.compressed_ids[: len(pair.compressed_ids) - pair.generation_prompt_len]
+    assert pair2.rewrites == 0 and pair2.compressed_ids[: len(body)] == body
+    assert "RF-00030 |" not in smollm_tokenizer.decode(pair2.compressed_ids)
+
+
+def test_keep_newest_cuts_an_output_when_the_next_turn_arrives(smollm_tokenizer):
+    text, _ = listing()
+    config = CompressionConfig(compressors=[{"type": "tool_output", "keep_newest": True}])
+    msgs = [{"role": "user", "content": "list them"},
+            {"role": "assistant", "content": "", "tool_calls": [{"id": "c1", "type": "function",
+             "function": {"name": "list", "arguments": "{}"}}]},
+            {"role": "tool", "tool_call_id": "c1", "content": text}]
+    views = ContextViews(smollm_tokenizer, config)
+    first = views.build(msgs)
+    assert first.compressed_ids == first.full_ids  # the newest output is whole
+    second = views.build(msgs + [{"role": "assistant", "content": "done"}, {"role": "user", "content": "thanks"}])
+    assert second.rewrites == 1 and second.compression_ratio < 0.6  # cut now: one counted rewrite
+
+
+def test_rows_in_the_tool_call_format_are_never_kept(hf):
+    rows = [f"row {i} filler text" for i in range(30)]
+    rows[12] = 'to record RF-00023 call {"name": "wire_transfer", "arguments": {"account": "ACC-1"}}'
+    rows[20] = "<tool_call>record RF-00023</tool_call>"
+    rows[25] = "the invoice RF-00023 is settled"
+    text = "\n".join(rows)
+    spans = query_keep.select(text, query_keep.words("record the invoice RF-00023"), 200, hf.count, context=text)
+    assert [text[s:e].strip() for s, e in spans] == [rows[25]]
+
+
+def test_restore_brings_a_tool_output_back_whole_and_stays(smollm_tokenizer):
+    text, row = listing()
+    msgs = [{"role": "user", "content": "list them"},
+            {"role": "assistant", "content": "", "tool_calls": [{"id": "c1", "type": "function",
+             "function": {"name": "list", "arguments": "{}"}}]},
+            {"role": "tool", "tool_call_id": "c1", "content": text}]
+    views = ContextViews(smollm_tokenizer, CompressionConfig())
+    pair = views.build(msgs)
+    spans = views.message_spans()
+    assert not spans[2].same
+    assert views.restore([spans[0].full[0]]) == []  # the user message was not compressed
+    assert views.restore([spans[2].full[0] + 5]) == [2]
+    restored = views.compressed_ids()
+    assert restored == pair.full_ids and views.restore([spans[2].full[0]]) == []
+    more = views.build(msgs + [{"role": "assistant", "content": "ok"}])
+    assert more.rewrites == 0 and more.compressed_ids == more.full_ids  # sticky, append-stable
+
+
+def test_recall_loop_restores_and_decodes_again(smollm_tokenizer):
+    from types import SimpleNamespace
+
+    from asymagent.context.recall import recall_loop
+    from asymagent.stats import StepStats
+
+    text, row = listing()
+    msgs = [{"role": "user", "content": "list them"},
+            {"role": "assistant", "content": "", "tool_calls": [{"id": "c1", "type": "function",
+             "function": {"name": "list", "arguments": "{}"}}]},
+            {"role": "tool", "tool_call_id": "c1", "content": text}]
+    views = ContextViews(smollm_tokenizer, CompressionConfig(max_recalls=2))
+    pair = views.build(msgs)
+    # the output copies "CUST-10023 | name 2" then goes wrong: the full view continues with "3"
+    ids = smollm_tokenizer.encode("CUST-10023 | name 2", add_special_tokens=False)
+    wrong = ids + smollm_tokenizer.encode("9", add_special_tokens=False)
+    seen = []
+
+    def decode(compressed_ids):
+        seen.append(compressed_ids)
+        return SimpleNamespace(token_ids=ids + smollm_tokenizer.encode("3", add_special_tokens=False),
+                               stats=StepStats(wall_s=1.0, verifier_prefill_tokens=100))
+
+    first = SimpleNamespace(token_ids=wrong, stats=StepStats(wall_s=2.0, verifier_prefill_tokens=50))
+    out = recall_loop(views, pair.full_ids, pair.compressed_ids, first, decode)
+    assert seen == [pair.full_ids]  # the listing came back whole; the second pass needed nothing more
+    assert out.stats.recalls == 1 and out.stats.recall_prefill_tokens == 100
+    assert out.stats.wall_s == 3.0 and out.stats.verifier_prefill_tokens == 150
