@@ -152,7 +152,7 @@ fi
 
 step versions 30 "$PY" -c "import torch, triton, transformers; print(torch.__version__, triton.__version__, transformers.__version__, torch.cuda.get_device_name() if torch.cuda.is_available() else 'cpu')"
 step engine_360m 120 "$PY" -m asymagent.evals.probes.gpu_bench "${DEV[@]}" --part engine "${ENGINE_SMALL[@]}" --json "$OUT/part_engine_360m.json"
-step gate 60 "$PY" -m asymagent.evals.probes.gpu_bench "${DEV[@]}" --part gate --json "$OUT/part_gate.json"
+step gate 75 "$PY" -m asymagent.evals.probes.gpu_bench "${DEV[@]}" --part gate --json "$OUT/part_gate.json"
 step tests 150 "$PY" -m pytest -q -p no:cacheprovider -m gpu -rs tests/test_kernel_fused_gate.py tests/test_static_kv.py tests/test_graph_round.py
 step engine_1.7b 130 "$PY" -m asymagent.evals.probes.gpu_bench "${DEV[@]}" --part engine "${ENGINE_LARGE[@]}" --json "$OUT/part_engine_1.7b.json"
 step compile 40 env -u TRITON_INTERPRET "$PY" -m asymagent.kernels.bench --compile-only --json "$OUT/gate_compile.json"
