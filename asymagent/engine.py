@@ -19,6 +19,7 @@ generate -> ChatResult).
 
 from __future__ import annotations
 
+import json
 import secrets
 import threading
 import time
@@ -126,6 +127,7 @@ class Engine:
         self.caches = CacheStore(roles, max_sessions=max_sessions, static=self.static_roles)
         self._chat_format: ChatFormat | None = None  # built on first use (`chat_format`)
         self._format_lock = threading.Lock()  # builds chat_format once (not the request lock)
+        self._chat_formats: dict = {}  # template kwargs (JSON) -> ChatFormat (chat_format_for)
         # one request at a time, first come first served: sessions, caches and views are shared
         self.lock = FairLock()
         # earlier responses for suffix drafting (SuffixStore(path=...) keeps them across runs)
@@ -145,6 +147,21 @@ class Engine:
                 if self._chat_format is None:
                     self._chat_format = ChatFormat(self.tokenizer)
         return self._chat_format
+
+    def chat_format_for(self, template_kwargs: dict | None) -> ChatFormat:
+        """The chat format with extra template variables (`chat_template_kwargs`); the default
+        one without any. Built once per distinct set (the last 8 kept)."""
+        if not template_kwargs:
+            return self.chat_format
+        key = json.dumps(template_kwargs, sort_keys=True, default=str)
+        with self._format_lock:
+            found = self._chat_formats.pop(key, None)
+            if found is None:
+                found = ChatFormat(self.tokenizer, template_kwargs=template_kwargs)
+            self._chat_formats[key] = found  # most recently used last
+            while len(self._chat_formats) > 8:
+                self._chat_formats.pop(next(iter(self._chat_formats)))
+        return found
 
     # ------------------------------------------------------------------ constructors
     @classmethod
