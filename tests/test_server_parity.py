@@ -269,7 +269,10 @@ def test_completions_echo_scores_the_prompt(client, engine):
 def test_version_and_cors(server, engine):
     from asymagent import __version__
 
-    assert httpx.get(server + "/version").json() == {"version": __version__}
+    # the version, then what the engine runs on (issue 30: the weights dtype, the CPU's bf16 unit)
+    body = httpx.get(server + "/version").json()
+    assert body == {"version": __version__, **engine.runtime}
+    assert body["dtype"] == "float32"  # the tiny test models are float32
     preflight = {"Origin": "http://localhost:3000", "Access-Control-Request-Method": "POST",
                  "Access-Control-Request-Headers": "authorization,content-type"}
     r = httpx.options(server + "/v1/chat/completions", headers=preflight)
