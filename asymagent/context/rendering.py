@@ -152,10 +152,12 @@ def call_json(call: dict) -> str:
 class MessageRenderer:
     """Renders OpenAI-style conversations to append-stable token segments for one tokenizer."""
 
-    def __init__(self, tokenizer, cache_size: int = 4096):
+    def __init__(self, tokenizer, cache_size: int = 4096, template_kwargs: dict | None = None):
         if getattr(tokenizer, "chat_template", None) is None:
             raise ValueError("the tokenizer has no chat template; set tokenizer.chat_template")
         self.tokenizer = tokenizer
+        # extra variables for the template (vLLM's chat_template_kwargs, e.g. enable_thinking)
+        self.template_kwargs = dict(template_kwargs or {})
         self._cache: OrderedDict = OrderedDict()  # (key) -> Segment, bounded LRU
         self._cache_size = cache_size
         self._affixes: dict = {}  # role -> (text before, text after) the content
@@ -183,7 +185,7 @@ class MessageRenderer:
 
     # -- low level -------------------------------------------------------------------------
     def _render(self, messages, tools=None, add_generation_prompt=False) -> str:
-        kwargs = {"tools": tools} if tools else {}
+        kwargs = {**self.template_kwargs, **({"tools": tools} if tools else {})}
         try:
             return self.tokenizer.apply_chat_template(
                 messages, tokenize=False, add_generation_prompt=add_generation_prompt, **kwargs)

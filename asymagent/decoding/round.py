@@ -87,7 +87,7 @@ class Decoder:
         # view's removed text could be copied from, added to the verifier's rows; None: off
         self.copy = copy
         self.verifier_tokens_fed = 0
-        self.processors = LogitProcessors.of(sampling)
+        self.processors = LogitProcessors.of(sampling, prompt_ids=verifier.view.prompt)
         self.logprobs = logprobs
         # rounds as static-shape device calls on static caches (CUDA graphs), else None
         from asymagent.decoding.graph_round import graph_round_for
