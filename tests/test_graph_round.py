@@ -48,6 +48,47 @@ def test_graph_round_copied_drafts_and_switch(model, monkeypatch, served, mode):
     assert served.get("suffix", 0) > 0
 
 
+@pytest.mark.parametrize("mode, overrides, temperature, agreeing", [
+    ("asym", {}, 0.0, True), ("asym", {}, 0.0, False), ("asym", {"paper": True}, 0.0, True),
+    ("spec", {}, 0.8, True), ("asym", {"acceptance": "exact", "beta": 1.0}, 0.8, False)])
+def test_capture_side_effects_keep_the_tokens(model, monkeypatch, mode, overrides, temperature,
+                                              agreeing):
+    # CPU emulation of what recording a graph does to the caches (a warm-up run, the lengths
+    # put back to the host mirrors) before each call's first run: the step-by-step tokens still
+    # come out (asym's default has the copy delta: a drafting call, then a verify call)
+    from asymagent.kv import cuda_graphs
+
+    monkeypatch.setattr(cuda_graphs, "EMULATE_CAPTURE", True)
+    # an agreeing drafter (a copy of the verifier, no copied drafts) has rounds that accept
+    # every draft on a call's first run; an unrelated one, rollbacks
+    drafter = noisy_copy(model, 0.0) if agreeing else make_model(seed=1, layers=1)
+    inner = graph_round.GraphRound._round
+    checked = []
+
+    def checking(self, *args, **kwargs):  # after every round: device lengths == host mirrors
+        out = inner(self, *args, **kwargs)
+        d = self.decoder
+        for reader in (d.verifier, d.drafter, d.base):
+            if reader is not None:
+                kv = reader.cache.cache
+                assert int(kv.length) == kv.seen == len(reader.cache.tokens)
+        checked.append(out.accepted == out.drafted)
+        return out
+
+    monkeypatch.setattr(graph_round.GraphRound, "_round", checking)
+    prompt = random_prompts(1, length=40, seed=3)[0]
+    comp = prompt[10:] + prompt[2:8] if mode == "asym" else None
+    kw = dict(mode=mode, max_new_tokens=20, compressed_prompt_ids=comp, temperature=temperature,
+              seed=7)
+    overrides = {**overrides, "lookup_ngram": 0} if agreeing else overrides
+    want = Engine(verifier=model, drafter=drafter, spec=_spec(overrides)).generate(prompt, **kw)
+    got = Engine(verifier=model, drafter=drafter, spec=_spec(overrides), static_kv=True).generate(
+        prompt, **kw)
+    assert got.token_ids == want.token_ids
+    assert (got.stats.accepted, got.stats.drafted) == (want.stats.accepted, want.stats.drafted)
+    assert checked and (any(checked) or not agreeing)  # some round accepted all its drafts
+
+
 def test_rounds_it_does_not_serve_run_step_by_step(model, served):
     # log-probs and penalties read per-row host state: those rounds stay step by step (same tokens)
     drafter = make_model(seed=1, layers=1)
