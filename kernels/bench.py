@@ -160,6 +160,8 @@ def bench_gpu(args, device: str = "cuda") -> list[dict]:
     cases = [(v, k, b) for v in args.vocabs for k in args.ks for b in args.batches]
     for vocab, k, batch in tqdm(cases, desc="gpu gate", file=sys.stderr):
         ver, aug, base, drafts = make_inputs(batch, k, vocab, dtype, device)
+        if args.views == 1:  # one drafter view (spec, or asym with beta 0): no JSD pass
+            base = None
         kwargs = dict(beta=1.0, gamma=0.5, acceptance=rule,
                       temperature=1.0 if rule == "exact" else 0.0)
         launch = dict(splits=args.splits, block_v=args.block_v)
@@ -173,22 +175,24 @@ def bench_gpu(args, device: str = "cuda") -> list[dict]:
         if "graph" in args.variants:  # the dispatched gate replayed from a CUDA graph
             variants["graph"] = graphed(
                 lambda: gate.fused_gate_triton(ver, aug, base, drafts, **kwargs, **launch), device)
-        if "graph_passes" in args.variants:  # the same, always the separate passes (B <= 8)
-            variants["graph_passes"] = graphed(
-                lambda: gate.fused_gate_triton(ver, aug, base, drafts, **kwargs, **launch,
-                                               fused=False), device)
+        for name, fused in (("graph_passes", False), ("graph_fused", True)):
+            if name in args.variants:  # the same, forced to the separate passes / one launch
+                variants[name] = graphed(
+                    lambda fused=fused: gate.fused_gate_triton(ver, aug, base, drafts, **kwargs,
+                                                               **launch, fused=fused), device)
         variants = {name: variants[name] for name in args.variants}
         for fn in variants.values():
             fn()  # compile / autotune outside the timed region
         times = {name: _time_ms(fn, device) for name, fn in variants.items()}  # ms
-        read_bytes = 3 * ver.numel() * ver.element_size()  # three logit tensors read once
+        # the logit tensors read once: v, a, b (one view: v and a)
+        read_bytes = (3 if base is not None else 2) * ver.numel() * ver.element_size()
         bound_ms = read_bytes / (peak * 1e9) * 1e3
         block_v, _ = gate.launch_config(vocab, device, args.block_v)
         n_split, _ = gate.split_plan(batch * (k + 1), vocab, block_v, ver.device, args.splits)
         name = torch.cuda.get_device_name() if device == "cuda" else device
         row = dict(device=name, vocab=vocab, k=k, batch=batch, rule=rule,
                    dtype=args.dtype, block_v=block_v, splits=n_split,
-                   one_launch=batch <= gate.FUSED_MAX_BATCH and rule != "exact")
+                   views=args.views, one_launch=gate.one_launch(batch, vocab, base is None, rule))
         row.update({f"{name}_ms": ms for name, ms in times.items()})
         if "graph" in times:
             row["graph_x_of_bound"] = times["graph"] / bound_ms
@@ -295,9 +299,13 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--rules", nargs="+", default=["cda"], choices=["cda", "greedy", "exact"])
     p.add_argument("--dtype", default="bf16", choices=sorted(DTYPES))
     p.add_argument("--variants", nargs="+", default=["kernel", "eager", "compiled"],
-                   choices=["kernel", "kernel_s1", "eager", "compiled", "graph", "graph_passes"],
+                   choices=["kernel", "kernel_s1", "eager", "compiled", "graph", "graph_passes",
+                            "graph_fused"],
                    help="what to time (GPU); graph = the dispatched gate replayed from a CUDA "
-                        "graph, graph_passes = the same with the separate passes (no one launch)")
+                        "graph, graph_passes / graph_fused = forced to the separate passes / "
+                        "the one launch")
+    p.add_argument("--views", type=int, default=2, choices=[1, 2],
+                   help="drafter views: 2 (asym with a base pass) or 1 (no base_logits)")
     p.add_argument("--splits", type=int, default=None,
                    help="force the slices per row (default: fused_gate.split_plan's choice)")
     p.add_argument("--block-v", type=int, default=None,

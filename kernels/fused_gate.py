@@ -52,6 +52,11 @@ INTERPRET_SPLITS = 2  # CPU/interpreter: a fixed small split, so the merging is 
 # program of each row / sequence, atomic counters) for cda and greedy; larger batches fill the
 # chip with the separate passes anyway, whose launches a CUDA graph makes cheap.
 FUSED_MAX_BATCH = 8
+# With two views the one launch sweeps each row's JSD in ONE program (the row's last): ~V/1024
+# dependent iterations on one SM, so it only pays for short rows; longer ones take the passes,
+# whose JSD pass runs on every slice at once (an estimate: the bench times both, graph_fused /
+# graph_passes).
+FUSED_TWO_VIEW_MAX_V = 16384
 _SM_COUNT: dict = {}
 _COUNTERS: dict = {}  # device -> int32 zeros: gate_fused's row / sequence counters
 
@@ -117,6 +122,14 @@ def fused_counters(device: torch.device, size: int) -> torch.Tensor:
     return buf
 
 
+def one_launch(batch: int, vocab: int, one_view: bool, acceptance: str,
+               temperature: float = 0.0) -> bool:
+    """Whether fused_gate_triton's default is the one-launch kernel for this call."""
+    if acceptance == "exact" and temperature > 0.0:
+        return False
+    return batch <= FUSED_MAX_BATCH and (one_view or vocab <= FUSED_TWO_VIEW_MAX_V)
+
+
 def _interpreting() -> bool:
     return os.environ.get("TRITON_INTERPRET", "0").lower() not in ("", "0", "false", "off")
 
@@ -140,8 +153,9 @@ def fused_gate_triton(verifier_logits: torch.Tensor, drafter_logits: torch.Tenso
     """The Triton gate (CUDA, or CPU under TRITON_INTERPRET=1); same semantics as the reference.
 
     `block_v` and `splits` override the launch (tests, tuning); see `launch_config`, `split_plan`.
-    `fused`: one launch (gate_fused) or the separate passes; None = one launch for cda / greedy
-    at B <= FUSED_MAX_BATCH (exact sampling always takes the passes)."""
+    `fused`: one launch (gate_fused) or the separate passes; None = `one_launch`'s choice (cda /
+    greedy at B <= FUSED_MAX_BATCH, one view or V <= FUSED_TWO_VIEW_MAX_V; exact sampling
+    always takes the passes)."""
     batch, k, vocab = validate_gate_inputs(
         verifier_logits, drafter_logits, base_logits, draft_tokens, beta=beta, gamma=gamma,
         acceptance=acceptance, temperature=temperature, proposal_logits=proposal_logits)
@@ -185,7 +199,7 @@ def fused_gate_triton(verifier_logits: torch.Tensor, drafter_logits: torch.Tenso
     options = {} if _interpreting() else {"enable_fp_fusion": False}
     grid = (rows, n_split)
     if fused is None:
-        fused = batch <= FUSED_MAX_BATCH
+        fused = one_launch(batch, vocab, one_view, acceptance, temperature)
     if fused and not sampling:
         counters = fused_counters(device, rows + batch)
         kern.gate_fused[grid](v, a, b, g, drafts, uniform, part, ipart, counters, jsd,

@@ -87,16 +87,25 @@ for shape, e in report["engine"].items():
         v = e["full_over_graph_forward"]
         targets[f"{shape} full <= 1.3x a graph forward"] = {"value": round(v, 3), "met": v <= 1.3}
 for row in report["gate"]:
-    if row.get("vocab") == 151936 and row.get("k") == 8 and row.get("batch") in (1, 64):
-        best = min(v for v in (row.get("kernel_ms"), row.get("graph_ms")) if v is not None)
+    if (row.get("vocab") == 151936 and row.get("k") == 8 and row.get("batch") in (1, 64)
+            and row.get("views", 2) == 2 and row.get("block_v") == 1024 and row.get("splits", 0) != 8):
+        times = {n: row.get(f"{n}_ms") for n in ("kernel", "graph", "graph_passes", "graph_fused")}
+        times = {n: v for n, v in times.items() if v is not None}
+        how = min(times, key=times.get)
+        best = times[how]
         if row["batch"] == 64 and row.get("bound_ms"):
             targets["gate V=151936 K=8 B=64 <= 2x the bandwidth bound"] = {
-                "value": round(best / row["bound_ms"], 2), "kernel_ms": row.get("kernel_ms"),
-                "graph_ms": row.get("graph_ms"), "met": best / row["bound_ms"] <= 2.0}
+                "value": round(best / row["bound_ms"], 2), "best": how, **times,
+                "met": best / row["bound_ms"] <= 2.0}
         if row["batch"] == 1:
             targets["gate V=151936 K=8 B=1 <= 0.030 ms"] = {
-                "value": round(best, 4), "kernel_ms": row.get("kernel_ms"),
-                "graph_ms": row.get("graph_ms"), "met": best <= 0.030}
+                "value": round(best, 4), "best": how, **times, "met": best <= 0.030}
+for row in report["gate"]:  # the engine's default asym (beta 0) and spec: one drafter view
+    if row.get("vocab") == 151936 and row.get("k") == 8 and row.get("batch") == 1 and row.get("views") == 1:
+        times = {n: row[f"{n}_ms"] for n in ("kernel", "graph", "graph_passes", "graph_fused") if row.get(f"{n}_ms") is not None}
+        how = min(times, key=times.get)
+        targets["gate V=151936 K=8 B=1 one view <= 0.030 ms"] = {
+            "value": round(times[how], 4), "best": how, **times, "met": times[how] <= 0.030}
 report["targets"] = targets
 tmp = os.path.join(out, "gpu.json.tmp")
 json.dump(report, open(tmp, "w"), indent=2)
@@ -143,7 +152,7 @@ fi
 
 step versions 30 "$PY" -c "import torch, triton, transformers; print(torch.__version__, triton.__version__, transformers.__version__, torch.cuda.get_device_name() if torch.cuda.is_available() else 'cpu')"
 step engine_360m 120 "$PY" -m asymagent.evals.probes.gpu_bench "${DEV[@]}" --part engine "${ENGINE_SMALL[@]}" --json "$OUT/part_engine_360m.json"
-step gate 60 "$PY" -m asymagent.evals.probes.gpu_bench "${DEV[@]}" --part gate --json "$OUT/part_gate.json"
+step gate 75 "$PY" -m asymagent.evals.probes.gpu_bench "${DEV[@]}" --part gate --json "$OUT/part_gate.json"
 step tests 150 "$PY" -m pytest -q -p no:cacheprovider -m gpu -rs tests/test_kernel_fused_gate.py tests/test_static_kv.py tests/test_graph_round.py
 step engine_1.7b 130 "$PY" -m asymagent.evals.probes.gpu_bench "${DEV[@]}" --part engine "${ENGINE_LARGE[@]}" --json "$OUT/part_engine_1.7b.json"
 step compile 40 env -u TRITON_INTERPRET "$PY" -m asymagent.kernels.bench --compile-only --json "$OUT/gate_compile.json"

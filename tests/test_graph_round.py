@@ -60,6 +60,35 @@ def test_rounds_it_does_not_serve_run_step_by_step(model, served):
     assert graph_round.RULES == ("cda", "greedy", "exact", "coupled")
 
 
+def test_capture_failure_falls_back_to_the_same_call_eagerly(model):
+    # a capture that fails (here: no CUDA at all) warns once, puts the lengths back and runs the
+    # same function eagerly from then on
+    from asymagent.kv import cuda_graphs
+    from asymagent.kv.cache import ModelCache
+    from asymagent.kv.static_cache import StaticKVOptions
+
+    cache = ModelCache(model, static=StaticKVOptions())
+    cache.forward_logits(list(range(3, 20)), keep=1)
+    kv = cache.cache
+    calls = []
+
+    def fn(ids):
+        calls.append(1)
+        return kv.step(ids, True)
+
+    call = cuda_graphs.CapturedCall(fn, [kv], capture=True, device=torch.device("cpu"))
+    ids = torch.tensor([[5, 6]])
+    if torch.cuda.is_available():
+        pytest.skip("capture can succeed here")
+    with pytest.warns(UserWarning, match="capture failed"):
+        out = call(ids=ids)
+    assert not call.capture and call.graph is None and cuda_graphs.CAPTURE_ERRORS
+    assert out.shape == (2, model.config.vocab_size) and calls
+    assert int(kv.length) == kv.seen + 2  # the eager call's forward, from the restored length
+    kv.length.fill_(kv.seen)
+    torch.testing.assert_close(call(ids=ids), out)
+
+
 # ---------------------------------------------------------------- CUDA (skipped without it)
 
 @pytest.mark.gpu

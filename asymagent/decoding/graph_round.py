@@ -191,7 +191,11 @@ class GraphRound:
                    tuple(sorted(gate.items())))
             fn = functools.partial(self._verify_body, **gate)
             drafts_in = torch.tensor(tokens, dtype=torch.long)  # [K] host
-            packed = self._call(key, fn, kvs)(
+            # only the caches this call feeds: a capture puts their lengths back to the host
+            # mirrors, which the drafting call (if any) has moved past
+            fed = [_static(d.verifier)] + ([_static(d.drafter)] if fused and hidden is None
+                                           else []) + ([_static(d.base)] if has_base else [])
+            packed = self._call(key, fn, fed)(
                 tok_v=last["v"], tok_d=last.get("d") if hidden is None else None,
                 tok_b=last.get("b"), drafts=drafts_in, proposal=proposal, hidden=hidden,
                 copy_rows=copy_rows, **noise)

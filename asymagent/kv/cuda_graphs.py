@@ -55,6 +55,9 @@ class GraphSet:
         return graph, ids, out
 
 
+CAPTURE_ERRORS: list = []  # why CapturedCall captures failed in this process (each reason once)
+
+
 class CapturedCall:
     """Any static-shape device function over StaticKVs (a whole speculative round), as one graph.
 
@@ -80,12 +83,31 @@ class CapturedCall:
             return self.fn(**{name: None if v is None else v.to(self.device)
                               for name, v in inputs.items()})
         if self.graph is None:
-            self._record(inputs)
+            try:
+                self._record(inputs)
+            except Exception as exc:  # a capture failure must not take decoding down
+                self.failed(exc)
+                return self(**inputs)
         for name, value in inputs.items():
             if value is not None:
                 self.inputs[name].copy_(value, non_blocking=True)
         self.graph.replay()
         return self.out
+
+    def failed(self, exc: Exception) -> None:
+        """Run eagerly from now on (the same code, no graph), with the caches' lengths put back
+        and the reason kept in CAPTURE_ERRORS (benches report it) and warned once."""
+        import warnings
+
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
+        for kv in self.kvs:
+            kv.length.fill_(kv.seen)
+        self.capture, self.graph, self.inputs = False, None, None
+        reason = f"{type(exc).__name__}: {exc}"[:500]
+        if reason not in CAPTURE_ERRORS:
+            CAPTURE_ERRORS.append(reason)
+            warnings.warn(f"CUDA graph capture failed, running this call eagerly: {reason}")
 
     def _record(self, inputs: dict) -> None:
         self.inputs = {name: None if v is None else v.to(self.device, copy=True)

@@ -55,7 +55,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--drafter", default=None, help="drafter .safetensors (default: the shipped one)")
     p.add_argument("--compression", metavar="FILE", default=None,
                    help="CompressionConfig YAML/JSON for the verifier's view (default: tool_output 64/32)")
-    p.add_argument("--dtype", default="float32",
+    p.add_argument("--dtype", default="auto",
                    help="weights dtype of every mode and peer: auto (bfloat16 on a CPU with bf16 "
                         "matrix units, else float32), float32, bfloat16, int8 (asymagent/modeling/"
                         "cpu_dtype.py); a mode label may name another with '@', e.g. full@float32")

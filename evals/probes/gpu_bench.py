@@ -52,10 +52,11 @@ SHAPES = {  # LlamaConfig fields of real models (weights random)
                  num_attention_heads=4, num_key_value_heads=2, vocab_size=256),
 }
 # (V, K, B, launch overrides): the rows, then B=64 launches to tune from (one run)
-GATE_CASES = [(151936, 8, 1, {}), (151936, 8, 64, {}), (151936, 2, 1, {}), (151936, 8, 16, {}),
+GATE_CASES = [(151936, 8, 1, {}), (151936, 8, 64, {}), (151936, 8, 1, {"views": 1}),
+              (49152, 4, 1, {"views": 1}), (151936, 2, 1, {}), (151936, 8, 16, {}),
               (49152, 4, 1, {}), (262144, 8, 64, {}), (151936, 8, 64, {"block_v": 2048}),
               (151936, 8, 64, {"block_v": 512}), (151936, 8, 64, {"splits": 8})]
-SMOKE_GATE_CASES = [(300, 2, 1, {}), (300, 4, 2, {"splits": 3})]  # --device cpu: interpreter
+SMOKE_GATE_CASES = [(300, 2, 1, {}), (300, 4, 2, {"splits": 3}), (300, 2, 1, {"views": 1})]
 MODES = {  # name -> (mode, cuda graphs / static caches, graph-shaped rounds)
     "full_eager": ("full", False, False), "full": ("full", True, False),
     "spec": ("spec", True, True), "asym": ("asym", True, True),
@@ -292,6 +293,9 @@ def bench_engine(args, device: str = "cuda", sink: Sink | None = None) -> dict:
                 runs[name].append(r)
         _summarise(out, runs)
         out["repeats_done"] = rep
+        from asymagent.kv.cuda_graphs import CAPTURE_ERRORS
+
+        out["round_capture_errors"] = list(CAPTURE_ERRORS)  # rounds then ran uncaptured
         sink.flush()
     return out
 
@@ -339,9 +343,10 @@ def bench_gate(device: str = "cuda", sink: Sink | None = None) -> list[dict]:
     cases = GATE_CASES if device == "cuda" else SMOKE_GATE_CASES
     peak = None if device == "cuda" else 1000.0
     for vocab, k, batch, launch in cases:
+        tuning = {key: v for key, v in launch.items() if key != "views"}
         argv = ["--vocabs", str(vocab), "--ks", str(k), "--batches", str(batch), "--variants",
-                "kernel", "graph"] + ([] if launch else ["kernel_s1", "eager"]) \
-            + (["graph_passes"] if batch <= 8 else [])
+                "kernel", "graph"] + ([] if tuning else ["kernel_s1", "eager"]) \
+            + (["graph_passes", "graph_fused"] if batch <= 8 else [])
         for name, value in launch.items():
             argv += [f"--{name.replace('_', '-')}", str(value)]
         args = bench.parse_args(argv)
