@@ -355,3 +355,12 @@ def test_chat_template_kwargs_reach_the_template(smollm_tokenizer):
     assert shout["usage"]["prompt_tokens"] > plain["usage"]["prompt_tokens"]
     assert shout["asymagent"]["stats"]["full_context_tokens"] == shout["usage"]["prompt_tokens"]
     assert unread["usage"]["prompt_tokens"] == plain["usage"]["prompt_tokens"]
+
+
+@pytest.mark.parametrize("name, value", [("use_beam_search", True), ("min_tokens", 4),
+                                         ("guided_json", {"type": "object"})])
+def test_other_vllm_extras_are_refused_by_name(server, name, value):
+    r = httpx.post(server + "/v1/chat/completions", timeout=60,
+                   json={"model": "asymagent", "messages": USER, "max_tokens": 2, name: value})
+    assert r.status_code == 400 and r.json()["error"]["param"] == name
+    assert f"Unrecognized request argument supplied: {name}" in r.json()["error"]["message"]
