@@ -19,6 +19,7 @@ generate -> ChatResult).
 
 from __future__ import annotations
 
+import json
 import secrets
 import threading
 import time
@@ -45,7 +46,7 @@ from asymagent.decoding.suffix_store import SuffixStore
 from asymagent.fair_lock import FairLock
 from asymagent.kv.attention import use_gqa_attention
 from asymagent.kv.cache import CacheStore, View, ViewCache
-from asymagent.modeling.cpu_dtype import runtime_info
+from asymagent.modeling.cpu_dtype import for_device, runtime_info
 from asymagent.request import GenerationRequest
 from asymagent.results import ChatResult, GenerationResult  # noqa: F401  (old import path)
 from asymagent.spec_config import SpecConfig, mode_of
@@ -126,6 +127,7 @@ class Engine:
         self.caches = CacheStore(roles, max_sessions=max_sessions, static=self.static_roles)
         self._chat_format: ChatFormat | None = None  # built on first use (`chat_format`)
         self._format_lock = threading.Lock()  # builds chat_format once (not the request lock)
+        self._chat_formats: dict = {}  # template kwargs (JSON) -> ChatFormat (chat_format_for)
         # one request at a time, first come first served: sessions, caches and views are shared
         self.lock = FairLock()
         # earlier responses for suffix drafting (SuffixStore(path=...) keeps them across runs)
@@ -146,12 +148,30 @@ class Engine:
                     self._chat_format = ChatFormat(self.tokenizer)
         return self._chat_format
 
+    def chat_format_for(self, template_kwargs: dict | None) -> ChatFormat:
+        """The chat format with extra template variables (`chat_template_kwargs`); the default
+        one without any. Built once per distinct set (the last 8 kept)."""
+        if not template_kwargs:
+            return self.chat_format
+        key = json.dumps(template_kwargs, sort_keys=True, default=str)
+        with self._format_lock:
+            found = self._chat_formats.pop(key, None)
+            if found is None:
+                found = ChatFormat(self.tokenizer, template_kwargs=template_kwargs)
+            self._chat_formats[key] = found  # most recently used last
+            while len(self._chat_formats) > 8:
+                self._chat_formats.pop(next(iter(self._chat_formats)))
+        return found
+
     # ------------------------------------------------------------------ constructors
     @classmethod
     def from_pretrained(cls, verifier, drafter=None, spec: SpecConfig | None = None,
-                        compression=None, *, dtype: torch.dtype | str = torch.float32,
+                        compression=None, *, dtype: torch.dtype | str = "auto",
                         device: str | torch.device | None = None, config=None, **kw) -> "Engine":
         """Load verifier (and drafter) with asymagent.modeling.loading.load_model (id, dir or GGUF).
+
+        `dtype`: as `from_default`'s (default "auto": bfloat16 where the CPU or GPU multiplies
+        bf16 in hardware, float32 elsewhere).
 
         `config`: a config file (asymagent/config_file.py, e.g. what `asymagent tune` writes)
         supplying `spec` and `compression` where they are not given.
@@ -163,6 +183,7 @@ class Engine:
         from asymagent.modeling.loading import load_model
 
         spec, compression = engine_settings(config, spec, compression)
+        dtype = for_device(dtype, device)
         ver = load_model(verifier, dtype=dtype)
         dra = None
         if drafter is not None and str(drafter).endswith(".safetensors"):
@@ -181,14 +202,17 @@ class Engine:
 
     @classmethod
     def from_default(cls, spec: SpecConfig | None = None, compression=None, *, config=None,
-                     dtype: torch.dtype | str = torch.float32, device: str | torch.device | None = None,
+                     dtype: torch.dtype | str = "auto", device: str | torch.device | None = None,
                      **kw) -> "Engine":
         """The embedded pair: SmolLM2-135M-Instruct verifier + the project's trained drafter.
 
         `compression=None` means the default CompressionConfig (as everywhere in asymagent.context.views).
         `dtype` and `device` place both models (the drafter follows the verifier's dtype); a
-        `--dtype` name works too ("auto": bfloat16 on a CPU with bf16 matrix units, float32
-        elsewhere; "int8": quantised decoder linears; asymagent/modeling/cpu_dtype.py).
+        `--dtype` name works too. Default "auto": bfloat16 on a CPU with bf16 matrix units (AMX,
+        AVX512-BF16) and on CUDA, float32 elsewhere; on the suites the embedded default's answers
+        in bfloat16 equalled float32's at every measured step (docs/results.md, "CPU dtype");
+        pass dtype=torch.float32 to pin float32. "int8": quantised decoder linears
+        (asymagent/modeling/cpu_dtype.py).
         `config`: a config file (asymagent/config_file.py, e.g. what `asymagent tune` writes)
         supplying `spec` and `compression` where they are not given.
         """
@@ -197,7 +221,7 @@ class Engine:
 
         spec, compression = engine_settings(config, spec, compression)
 
-        loaded = load_default_verifier(dtype=dtype)
+        loaded = load_default_verifier(dtype=for_device(dtype, device))
         if device is not None:
             loaded.model.to(device)
         try:

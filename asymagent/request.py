@@ -65,6 +65,7 @@ class SamplingParams:
     frequency_penalty: float = 0.0  # OpenAI range -2..2
     presence_penalty: float = 0.0  # OpenAI range -2..2
     logit_bias: dict | None = None  # {token id: bias}, bias in -100..100
+    repetition_penalty: float = 1.0  # vLLM's: > 0, 1 off (decoding/logit_processors.py)
 
     def __post_init__(self) -> None:
         put = object.__setattr__
@@ -91,6 +92,11 @@ class SamplingParams:
             put(self, name, value)
         if self.logit_bias is not None:
             put(self, "logit_bias", self._bias(self.logit_bias))
+        repetition = _number("repetition_penalty", self.repetition_penalty)
+        if not repetition > 0:
+            raise RequestError("repetition_penalty", f"repetition_penalty must be > 0, got "
+                                                     f"{self.repetition_penalty!r}")
+        put(self, "repetition_penalty", repetition)
 
     @staticmethod
     def _bias(logit_bias) -> dict:
@@ -161,6 +167,7 @@ class GenerationRequest:
     cache_key: str = "default"
     callback: Callable | None = None
     parallel_tool_calls: bool | None = None  # OpenAI's: True 1..8 calls, False at most one
+    chat_template_kwargs: dict | None = None  # extra chat-template variables (vLLM's), chat only
 
     def __post_init__(self) -> None:
         mode_of(self.mode)  # a ValueError naming the modes
@@ -181,6 +188,10 @@ class GenerationRequest:
         if self.parallel_tool_calls not in (None, True, False):
             raise RequestError("parallel_tool_calls", f"parallel_tool_calls must be true, false "
                                                       f"or null, got {self.parallel_tool_calls!r}")
+        kw = self.chat_template_kwargs
+        if kw is not None and (not isinstance(kw, dict) or not all(isinstance(k, str) for k in kw)):
+            raise RequestError("chat_template_kwargs", f"chat_template_kwargs must be a dict with "
+                                                       f"string keys, got {kw!r}")
         if not isinstance(self.cache_key, str):
             raise RequestError("cache_key", f"cache_key must be a string, got {self.cache_key!r}")
 
@@ -188,12 +199,13 @@ class GenerationRequest:
     def build(cls, *, temperature: float = 0.0, seed: int | None = None, top_p: float = 1.0,
               top_k: int = 0, min_p: float = 0.0, frequency_penalty: float = 0.0,
               presence_penalty: float = 0.0, logit_bias: dict | None = None,
-              **fields) -> "GenerationRequest":
+              repetition_penalty: float = 1.0, **fields) -> "GenerationRequest":
         """A request from flat keywords (the sampling knobs beside the request's fields), as
         `Engine.chat` / `Engine.generate` and OpenAI-style bodies spell them."""
         sampling = SamplingParams(temperature=temperature, top_p=top_p, top_k=top_k, min_p=min_p,
                                   seed=seed, frequency_penalty=frequency_penalty,
-                                  presence_penalty=presence_penalty, logit_bias=logit_bias)
+                                  presence_penalty=presence_penalty, logit_bias=logit_bias,
+                                  repetition_penalty=repetition_penalty)
         return cls(sampling=sampling, **fields)
 
     def replace(self, **changes) -> "GenerationRequest":

@@ -95,11 +95,13 @@ def _label(action) -> str:
 
 def _chat(engine, task, prompt, mode, max_new_tokens, acts, tool_choice):
     from asymagent.evals.running.engine_setup import use_suffix_store
+    from asymagent.request import GenerationRequest
 
     use_suffix_store(engine, mode)  # with --compare, neither mode copies the other's answers
-    return engine.chat(prompt, tools=task.tools, mode=mode, max_new_tokens=max_new_tokens,
-                       temperature=0.0, tool_choice=tool_choice if acts else "auto",
-                       cache_key=f"demo-{mode}")
+    request = GenerationRequest(mode=mode, max_new_tokens=max_new_tokens, tools=task.tools,
+                                tool_choice=tool_choice if acts else "auto",
+                                cache_key=f"demo-{mode}")  # greedy
+    return engine.chat(prompt, request=request)
 
 
 def teacher_forced_run(engine, env, seed: int, mode: str, max_new_tokens: int,

@@ -99,13 +99,11 @@ def open_engine(verifier: str = "default", drafter: str | None = None, *, mode: 
                 spec=None, compression=None, dtype=None, device: str | None = None,
                 max_sessions: int = 8):
     """Load the Engine for `verifier` + `drafter` (see the module docstring)."""
-    import torch
-
     from asymagent.context.views import CompressionConfig
     from asymagent.engine import Engine
 
     check_source(verifier, drafter, mode)
-    dtype = dtype or torch.float32
+    dtype = dtype or "auto"  # bf16 where the CPU has bf16 matrix units (modeling/cpu_dtype.py)
     device = None if device in (None, "cpu") else device
     extra = {k: v for k, v in (("spec", spec), ("compression", compression)) if v is not None}
     if drafter is not None and drafter.startswith("layers:"):

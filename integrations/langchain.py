@@ -173,17 +173,17 @@ class ChatAsymSpec(BaseChatModel):
 
     @model_validator(mode="after")
     def _check(self) -> "ChatAsymSpec":
-        if self.mode not in ("full", "compressed", "spec", "asym"):
-            raise ValueError(f"mode must be full|compressed|spec|asym, got {self.mode!r}")
+        if self.max_tokens is not None and self.max_tokens < 1:
+            raise ValueError("max_tokens must be >= 1")
+        # the model's defaults as one request: mode, temperature, top_p, seed checked where every
+        # face's are (asymagent/request.py), before any weights load
+        GenerationRequest.build(mode=self.mode, max_new_tokens=self.max_tokens or 256,
+                                temperature=self.temperature, top_p=self.top_p, seed=self.seed)
         if self.engine is None:
             self.engine = engine_for(self.model_name, self.drafter, self.mode, self.spec,
                                      self.compression)
         elif not hasattr(self.engine, "chat"):
             raise ValueError("engine must be an asymagent.Engine")
-        if self.temperature < 0:
-            raise ValueError("temperature must be >= 0")
-        if self.max_tokens is not None and self.max_tokens < 1:
-            raise ValueError("max_tokens must be >= 1")
         if self.trace_dir is not None:
             from asymagent.trace_capture import TraceWriter
 

@@ -33,11 +33,12 @@ def resolve_device(name: str) -> str:
 
 
 def resolve_dtype(name: str, device: str):
-    import torch
+    """--dtype as the loaders take it: a name ("auto" follows the device and the CPU's matrix units,
+    asymagent/modeling/cpu_dtype.py; "int8" quantises the linear layers)."""
+    from asymagent.modeling.cpu_dtype import resolve_dtype as check
 
-    if name == "auto":
-        return torch.bfloat16 if device.startswith("cuda") else torch.float32
-    return getattr(torch, name)
+    check(name, device)  # an unknown name is refused here, before any model loads
+    return name
 
 
 def check_args(args) -> None:

@@ -109,6 +109,37 @@ def _copy_bandwidth_gbps() -> float:
     return 2 * src.numel() / (ms * 1e-3) / 1e9
 
 
+def graphed(fn, device: str):
+    """`fn` (device work only) recorded as a CUDA graph: a function that replays it. On CPU: fn.
+
+    What the engine's captured rounds pay for the gate: the launches without Python's dispatch."""
+    if device != "cuda":
+        return fn
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        fn()  # warm-up: compiles the kernels outside the capture
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        fn()
+    return graph.replay
+
+
+def _time_ms(fn, device: str) -> float:
+    """Median ms of `fn`: triton's do_bench on CUDA, wall-clock medians elsewhere (smoke runs)."""
+    import triton.testing
+
+    if device == "cuda":
+        return triton.testing.do_bench(fn, return_mode="median")
+    times = []
+    for _ in range(3):
+        t0 = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - t0)
+    return 1e3 * statistics.median(times)
+
+
 def bench_gpu(args, device: str = "cuda") -> list[dict]:
     """Kernel vs eager vs torch.compile on CUDA over the issue's grid (`--variants` picks).
 
@@ -129,6 +160,8 @@ def bench_gpu(args, device: str = "cuda") -> list[dict]:
     cases = [(v, k, b) for v in args.vocabs for k in args.ks for b in args.batches]
     for vocab, k, batch in tqdm(cases, desc="gpu gate", file=sys.stderr):
         ver, aug, base, drafts = make_inputs(batch, k, vocab, dtype, device)
+        if args.views == 1:  # one drafter view (spec, or asym with beta 0): no JSD pass
+            base = None
         kwargs = dict(beta=1.0, gamma=0.5, acceptance=rule,
                       temperature=1.0 if rule == "exact" else 0.0)
         launch = dict(splits=args.splits, block_v=args.block_v)
@@ -139,19 +172,30 @@ def bench_gpu(args, device: str = "cuda") -> list[dict]:
             "eager": lambda: fused_gate_reference(ver, aug, base, drafts, **kwargs),
             "compiled": lambda: compiled(ver, aug, base, drafts, **kwargs),
         }
+        if "graph" in args.variants:  # the dispatched gate replayed from a CUDA graph
+            variants["graph"] = graphed(
+                lambda: gate.fused_gate_triton(ver, aug, base, drafts, **kwargs, **launch), device)
+        for name, fused in (("graph_passes", False), ("graph_fused", True)):
+            if name in args.variants:  # the same, forced to the separate passes / one launch
+                variants[name] = graphed(
+                    lambda fused=fused: gate.fused_gate_triton(ver, aug, base, drafts, **kwargs,
+                                                               **launch, fused=fused), device)
         variants = {name: variants[name] for name in args.variants}
         for fn in variants.values():
             fn()  # compile / autotune outside the timed region
-        times = {name: triton.testing.do_bench(fn, return_mode="median")
-                 for name, fn in variants.items()}  # ms
-        read_bytes = 3 * ver.numel() * ver.element_size()  # three logit tensors read once
+        times = {name: _time_ms(fn, device) for name, fn in variants.items()}  # ms
+        # the logit tensors read once: v, a, b (one view: v and a)
+        read_bytes = (3 if base is not None else 2) * ver.numel() * ver.element_size()
         bound_ms = read_bytes / (peak * 1e9) * 1e3
         block_v, _ = gate.launch_config(vocab, device, args.block_v)
         n_split, _ = gate.split_plan(batch * (k + 1), vocab, block_v, ver.device, args.splits)
         name = torch.cuda.get_device_name() if device == "cuda" else device
         row = dict(device=name, vocab=vocab, k=k, batch=batch, rule=rule,
-                   dtype=args.dtype, block_v=block_v, splits=n_split)
+                   dtype=args.dtype, block_v=block_v, splits=n_split,
+                   views=args.views, one_launch=gate.one_launch(batch, vocab, base is None, rule))
         row.update({f"{name}_ms": ms for name, ms in times.items()})
+        if "graph" in times:
+            row["graph_x_of_bound"] = times["graph"] / bound_ms
         if "kernel" in times:
             if "eager" in times:
                 row["speedup_vs_eager"] = times["eager"] / times["kernel"]
@@ -163,7 +207,7 @@ def bench_gpu(args, device: str = "cuda") -> list[dict]:
 
 ARG_TYPES = {  # the kernels' runtime arguments by name (logit pointers get --dtype)
     "part_ptr": "*fp32", "ipart_ptr": "*i32", "d_ptr": "*i64", "u_ptr": "*fp32", "e_ptr": "*fp32",
-    "jsd_ptr": "*fp32", "n_ptr": "*i64", "next_ptr": "*i64", "K": "i32", "V": "i32",
+    "jsd_ptr": "*fp32", "n_ptr": "*i64", "next_ptr": "*i64", "count_ptr": "*i32", "K": "i32", "V": "i32",
     "CHUNK": "i32", "S": "i32", "stride_b": "i64", "stride_r": "i64", "g_stride_b": "i64",
     "g_stride_r": "i64", "beta": "fp32", "beta_bonus": "fp32", "log_gamma": "fp32",
     "temperature": "fp32",
@@ -174,6 +218,8 @@ COMPILE_CASES = [
     ("greedy", False, ("gate_stats", "gate_jsd", "gate_finish")),
     ("exact", False, ("gate_stats", "gate_jsd", "gate_race", "gate_finish")),
     ("exact", True, ("gate_stats", "gate_race", "gate_finish")),  # mode spec, sampled
+    ("cda", False, ("gate_fused",)),  # one launch at B <= FUSED_MAX_BATCH (cda / greedy)
+    ("greedy", True, ("gate_fused",)),
 ]
 
 
@@ -253,7 +299,13 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--rules", nargs="+", default=["cda"], choices=["cda", "greedy", "exact"])
     p.add_argument("--dtype", default="bf16", choices=sorted(DTYPES))
     p.add_argument("--variants", nargs="+", default=["kernel", "eager", "compiled"],
-                   choices=["kernel", "kernel_s1", "eager", "compiled"], help="what to time (GPU)")
+                   choices=["kernel", "kernel_s1", "eager", "compiled", "graph", "graph_passes",
+                            "graph_fused"],
+                   help="what to time (GPU); graph = the dispatched gate replayed from a CUDA "
+                        "graph, graph_passes / graph_fused = forced to the separate passes / "
+                        "the one launch")
+    p.add_argument("--views", type=int, default=2, choices=[1, 2],
+                   help="drafter views: 2 (asym with a base pass) or 1 (no base_logits)")
     p.add_argument("--splits", type=int, default=None,
                    help="force the slices per row (default: fused_gate.split_plan's choice)")
     p.add_argument("--block-v", type=int, default=None,

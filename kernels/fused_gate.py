@@ -48,7 +48,17 @@ RULE_CDA, RULE_GREEDY, RULE_SAMPLE = 0, 1, 2
 # few waves hide the tail (an estimate to tune with `kernels.bench --splits`, not measured).
 PROGRAMS_PER_SM = 8
 INTERPRET_SPLITS = 2  # CPU/interpreter: a fixed small split, so the merging is always exercised
+# Batches up to this run the whole gate as ONE launch (gate_fused: the finish in the last
+# program of each row / sequence, atomic counters) for cda and greedy; larger batches fill the
+# chip with the separate passes anyway, whose launches a CUDA graph makes cheap.
+FUSED_MAX_BATCH = 8
+# With two views the one launch sweeps each row's JSD in ONE program (the row's last): ~V/1024
+# dependent iterations on one SM, so it only pays for short rows; longer ones take the passes,
+# whose JSD pass runs on every slice at once (an estimate: the bench times both, graph_fused /
+# graph_passes).
+FUSED_TWO_VIEW_MAX_V = 16384
 _SM_COUNT: dict = {}
+_COUNTERS: dict = {}  # device -> int32 zeros: gate_fused's row / sequence counters
 
 
 def launch_config(vocab: int, device_type: str, block_v: int | None = None) -> tuple[int, int]:
@@ -96,6 +106,30 @@ def split_plan(rows: int, vocab: int, block_v: int, device: torch.device,
     return -(-vocab // chunk), chunk
 
 
+def fused_counters(device: torch.device, size: int) -> torch.Tensor:
+    """int32 zeros for gate_fused's counters (it leaves them at 0). Cached per device, so a call
+    (and a CUDA graph recording one) launches only the kernel; the engine uses one stream per
+    device at a time, which sharing them requires. While a graph is being captured a buffer
+    that is not cached yet is made inside the capture (its zeroing becomes a graph node)."""
+    key = str(device)
+    buf = _COUNTERS.get(key)
+    if buf is None or buf.numel() < size:
+        capturing = device.type == "cuda" and torch.cuda.is_current_stream_capturing()
+        buf = torch.zeros(max(size, 1024), dtype=torch.int32, device=device)
+        if capturing:
+            return buf
+        _COUNTERS[key] = buf
+    return buf
+
+
+def one_launch(batch: int, vocab: int, one_view: bool, acceptance: str,
+               temperature: float = 0.0) -> bool:
+    """Whether fused_gate_triton's default is the one-launch kernel for this call."""
+    if acceptance == "exact" and temperature > 0.0:
+        return False
+    return batch <= FUSED_MAX_BATCH and (one_view or vocab <= FUSED_TWO_VIEW_MAX_V)
+
+
 def _interpreting() -> bool:
     return os.environ.get("TRITON_INTERPRET", "0").lower() not in ("", "0", "false", "off")
 
@@ -115,10 +149,13 @@ def fused_gate_triton(verifier_logits: torch.Tensor, drafter_logits: torch.Tenso
                       generator: GeneratorArg = None,
                       proposal_logits: torch.Tensor | None = None, fuse_bonus: bool = True,
                       noise: GateNoise | None = None, block_v: int | None = None,
-                      splits: int | None = None) -> GateResult:
+                      splits: int | None = None, fused: bool | None = None) -> GateResult:
     """The Triton gate (CUDA, or CPU under TRITON_INTERPRET=1); same semantics as the reference.
 
-    `block_v` and `splits` override the launch (tests, tuning); see `launch_config`, `split_plan`."""
+    `block_v` and `splits` override the launch (tests, tuning); see `launch_config`, `split_plan`.
+    `fused`: one launch (gate_fused) or the separate passes; None = `one_launch`'s choice (cda /
+    greedy at B <= FUSED_MAX_BATCH, one view or V <= FUSED_TWO_VIEW_MAX_V; exact sampling
+    always takes the passes)."""
     batch, k, vocab = validate_gate_inputs(
         verifier_logits, drafter_logits, base_logits, draft_tokens, beta=beta, gamma=gamma,
         acceptance=acceptance, temperature=temperature, proposal_logits=proposal_logits)
@@ -161,6 +198,17 @@ def fused_gate_triton(verifier_logits: torch.Tensor, drafter_logits: torch.Tenso
     # no FMA contraction of v + beta*D on GPU: keeps argmax ties identical to the reference
     options = {} if _interpreting() else {"enable_fp_fusion": False}
     grid = (rows, n_split)
+    if fused is None:
+        fused = one_launch(batch, vocab, one_view, acceptance, temperature)
+    if fused and not sampling:
+        counters = fused_counters(device, rows + batch)
+        kern.gate_fused[grid](v, a, b, g, drafts, uniform, part, ipart, counters, jsd,
+                              num_accepted, next_token, k, vocab, chunk, n_split, *strides,
+                              *g_strides, float(beta), beta_bonus,
+                              math.log(gamma) if acceptance == "cda" else 0.0, temp, RULE=rule,
+                              ONE_VIEW=one_view, BLOCK_V=block_v, BLOCK_S=block_s,
+                              num_warps=num_warps, **options)
+        return GateResult(num_accepted=num_accepted, next_token=next_token, jsd=jsd)
     kern.gate_stats[grid](v, a, b, g, part, ipart, k, vocab, chunk, n_split, *strides, *g_strides,
                           float(beta), beta_bonus, temp, RULE=rule, ONE_VIEW=one_view,
                           BLOCK_V=block_v, num_warps=num_warps, **options)

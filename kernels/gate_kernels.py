@@ -176,6 +176,16 @@ def gate_stats(v_ptr, a_ptr, b_ptr, g_ptr, part_ptr, ipart_ptr,
                beta, beta_bonus, temperature,
                RULE: tl.constexpr, ONE_VIEW: tl.constexpr, BLOCK_V: tl.constexpr):
     """Pass 1, one program per (row, slice): online (max, sum-exp) of the rows and the argmaxes."""
+    _stats(v_ptr, a_ptr, b_ptr, g_ptr, part_ptr, ipart_ptr, K, V, CHUNK, S, stride_b, stride_r,
+           g_stride_b, g_stride_r, beta, beta_bonus, temperature, RULE, ONE_VIEW, BLOCK_V)
+
+
+@helper
+def _stats(v_ptr, a_ptr, b_ptr, g_ptr, part_ptr, ipart_ptr,
+           K, V, CHUNK, S, stride_b, stride_r, g_stride_b, g_stride_r,
+           beta, beta_bonus, temperature,
+           RULE: tl.constexpr, ONE_VIEW: tl.constexpr, BLOCK_V: tl.constexpr):
+    """gate_stats' body (also the first part of gate_fused)."""
     i, row, g_row, lo, hi, g_hi, r = _slice(K, V, CHUNK, stride_b, stride_r, g_stride_b,
                                             g_stride_r)
     NEG = float("-inf")
@@ -344,8 +354,18 @@ def gate_finish(v_ptr, a_ptr, b_ptr, g_ptr, d_ptr, u_ptr, part_ptr, ipart_ptr,
                 beta, beta_bonus, log_gamma, temperature,
                 RULE: tl.constexpr, ONE_VIEW: tl.constexpr, BLOCK_S: tl.constexpr):
     """One program per sequence: merge each row's slices, test its draft, stop at the first reject."""
-    b = tl.program_id(0).to(tl.int64)
-    RS = tl.num_programs(0) * (K + 1) * S
+    _finish(tl.program_id(0).to(tl.int64), tl.num_programs(0) * (K + 1) * S,
+            v_ptr, a_ptr, b_ptr, g_ptr, d_ptr, u_ptr, part_ptr, ipart_ptr, jsd_ptr, n_ptr,
+            next_ptr, K, V, S, stride_b, stride_r, g_stride_b, g_stride_r, beta, beta_bonus,
+            log_gamma, temperature, RULE, ONE_VIEW, BLOCK_S)
+
+
+@helper
+def _finish(b, RS, v_ptr, a_ptr, b_ptr, g_ptr, d_ptr, u_ptr, part_ptr, ipart_ptr,
+            jsd_ptr, n_ptr, next_ptr, K, V, S, stride_b, stride_r, g_stride_b, g_stride_r,
+            beta, beta_bonus, log_gamma, temperature,
+            RULE: tl.constexpr, ONE_VIEW: tl.constexpr, BLOCK_S: tl.constexpr):
+    """gate_finish's body for sequence b (int64); RS = R * S, the partial planes' stride."""
     ss = tl.arange(0, BLOCK_S)
     smask = ss < S
     NEG = float("-inf")
@@ -412,3 +432,68 @@ def gate_finish(v_ptr, a_ptr, b_ptr, g_ptr, d_ptr, u_ptr, part_ptr, ipart_ptr,
         found = tl.where(stop, 1, found)
     tl.store(n_ptr + b, n)
     tl.store(next_ptr + b, tok)
+
+
+@helper
+def _jsd_sum(a_ptr, b_ptr, row, lo, hi, lse_a, lse_b, BLOCK_V: tl.constexpr):
+    """Sum of the JSD terms of columns [lo, hi) of one row (gate_jsd's sweep, cda/greedy)."""
+    NEG = float("-inf")
+    lanes = tl.arange(0, BLOCK_V)
+    jsd_acc = tl.zeros([BLOCK_V], tl.float32)
+    for start in range(lo, hi, BLOCK_V):
+        offs = start + lanes
+        mask = offs < hi
+        xa = tl.load(a_ptr + row + offs, mask=mask, other=NEG).to(tl.float32)
+        xb = tl.load(b_ptr + row + offs, mask=mask, other=NEG).to(tl.float32)
+        la = xa - lse_a
+        lb = xb - lse_b
+        pa = tl.exp(la)
+        pb = tl.exp(lb)
+        log_m = tl.log(tl.maximum(pa + pb, 1.1754943508222875e-38)) - 0.6931471805599453
+        term = tl.where(xa > NEG, pa * (la - log_m), 0.0)
+        term += tl.where(xb > NEG, pb * (lb - log_m), 0.0)
+        jsd_acc += tl.where(mask, term, 0.0)
+    return _rsum(jsd_acc)
+
+
+@triton.jit
+def gate_fused(v_ptr, a_ptr, b_ptr, g_ptr, d_ptr, u_ptr, part_ptr, ipart_ptr, count_ptr,
+               jsd_ptr, n_ptr, next_ptr, K, V, CHUNK, S, stride_b, stride_r, g_stride_b,
+               g_stride_r, beta, beta_bonus, log_gamma, temperature,
+               RULE: tl.constexpr, ONE_VIEW: tl.constexpr, BLOCK_V: tl.constexpr,
+               BLOCK_S: tl.constexpr):
+    """The whole gate in ONE launch (cda / greedy; small batches), one program per (row, slice).
+
+    Each program runs pass 1 on its slice, then counts itself done on its row (an atomic
+    counter, acquire-release): the row's last program merges the row's log-sum-exps, sweeps the
+    whole row for its JSD (two views; the row was just read, so mostly from L2) and counts the
+    row done on its sequence; the sequence's last row runs the finish. Counters are left at 0
+    for the next call (one stream at a time uses them: fused_gate.py)."""
+    _stats(v_ptr, a_ptr, b_ptr, g_ptr, part_ptr, ipart_ptr, K, V, CHUNK, S, stride_b, stride_r,
+           g_stride_b, g_stride_r, beta, beta_bonus, temperature, RULE, ONE_VIEW, BLOCK_V)
+    r = tl.program_id(0)
+    R = tl.num_programs(0)
+    RS = R * S
+    tl.debug_barrier()  # every thread's partial stores happen before the release below
+    done = tl.atomic_add(count_ptr + r, 1)  # acq_rel: this slice's partials are published
+    if done == S - 1:  # the row's last slice: every partial of the row is visible here
+        tl.store(count_ptr + r, 0)
+        seq = r // (K + 1)
+        if not ONE_VIEW:
+            i = r % (K + 1)
+            row = seq.to(tl.int64) * stride_b + i.to(tl.int64) * stride_r
+            ss = tl.arange(0, BLOCK_S)
+            smask = ss < S
+            first = r.to(tl.int64) * S
+            lse_a = _lse(part_ptr, first, ss, smask, F_MA, F_SA, RS)
+            lse_b = _lse(part_ptr, first, ss, smask, F_MB, F_SB, RS)
+            jsd = _jsd_sum(a_ptr, b_ptr, row, 0, V, lse_a, lse_b, BLOCK_V)
+            tl.store(part_ptr + F_JSD * RS + first + ss, tl.where(ss == 0, jsd, 0.0), mask=smask)
+        tl.debug_barrier()
+        rows_done = tl.atomic_add(count_ptr + R + seq, 1)  # acq_rel: the row is published
+        if rows_done == K:  # the sequence's last row: finish it
+            tl.store(count_ptr + R + seq, 0)
+            _finish(seq.to(tl.int64), RS, v_ptr, a_ptr, b_ptr, g_ptr, d_ptr, u_ptr, part_ptr,
+                    ipart_ptr, jsd_ptr, n_ptr, next_ptr, K, V, S, stride_b, stride_r,
+                    g_stride_b, g_stride_r, beta, beta_bonus, log_gamma, temperature, RULE,
+                    ONE_VIEW, BLOCK_S)

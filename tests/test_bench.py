@@ -75,6 +75,10 @@ def test_bench_cli_writes_the_schema(tiny_setup, tmp_path, monkeypatch, capsys):
     import asymagent.evals.running.engine_setup as setup_mod
 
     monkeypatch.setattr(setup_mod, "build_engine", lambda *a, **k: tiny_setup)
+    import asymagent.evals.bench.machine_limits as limits
+
+    monkeypatch.setattr(limits, "MATMUL_N", 256)  # the same measurement, small and quick
+    monkeypatch.setattr(limits, "COPY_MIB", 16)
     p = argparse.ArgumentParser()
     bench.add_arguments(p)
     out = tmp_path / "bench.json"

@@ -63,8 +63,9 @@ def test_kernel_compiles_for_hopper_without_spills():
         pytest.skip("this triton build has no NVIDIA backend tools")
     rows = compile_report(parse_args(["--compile-only", "--arch", "90"]))
     assert {(r["rule"], r["views"]) for r in rows} == {("cda", 2), ("greedy", 2), ("exact", 2),
-                                                       ("exact", 1)}
-    assert {r["kernel"] for r in rows} == {"gate_stats", "gate_jsd", "gate_race", "gate_finish"}
+                                                       ("exact", 1), ("greedy", 1)}
+    assert {r["kernel"] for r in rows} == {"gate_stats", "gate_jsd", "gate_race", "gate_finish",
+                                           "gate_fused"}
     for row in rows:
         assert row["local_bytes"] == 0 and row["spill_stores"] == 0, row  # no register spills
         assert row["registers"] <= 255, row  # the per-thread hardware limit
@@ -97,7 +98,7 @@ def assert_same(kernel, ref, label):
 
 # CASES, masked/fp16, multi-block/hand-built/dispatch, no drafts, split plan, SPLIT_CASES,
 # masked slices + ties, bench rows
-N_INTERPRETED = 12 + 2 + 3 + 1 + 1 + 4 + 2 + 1
+N_INTERPRETED = 12 + 2 + 3 + 1 + 1 + 4 + 2 + 1 + 3
 CASES = [  # (V, K, B, scale, dtype): every V x K pair, B / scale / dtype rotating over them
     (50, 1, 1, 1.0, torch.float32), (50, 2, 3, 4.0, torch.bfloat16),
     (50, 5, 1, 0.3, torch.float32), (50, 8, 3, 2.0, torch.bfloat16),
@@ -306,16 +307,69 @@ def test_split_kernel_ties_across_slice_boundaries():
 @interpreted
 def test_bench_gpu_rows_code_path(monkeypatch):
     # the GPU bench's row code, run on CPU with a stand-in timer (times nothing real)
-    import triton.testing
-
     from asymagent.kernels import bench
 
-    monkeypatch.setattr(triton.testing, "do_bench", lambda fn, **kw: (fn(), 1.0)[1])
+    monkeypatch.setattr(bench, "_time_ms", lambda fn, device: (fn(), 1.0)[1])
     args = bench.parse_args(["--vocabs", "300", "--ks", "2", "--batches", "1", "--peak-gbps",
-                             "1000", "--variants", "kernel", "kernel_s1", "eager"])
+                             "1000", "--variants", "kernel", "kernel_s1", "eager", "graph"])
     (row,) = bench.bench_gpu(args, device="cpu")
-    assert row["splits"] == 2 and row["kernel_ms"] == row["eager_ms"] == 1.0
+    assert row["splits"] == 2 and row["kernel_ms"] == row["eager_ms"] == row["graph_ms"] == 1.0
     assert row["x_of_bound"] == 1.0 / row["bound_ms"] and row["speedup_vs_eager"] == 1.0
+
+
+ONE_LAUNCH_CASES = [  # (V, K, B, BLOCK_V, splits): uneven slices, one slice, B up to the limit
+    (1000, 3, 2, 64, 5), (777, 2, 1, 32, 1), (300, 1, 8, 16, 3),
+]
+
+
+@interpreted
+@pytest.mark.parametrize("vocab, k, batch, block_v, splits", ONE_LAUNCH_CASES)
+def test_one_launch_and_separate_passes_match_reference(vocab, k, batch, block_v, splits):
+    # gate_fused (the finish in the last program of each row / sequence) and the separate
+    # passes give the reference's verdicts; called twice, so the counters were left at 0
+    ver, aug, base, drafts = make_case(batch, k, vocab, 2.0, torch.float32, seed=vocab + k,
+                                       masked=vocab == 1000)
+    for rule in ("cda", "greedy"):
+        for b in (base, None):
+            kwargs = dict(beta=1.0, gamma=0.5, acceptance=rule)
+            ref = fused_gate_reference(ver, aug, b, drafts, **kwargs)
+            for fused in (True, False, True):
+                out = fused_gate_triton(ver, aug, b, drafts, block_v=block_v, splits=splits,
+                                        fused=fused, **kwargs)
+                assert_same(out, ref, (rule, b is None, fused))
+    import importlib
+
+    dispatch = importlib.import_module("asymagent.kernels.fused_gate")  # the module
+    counters = dispatch.fused_counters(ver.device, batch * (k + 1) + batch)
+    assert int(counters.abs().sum()) == 0
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("batch, vocab", [(1, 151936), (8, 151936), (64, 49152)])
+def test_gate_on_cuda_one_launch_and_captured(batch, vocab):
+    # one launch (B <= 8) and the passes equal the reference; a CUDA graph of the dispatched
+    # gate replays to the same verdicts on new inputs (the counters reset every replay)
+    k = 8
+    cases = [tuple(t.cuda() for t in make_case(batch, k, vocab, 3.0, torch.bfloat16, seed=s))
+             for s in (1, 2, 3)]
+    kwargs = dict(beta=1.0, gamma=0.5, acceptance="cda")
+    refs = [fused_gate_reference(*case, **kwargs) for case in cases]
+    for fused in (True, False):
+        assert_same(fused_gate_triton(*cases[0], fused=fused, **kwargs), refs[0], fused)
+    static = [t.clone() for t in cases[0]]
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        fused_gate(*static, **kwargs)
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out = fused_gate(*static, **kwargs)
+    for case, ref in zip(cases + cases, refs + refs):
+        for dst, src in zip(static, case):
+            dst.copy_(src)
+        graph.replay()
+        assert_same(out, ref, ("graph", batch))
 
 
 @pytest.mark.gpu

@@ -37,10 +37,17 @@ def test_the_readme_has_the_three_snippets_near_the_top():
 def test_langgraph_agent_snippet(capsys):
     scope = {"__name__": "__main__"}
     exec(compile(snippets()["langgraph"], "README.md:langgraph", "exec"), scope)
-    kinds = [type(m).__name__ for m in scope["out"]["messages"]]
+    messages = scope["out"]["messages"]
+    kinds = [type(m).__name__ for m in messages]
     assert kinds == ["HumanMessage", "AIMessage", "ToolMessage", "AIMessage"]
-    assert scope["out"]["messages"][1].tool_calls[0]["name"] == "get_order"
-    assert capsys.readouterr().out.strip()
+    call = messages[1].tool_calls[0]
+    assert call["name"] == "get_order" and call["args"] == {"order_id": "A-17"}  # the id copied
+    assert "shipped on May 2" in messages[2].content
+    # issue 27: the answer is prose that carries the tool's result, not a tool call's JSON
+    answer = messages[-1].content
+    assert not messages[-1].tool_calls and "{" not in answer
+    assert "A-17" in answer and "May 2" in answer, answer
+    assert capsys.readouterr().out.splitlines()[0] == answer.splitlines()[0]
 
 
 def free_port() -> int:
@@ -86,3 +93,7 @@ def test_eval_on_your_traces_snippet(tmp_path):
     assert set(result["modes"]) == {"full", "asym"}
     for summary in result["modes"].values():
         assert summary["steps"] == 2 and 0.0 <= summary["step_accuracy"] <= 1.0
+    # issue 27: the traces' ids, and only the columns that apply to traces
+    assert result["trace_ids"] == ["lookup", "answer"]
+    assert "lookup" in out.stdout and "answer" in out.stdout
+    assert "attack" not in out.stdout and "seeds" not in out.stdout

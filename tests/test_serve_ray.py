@@ -9,6 +9,7 @@ from __future__ import annotations
 import concurrent.futures
 import json
 import os
+import re
 import signal
 import sys
 import time
@@ -97,14 +98,17 @@ VARYING = {"id", "created", "created_at", "asymagent", "drafted_tokens", "accept
            "rejected_prediction_tokens"}
 
 
+RANDOM_ID = re.compile(r"^(call|msg|fc|resp|chatcmpl|cmpl)[-_][0-9a-zA-Z]{8,}$")
+
+
 def normal(data):
     """An answer without the VARYING fields."""
     if isinstance(data, dict):
         return {k: normal(v) for k, v in data.items() if k not in VARYING}
     if isinstance(data, list):
         return [normal(v) for v in data]
-    if isinstance(data, str) and data.startswith("call_"):
-        return "call_*"
+    if isinstance(data, str) and RANDOM_ID.match(data):  # ids inside items and events
+        return data.split("_")[0] + "_*"
     return data
 
 
@@ -249,8 +253,11 @@ def replica_reports() -> list[dict]:
 
 def test_metrics_per_replica_and_total_and_traces_per_replica(ray_url, traces):
     for i in range(4):  # new conversations are balanced by load: both replicas get work
-        post(ray_url, "/v1/chat/completions",
-             {"model": "asymagent", "messages": user(f"Task {i}."), "max_tokens": 4})
+        r = post(ray_url, "/v1/chat/completions",
+                 {"model": "asymagent", "messages": user(f"Task {i}."), "max_tokens": 4})
+    post(ray_url, "/v1/chat/completions",  # a second step: a prefix-cache hit
+         {"model": "asymagent", "max_tokens": 4, "messages": user("Task 3.") + [
+             r.json()["choices"][0]["message"], {"role": "user", "content": "Next."}]})
     names = {r["replica"] for r in replica_reports()}
     assert len(names) == 2
     text = httpx.get(ray_url + "/metrics", trust_env=False, timeout=30).text
@@ -261,6 +268,9 @@ def test_metrics_per_replica_and_total_and_traces_per_replica(ray_url, traces):
     assert set(per) == names | {"all"}
     assert per["all"] == sum(v for k, v in per.items() if k != "all") > 0
     assert "asymagent:num_requests_waiting{" in text and "spec_decode_num_accepted_tokens" in text
+    hits = [float(line.rsplit(" ", 1)[1]) for line in text.splitlines()
+            if line.startswith("asymagent:prefix_cache_hits_total{") and 'replica="all"' in line]
+    assert hits and hits[0] > 0
     health = httpx.get(ray_url + "/health", trust_env=False, timeout=30).json()
     assert health["status"] == "ok" and health["replicas"] == 2
     dirs = {p.name for p in traces.iterdir()}

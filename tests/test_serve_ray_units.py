@@ -170,3 +170,94 @@ def test_response_owners_route_a_stored_response_back_to_its_conversation():
     assert owners.key_for("POST", "/v1/responses", {"previous_response_id": "resp_9"}) is None
     owners.learn("x", "resp_3")  # the oldest id is forgotten past max_ids
     assert owners.key_for("GET", "/v1/responses/resp_1", None) is None
+
+
+class _Stream:
+    """Stands in for a Ray Serve streaming response: yields `parts`; an exception in them is
+    raised at that point (as a dead replica's ActorDiedError is)."""
+
+    def __init__(self, parts):
+        self.parts, self.cancelled = list(parts), False
+
+    def __aiter__(self):
+        return self
+
+    async def __anext__(self):
+        if not self.parts:
+            raise StopAsyncIteration
+        part = self.parts.pop(0)
+        if isinstance(part, BaseException):
+            raise part
+        return part
+
+    def cancel(self):
+        self.cancelled = True
+
+
+class _Handle:
+    """A DeploymentHandle stand-in answering successive calls with the given streams."""
+
+    def __init__(self, streams):
+        self.streams, self.calls = list(streams), []
+
+    def options(self, **kw):
+        return self
+
+    @property
+    def handle_request(self):
+        return self
+
+    def remote(self, request, conversation=None):
+        self.calls.append(conversation)
+        return self.streams.pop(0)
+
+
+def _ingress_answer(streams, path="/v1/chat/completions"):
+    pytest.importorskip("ray.serve.request_router", reason="needs ray[serve] >= 2.46")
+    from asymagent.integrations.ray_serve.asgi_call import HttpRequest
+    from asymagent.integrations.ray_serve.ingress import Ingress
+
+    handle = _Handle(streams)
+    ingress = Ingress(handle, model_name="m", max_body_bytes=1000, request_timeout=5)
+
+    async def run():
+        response = await ingress.forward(HttpRequest("POST", path), "chat:k")
+        body = b""
+        if hasattr(response, "body_iterator"):
+            async for chunk in response.body_iterator:
+                body += chunk if isinstance(chunk, bytes) else chunk.encode()
+        else:
+            body = response.body
+        return response, body
+
+    response, body = asyncio.run(run())
+    return response, body, handle, ingress
+
+
+def test_ingress_retries_a_dead_replica_once_then_answers_503():
+    from ray.exceptions import ActorDiedError
+
+    ok = {"status": 200, "headers": [("content-type", "application/json")]}
+    response, body, handle, ingress = _ingress_answer(
+        [_Stream([ActorDiedError()]), _Stream([ok, b'{"fine": true}'])])
+    assert response.status_code == 200 and body == b'{"fine": true}'
+    assert handle.calls == ["chat:k", "chat:k"] and ingress.counts["retries"] == 1
+    response, body, handle, ingress = _ingress_answer(
+        [_Stream([ActorDiedError()]), _Stream([ActorDiedError()])])
+    assert response.status_code == 503 and response.headers["retry-after"] == "1"
+    assert b'"code":"replica_unavailable"' in body.replace(b" ", b"")
+
+
+def test_ingress_ends_a_cut_stream_with_an_error_event_and_maps_backpressure_to_429():
+    from ray.exceptions import ActorDiedError
+    from ray.serve.exceptions import BackPressureError
+
+    sse = {"status": 200, "headers": [("content-type", "text/event-stream; charset=utf-8")]}
+    response, body, _, ingress = _ingress_answer(
+        [_Stream([sse, b"data: {\"x\": 1}\n\n", ActorDiedError()])])
+    assert response.status_code == 200 and ingress.counts["cut_streams"] == 1
+    assert body.startswith(b"data: {\"x\": 1}\n\n") and b"replica_unavailable" in body
+    assert body.endswith(b"data: [DONE]\n\n")
+    response, body, _, _ = _ingress_answer([_Stream([BackPressureError(
+        num_queued_requests=9, max_queued_requests=8)])])
+    assert response.status_code == 429 and response.headers["retry-after"] == "1"

@@ -236,7 +236,8 @@ def test_engine_failure_mid_generation_is_a_clean_500_and_frees_caches(smollm_to
         if "fail" not in kwargs["messages"][-1]["content"]:
             return real_chat(**kwargs)
         rounds = [0]
-        callback = kwargs.pop("callback")
+        request = kwargs["request"]  # the server's typed request carries the callback
+        callback = request.callback
 
         def breaking(ids):
             rounds[0] += 1
@@ -245,7 +246,7 @@ def test_engine_failure_mid_generation_is_a_clean_500_and_frees_caches(smollm_to
                                    "nn/modules/module.py:1751")
             return callback(ids)
 
-        return real_chat(**kwargs, callback=breaking)
+        return real_chat(**{**kwargs, "request": request.replace(callback=breaking)})
 
     engine.chat = failing_chat
     app = create_app(engine, max_queue=4, request_timeout=120)

@@ -84,6 +84,7 @@ CHAT_VALUES = {
     "function_call": "auto", "audio": {"voice": "alloy"}, "prediction": {"type": "content"},
     "reasoning_effort": "low", "verbosity": "low", "web_search_options": {},
     "ignore_eos": True, "chat_template_kwargs": {"enable_thinking": False},
+    "repetition_penalty": 1.3,
 }
 COMPLETION_VALUES = {
     "model": "asymagent", "prompt": "Hello", "max_tokens": 4, "temperature": 0.5, "top_p": 0.9,
@@ -91,6 +92,7 @@ COMPLETION_VALUES = {
     "stream_options": None, "frequency_penalty": 0.5, "presence_penalty": 0.5,
     "logit_bias": {"100": 1.0}, "logprobs": 2, "echo": True, "mode": "spec", "user": "u1",
     "suffix": "tail", "best_of": 2, "prompt_cache_key": "k", "ignore_eos": True,
+    "repetition_penalty": 1.3,
 }
 
 
@@ -267,7 +269,10 @@ def test_completions_echo_scores_the_prompt(client, engine):
 def test_version_and_cors(server, engine):
     from asymagent import __version__
 
-    assert httpx.get(server + "/version").json() == {"version": __version__}
+    # the version, then what the engine runs on (issue 30: the weights dtype, the CPU's bf16 unit)
+    body = httpx.get(server + "/version").json()
+    assert body == {"version": __version__, **engine.runtime}
+    assert body["dtype"] == "float32"  # the tiny test models are float32
     preflight = {"Origin": "http://localhost:3000", "Access-Control-Request-Method": "POST",
                  "Access-Control-Request-Headers": "authorization,content-type"}
     r = httpx.options(server + "/v1/chat/completions", headers=preflight)
@@ -320,3 +325,42 @@ def test_ignore_eos_runs_past_the_end_token(client, engine):
     text = client.completions.create(model="asymagent", prompt="Hi", max_tokens=4,
                                      logit_bias=eos, extra_body={"ignore_eos": True})
     assert text.choices[0].finish_reason == "length"
+
+
+def test_repetition_penalty_changes_a_repeating_answer(client):
+    kw = dict(model="asymagent", prompt="a a a a a a a a", max_tokens=12, temperature=0.0)
+    plain = client.completions.create(**kw).choices[0].text
+    strong = client.completions.create(extra_body={"repetition_penalty": 5.0}, **kw)
+    assert strong.choices[0].text != plain  # greedy, so only the penalty can change it
+    one = client.completions.create(extra_body={"repetition_penalty": 1.0}, **kw)
+    assert one.choices[0].text == plain
+
+
+def test_chat_template_kwargs_reach_the_template(smollm_tokenizer):
+    import copy
+
+    tokenizer = copy.deepcopy(smollm_tokenizer)
+    tokenizer.chat_template = "{% if shout %}SHOUT LOUDLY {% endif %}" + tokenizer.chat_template
+    app = create_app(tiny_engine(tokenizer), default_max_tokens=2, request_timeout=120)
+    with serving(app) as url:
+        def ask(**extra) -> dict:
+            r = httpx.post(url + "/v1/chat/completions", timeout=60,
+                           json={"model": "asymagent", "messages": USER, **extra})
+            assert r.status_code == 200, r.text
+            return r.json()
+
+        plain = ask()
+        shout = ask(chat_template_kwargs={"shout": True})
+        unread = ask(chat_template_kwargs={"enable_thinking": False})  # the template ignores it
+    assert shout["usage"]["prompt_tokens"] > plain["usage"]["prompt_tokens"]
+    assert shout["asymagent"]["stats"]["full_context_tokens"] == shout["usage"]["prompt_tokens"]
+    assert unread["usage"]["prompt_tokens"] == plain["usage"]["prompt_tokens"]
+
+
+@pytest.mark.parametrize("name, value", [("use_beam_search", True), ("min_tokens", 4),
+                                         ("guided_json", {"type": "object"})])
+def test_other_vllm_extras_are_refused_by_name(server, name, value):
+    r = httpx.post(server + "/v1/chat/completions", timeout=60,
+                   json={"model": "asymagent", "messages": USER, "max_tokens": 2, name: value})
+    assert r.status_code == 400 and r.json()["error"]["param"] == name
+    assert f"Unrecognized request argument supplied: {name}" in r.json()["error"]["message"]

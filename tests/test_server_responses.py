@@ -43,8 +43,10 @@ def client(server):
 
 
 def test_plain_response(client):
-    r = client.responses.create(model="asymagent", input="Say hello.", max_output_tokens=8,
-                                instructions="Be brief.")
+    r = client.responses.create(model="asymagent", max_output_tokens=8, instructions="Be brief.",
+                                input=[{"role": "developer", "content": "Answer in English."},
+                                       {"role": "user", "content": [
+                                           {"type": "input_text", "text": "Say hello."}]}])
     assert r.object == "response" and r.id.startswith("resp_")
     assert r.status in ("completed", "incomplete")
     assert [item.type for item in r.output] == ["message"]

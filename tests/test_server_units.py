@@ -204,4 +204,4 @@ def test_parallel_tool_calls_reaches_the_engine_call():
     for given, passed in ((None, True), (True, True), (False, False)):
         req = ChatCompletionRequest.model_validate({**ok, "parallel_tool_calls": given})
         task = chat_task(chat_turn(req, Limits()), req, Limits(), None)
-        assert task.options["parallel_tool_calls"] is passed  # OpenAI's default: true
+        assert task.request.parallel_tool_calls is passed  # OpenAI's default: true

@@ -123,8 +123,28 @@ def _fresh_next_logits(model, ids):
         return model(input_ids=torch.tensor([ids])).logits[0, -1]  # [V]
 
 
+@pytest.fixture
+def served(monkeypatch):
+    """Counts the rounds GraphRound served, by draft source ("model", "suffix", "lookup")."""
+    from asymagent.decoding import graph_round
+
+    counts: dict = {}
+    inner = graph_round.GraphRound._round
+
+    def counting(self, k, copied, drafter, **kw):
+        out = inner(self, k, copied, drafter, **kw)
+        counts[out.source] = counts.get(out.source, 0) + 1
+        graphs = sum(call.graph is not None for call, _ in self.calls.values())
+        if self.capture and graphs:  # replayed from recorded CUDA graphs
+            counts["captured"] = counts.get("captured", 0) + 1
+        return out
+
+    monkeypatch.setattr(graph_round.GraphRound, "_round", counting)
+    return counts
+
+
 @pytest.mark.parametrize("mode, overrides, temperature", ENGINE_CASES)
-def test_engine_static_kv_same_tokens_and_rollback(model, mode, overrides, temperature):
+def test_engine_static_kv_same_tokens_and_rollback(model, mode, overrides, temperature, served):
     drafter = make_model(seed=1, layers=1)  # unrelated: many rejections, so many rollbacks
     prompt = random_prompts(1, length=40, seed=3)[0]
     # a compressed view that drops a span the suffix repeats (the copy delta has counts to use)
@@ -147,6 +167,10 @@ def test_engine_static_kv_same_tokens_and_rollback(model, mode, overrides, tempe
     assert results[0] == results[1]
     if mode_of(mode).speculative:
         assert results[1][3] > results[1][2]  # drafts were rejected: the rollback path ran
+        # the static engine's rounds ran as graph-shaped calls (graph_round.py)
+        assert served.get("model", 0) > 0
+    else:
+        assert not served
 
 
 def test_switch_off_on_cpu_and_fallbacks(model, monkeypatch):
@@ -217,7 +241,7 @@ def test_graph_replay_equals_eager_static_forward(dtype):
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("mode, overrides, temperature", ENGINE_CASES)
-def test_engine_cuda_graphs_same_tokens_and_rollback(mode, overrides, temperature):
+def test_engine_cuda_graphs_same_tokens_and_rollback(mode, overrides, temperature, served):
     cpu_verifier = make_model(seed=0)
     drafter = noisy_copy(cpu_verifier, 0.6).to("cuda")  # the noise is drawn on the CPU generator
     verifier = cpu_verifier.to("cuda")
@@ -238,6 +262,8 @@ def test_engine_cuda_graphs_same_tokens_and_rollback(mode, overrides, temperatur
                 want = verifier(input_ids=torch.tensor([view], device="cuda")).logits[0, -1]
             torch.testing.assert_close(got, want.float(), atol=ATOL, rtol=0)
     assert runs[True] == runs[False]
+    if mode_of(mode).speculative:  # the rounds were captured graphs (graph_round.py)
+        assert served.get("model", 0) > 0 and served.get("captured", 0) > 0
     if mode == "spec":  # lossless (greedy, or coupled under the seed): the verifier alone
         full = Engine(verifier=verifier, cuda_graphs=True).generate(
             prompt, mode="full", max_new_tokens=40, temperature=temperature, seed=7)

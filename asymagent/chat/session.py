@@ -28,11 +28,15 @@ from asymagent.spec_config import mode_of
 LOGPROB_CHUNK = 256  # positions per drafter forward: [256, V] log-probs at a time, not [T, V]
 
 
-def conversation_views(engine, cache_key: str) -> ContextViews:
-    """The ContextViews of one conversation (append-stable views; same LRU as the caches)."""
+def conversation_views(engine, cache_key: str, template_kwargs: dict | None = None
+                       ) -> ContextViews:
+    """The ContextViews of one conversation (append-stable views; same LRU as the caches),
+    rendered with the chat template's extra variables `template_kwargs` (built anew when they
+    change)."""
     conv = engine.conversation(cache_key)
-    if conv.views is None:
-        conv.views = ContextViews(engine.tokenizer, engine.compression, engine.chat_format)
+    chat_format = engine.chat_format_for(template_kwargs)
+    if conv.views is None or conv.views.chat_format is not chat_format:
+        conv.views = ContextViews(engine.tokenizer, engine.compression, chat_format)
     return conv.views
 
 
@@ -118,7 +122,7 @@ def prepare_chat(engine, messages: list, request: GenerationRequest) -> ChatTurn
     constraint = build_constraint(engine, request.tools, request.tool_choice,
                                   request.response_format,
                                   parallel=bool(request.parallel_tool_calls))
-    views = conversation_views(engine, request.cache_key)
+    views = conversation_views(engine, request.cache_key, request.chat_template_kwargs)
     counter = [0]
     # the drafter's log-probs feed surprisal compression (only called when one is configured
     # and new messages need them); offered in every mode so one conversation's compressed
@@ -138,7 +142,7 @@ def recall_step(engine, turn: ChatTurn, request: GenerationRequest, result: Gene
     `CompressionConfig.max_recalls` times (0, the default: `result` as it is); not while streaming
     (the callback has already sent the first pass's tokens). `decode(compressed_ids)` decodes the
     turn again on a restored verifier view."""
-    views = conversation_views(engine, request.cache_key)
+    views = conversation_views(engine, request.cache_key, request.chat_template_kwargs)
     if turn.compressed_ids is None or not views.config.max_recalls or request.callback is not None:
         return result
 

@@ -20,7 +20,7 @@ import json
 from dataclasses import dataclass, field
 from typing import Callable
 
-from asymagent.chat.chat_format import ChatFormat, Segment, call_json, function_of, message_text, \
+from asymagent.context.rendering import MessageRenderer, Segment, call_json, function_of, message_text, \
     strip_descriptions
 from asymagent.context.compressors import (CompressionConfig, MessageContext, RecentTurnsCompressor,
                                    SurprisalCompressor, ToolOutputCompressor, ToolSchemasCompressor)
@@ -104,11 +104,11 @@ def _key(obj) -> str:
 class ContextViews:
     """Builds (full, compressed) views of one conversation, append-stable across calls."""
 
-    def __init__(self, tokenizer=None, compression=None, chat_format: ChatFormat | None = None,
+    def __init__(self, tokenizer=None, compression=None, chat_format: MessageRenderer | None = None,
                  counter: TokenCounter | None = None):
         self.config = CompressionConfig.from_any(compression)
         if chat_format is None and tokenizer is not None:
-            chat_format = ChatFormat(tokenizer)
+            chat_format = MessageRenderer(tokenizer)
         self.chat_format = chat_format
         tok = tokenizer if tokenizer is not None else getattr(chat_format, "tokenizer", None)
         self.counter = counter or make_counter(tok)

@@ -9,9 +9,10 @@ min-p truncate softmax(logits / T) like top-p (only at temperature > 0; greedy p
 which both keep). The repetition penalty is vLLM's / HF's (CTRL's): a token that occurs in the
 prompt or in the tokens generated so far has its logit divided by the penalty when positive and
 multiplied by it when negative (penalty > 1 discourages repeats, < 1 encourages them, 1 is off);
-`prompt_ids` are the request's prompt (the full view), and drafts count as for the other
-penalties. The drafter's proposals are left unpenalised: a draft the penalised target
-does not want is rejected by the gate, so the output follows the penalised target either way.
+`prompt_ids` are the prompt the verifier reads (the compressed view in modes compressed and
+asym), and drafts count as for the other penalties. The drafter's proposals are left
+unpenalised: a draft the penalised target does not want is rejected by the gate, so the output
+follows the penalised target either way.
 """
 
 from __future__ import annotations
@@ -34,13 +35,15 @@ class LogitProcessors:
     min_p: float = 0.0  # 0: off; keep tokens with p >= min_p * p_max
 
     @classmethod
-    def of(cls, sampling) -> "LogitProcessors":
+    def of(cls, sampling, prompt_ids=()) -> "LogitProcessors":
         """The processors a request's SamplingParams (asymagent/request.py, where each field is
-        checked) ask for."""
+        checked) ask for; `prompt_ids` the prompt the rows continue (the repetition penalty's)."""
+        repetition = sampling.repetition_penalty
         return cls(frequency_penalty=sampling.frequency_penalty,
                    presence_penalty=sampling.presence_penalty,
                    logit_bias=dict(sampling.logit_bias or {}), top_k=sampling.top_k,
-                   min_p=sampling.min_p)
+                   min_p=sampling.min_p, repetition_penalty=repetition,
+                   prompt_ids=tuple(prompt_ids) if repetition != 1.0 else ())
 
     @property
     def penalises(self) -> bool:

@@ -87,8 +87,12 @@ class Decoder:
         # view's removed text could be copied from, added to the verifier's rows; None: off
         self.copy = copy
         self.verifier_tokens_fed = 0
-        self.processors = LogitProcessors.of(sampling)
+        self.processors = LogitProcessors.of(sampling, prompt_ids=verifier.view.prompt)
         self.logprobs = logprobs
+        # rounds as static-shape device calls on static caches (CUDA graphs), else None
+        from asymagent.decoding.graph_round import graph_round_for
+
+        self.graph_round = graph_round_for(self)
 
     def position(self) -> int:
         """Output position of the next token (new tokens emitted so far): the noise key."""
@@ -173,6 +177,10 @@ class Decoder:
         "lookup", "model"); the first non-empty proposal wins. `rule`: the round's acceptance
         as the plan resolved it (asymagent/decoding/plan.py) and the gate's beta and gamma.
         """
+        if self.graph_round is not None:  # the whole round on the device (graph_round.py)
+            outcome = self.graph_round.spec_round(budgets, rule)
+            if outcome is not None:
+                return outcome
         # 1. Draft d_1..d_K on the full view: the first drafter with a proposal wins.
         t0 = time.perf_counter()
         drafts, source = Drafts(tokens=[], source=""), None

@@ -49,6 +49,12 @@ class StaticKVOptions:
     graphs: bool = False  # capture CUDA graphs (CUDA only) for forwards of <= max_graph_tokens
     max_graph_tokens: int = 16  # K+1 verify rows up to K = 15; prefill chunks stay eager
     compile: bool = False  # torch.compile those forwards instead (CPU; asymagent/kv/compiled_forward.py)
+    # speculative rounds as one static-shape call (asymagent/decoding/graph_round.py): drafter
+    # steps, verify, base pass and gate on the device, one device->host copy per round (captured
+    # as one CUDA graph per K with `graphs`; eager, the same code, without). ASYMAGENT_GRAPH_ROUND=0
+    # turns it off (rounds then run step by step as before); the compiled CPU path keeps its
+    # step-by-step rounds (each forward compiled).
+    rounds: bool = True
 
 
 def static_kv_unsupported(model: torch.nn.Module) -> str | None:
@@ -143,6 +149,7 @@ class StaticKV(Cache):
             self.positions = torch.arange(0, device=self.device)  # [C]
         self.write_at = self.positions  # [T] set by each forward before the model runs
         self.graphs = None  # asymagent.kv.cuda_graphs.GraphSet on the current buffers
+        self.generation = 0  # counts reallocations: graphs recorded on older buffers are stale
         super().__init__(layers=[])
         if self.options.graphs and self.device.type != "cuda":
             raise ValueError("CUDA graphs need a model on a CUDA device "
@@ -182,6 +189,11 @@ class StaticKV(Cache):
             self.layers.append(StaticKVLayer(self, keys, values))
         self.positions = torch.arange(cap, device=self.device)  # [C]
         self.graphs = None  # they hold the old buffers' addresses
+        self.generation += 1
+
+    def advance(self, fed: int) -> None:
+        """The host mirror follows `fed` positions that a captured call's `step`s wrote."""
+        self.seen += int(fed)
 
     # ------------------------------------------------------------------ forwards
     def step(self, input_ids: torch.Tensor, head: bool) -> torch.Tensor:
@@ -238,7 +250,10 @@ def static_roles(models: dict, device: torch.device, *, static_kv: bool = False,
         raise ValueError(f"cuda_graphs=True needs models on a CUDA device, these are on {device}")
     if not (static_kv or cuda_graphs or compile):
         return {}
-    options = StaticKVOptions(graphs=bool(cuda_graphs), compile=bool(compile) and not cuda_graphs)
+    rounds = os.environ.get("ASYMAGENT_GRAPH_ROUND", "1").strip().lower() not in ("0", "false", "off", "no")
+    compiled = bool(compile) and not cuda_graphs
+    options = StaticKVOptions(graphs=bool(cuda_graphs), compile=compiled,
+                              rounds=rounds and not compiled)
     roles = {}
     for role, model in models.items():
         reason = static_kv_unsupported(model)

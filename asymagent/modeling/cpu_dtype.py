@@ -87,6 +87,13 @@ def resolve_dtype(name, device: str | torch.device | None = None
     raise ValueError(f"unknown dtype {name!r}; use one of {', '.join(DTYPE_NAMES)}")
 
 
+def for_device(dtype, device: str | torch.device | None = None):
+    """`dtype` with "auto" / None replaced by `auto_dtype(device)` (other values unchanged)."""
+    if dtype is None or (isinstance(dtype, str) and dtype.strip().lower() == "auto"):
+        return auto_dtype(device)
+    return dtype
+
+
 def dtype_name(model: torch.nn.Module) -> str:
     """"int8" for a model with dynamically quantised linear layers, else its parameters' dtype."""
     if getattr(model, "asymagent_quantized", None):

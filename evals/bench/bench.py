@@ -55,7 +55,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--drafter", default=None, help="drafter .safetensors (default: the shipped one)")
     p.add_argument("--compression", metavar="FILE", default=None,
                    help="CompressionConfig YAML/JSON for the verifier's view (default: tool_output 64/32)")
-    p.add_argument("--dtype", default="float32",
+    p.add_argument("--dtype", default="auto",
                    help="weights dtype of every mode and peer: auto (bfloat16 on a CPU with bf16 "
                         "matrix units, else float32), float32, bfloat16, int8 (asymagent/modeling/"
                         "cpu_dtype.py); a mode label may name another with '@', e.g. full@float32")
@@ -161,6 +161,7 @@ def run_bench(engine, work: dict, modes: list, *, repeats: int = 2, max_new_toke
     from tqdm.auto import tqdm
 
     from asymagent.evals.bench.bench_peers import PEERS, PeerPrefix, run_peer
+    from asymagent.request import GenerationRequest
     from asymagent.context.views import ContextViews
     from asymagent.evals.running.engine_setup import use_suffix_store
     from asymagent.evals.running.runner import parse_mode, spec_overrides
@@ -206,10 +207,10 @@ def run_bench(engine, work: dict, modes: list, *, repeats: int = 2, max_new_toke
                     use_suffix_store(eng, f"bench-{m}-{r}")
                     with spec_overrides(eng, overrides):
                         t0 = time.perf_counter()
-                        rec = eng.chat(histories[i], tools=tools, mode=mode,
-                                          max_new_tokens=max_new_tokens, temperature=0.0,
-                                          tool_choice=tool_choice,
-                                          cache_key=f"bench-{m}-{r}")  # cold session per repeat
+                        request = GenerationRequest(  # greedy; cold session per repeat
+                            mode=mode, max_new_tokens=max_new_tokens, tools=tools,
+                            tool_choice=tool_choice, cache_key=f"bench-{m}-{r}")
+                        rec = eng.chat(histories[i], request=request)
                         times[m][r][i] = time.perf_counter() - t0
                 if r == 0:
                     first[m][i] = rec

@@ -1,8 +1,8 @@
 """This machine's limits next to the bench's speeds: peak matmul throughput and memory bandwidth.
 
-- `matmul_tflops(dtype)`: one large square matmul (N = 2048 by default) in `dtype`, best of a few
+- `matmul_tflops(dtype)`: one large square matmul (N = `MATMUL_N`, 2048) in `dtype`, best of a few
   runs: 2 N^3 / seconds. On a CPU with AMX, bfloat16 runs on the matrix units; float32 on AVX512.
-- `copy_gbps()`: one large tensor copy (256 MiB by default), best of a few runs: bytes read plus
+- `copy_gbps()`: one large tensor copy (`COPY_MIB`, 256 MiB), best of a few runs: bytes read plus
   bytes written / seconds. Decoding one token reads every weight once, so
   `weights_bytes / bandwidth` is the floor of a decode step (`decode_bound_ms`).
 Both use torch's current thread count (the engine's). On a shared machine they are what this
@@ -15,6 +15,9 @@ import time
 
 import torch
 
+MATMUL_N = 2048  # the square matmul's size (2 N^3 FLOPs)
+COPY_MIB = 256  # the copied tensor's size
+
 
 def _best(fn, runs: int) -> float:
     fn()  # warm-up (allocation, oneDNN kernel selection)
@@ -26,14 +29,16 @@ def _best(fn, runs: int) -> float:
     return best
 
 
-def matmul_tflops(dtype: torch.dtype = torch.bfloat16, n: int = 2048, runs: int = 3) -> float:
+def matmul_tflops(dtype: torch.dtype = torch.bfloat16, n: int | None = None, runs: int = 3) -> float:
+    n = n or MATMUL_N
     a = torch.randn(n, n).to(dtype)
     b = torch.randn(n, n).to(dtype)
     secs = _best(lambda: torch.mm(a, b), runs)
     return 2 * n ** 3 / secs / 1e12
 
 
-def copy_gbps(mib: int = 256, runs: int = 3) -> float:
+def copy_gbps(mib: int | None = None, runs: int = 3) -> float:
+    mib = mib or COPY_MIB
     src = torch.ones(mib * (1 << 20) // 4, dtype=torch.float32)
     dst = torch.empty_like(src)
     secs = _best(lambda: dst.copy_(src), runs)

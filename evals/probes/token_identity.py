@@ -36,8 +36,12 @@ def run(steps: int, max_new_tokens: int, runs: list) -> dict:
     from tqdm.auto import tqdm
 
     from asymagent.context.views import ContextViews
-    from asymagent.evals.bench.bench import workload
-    from asymagent.evals.running.engine_setup import build_engine, use_suffix_store
+    try:
+        from asymagent.evals.bench.bench import workload
+        from asymagent.evals.running.engine_setup import build_engine, use_suffix_store
+    except ImportError:  # a tree from before evals/ had sub-packages (a "before" run)
+        from asymagent.evals.bench import workload
+        from asymagent.evals.engine_setup import build_engine, use_suffix_store
 
     engine = build_engine("default").engine
     work = workload("records", 0, steps)

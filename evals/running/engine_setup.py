@@ -53,9 +53,10 @@ class EngineSpec:
 
 def build_engine(verifier: str = "default", drafter: str | None = None, *, spec=None,
                  compression=None, allow_fallback: bool = True, max_sessions: int = 8,
-                 dtype="float32", compile: bool = False) -> EngineSetup:
+                 dtype="auto", compile: bool = False) -> EngineSetup:
     """The engine eval/bench run on (see module docstring). `dtype`: a torch dtype or a
-    `--dtype` name (asymagent/modeling/cpu_dtype.py; the drafter follows the verifier's);
+    `--dtype` name (asymagent/modeling/cpu_dtype.py; the drafter follows the verifier's), "auto"
+    as `Engine.from_default`;
     `compile`: Engine(compile=...) (asymagent/kv/compiled_forward.py)."""
     from asymagent.modeling.drafter import DrafterMismatchError, build_drafter, load_drafter
     from asymagent.engine import Engine

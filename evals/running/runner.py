@@ -189,13 +189,15 @@ def _progress(total: int, desc: str, enabled: bool):
 
 def _chat(engine, label: str, history: list, tools: list, tool_choice, max_new_tokens: int, cache_key: str):
     from asymagent.evals.running.engine_setup import use_suffix_store
+    from asymagent.request import GenerationRequest
 
     mode, overrides = parse_mode(label)
     use_suffix_store(engine, label)  # each label copies only from its own earlier responses
+    request = GenerationRequest(mode=mode, max_new_tokens=max_new_tokens, tools=tools,
+                                tool_choice=tool_choice, cache_key=cache_key)  # greedy
     with spec_overrides(engine, overrides):
         t0 = time.perf_counter()
-        r = engine.chat(history, tools=tools, mode=mode, max_new_tokens=max_new_tokens,
-                        temperature=0.0, tool_choice=tool_choice, cache_key=cache_key)
+        r = engine.chat(history, request=request)
         return r, time.perf_counter() - t0
 
 

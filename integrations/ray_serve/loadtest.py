@@ -43,6 +43,7 @@ class RunReport:
     cached_share: float  # cached / prompt tokens over turns 2+
     affinity_hit_rate: float  # affine / (affine + moved) from the router's counters
     errors: dict
+    per_replica: dict  # finished requests per replica (its share of the load)
 
 
 async def conversation(client, url: str, index: int, args, out: list) -> None:
@@ -71,10 +72,15 @@ async def conversation(client, url: str, index: int, args, out: list) -> None:
 
 
 def routed(text: str) -> dict:
-    out = {}
+    """Router outcomes, and finished requests per replica, from a /metrics text."""
+    out: dict = {"per_replica": {}}
     for line in text.splitlines():
         if line.startswith("asymagent:ray_routed_total{"):
             out[line.split('outcome="')[1].split('"')[0]] = float(line.rsplit(" ", 1)[1])
+        elif line.startswith("asymagent:request_success_total{") and 'replica="all"' not in line:
+            replica = line.split('replica="')[1].split('"')[0]
+            out["per_replica"][replica] = out["per_replica"].get(replica, 0) + \
+                int(float(line.rsplit(" ", 1)[1]))
     return out
 
 
@@ -128,7 +134,8 @@ def run_once(replicas: int, round_: int, args) -> RunReport:
         latency_p95_s=percentile([r["latency"] for r in good], 95),
         later_turns_cached=sum(r["cached"] > 0 for r in later) / max(1, len(later)),
         cached_share=sum(r["cached"] for r in later) / max(1, sum(r["prompt"] for r in later)),
-        affinity_hit_rate=routes.get("affine", 0) / known if known else 0.0, errors=errors)
+        affinity_hit_rate=routes.get("affine", 0) / known if known else 0.0, errors=errors,
+        per_replica=routes["per_replica"])
 
 
 def table(reports: list[RunReport]) -> str:

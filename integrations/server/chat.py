@@ -20,6 +20,7 @@ from fastapi import Request  # module level: FastAPI resolves the handler's anno
 from fastapi.responses import JSONResponse, StreamingResponse
 
 from asymagent.decoding.logprobs import LogprobRecorder
+from asymagent.request import GenerationRequest, RequestError
 from asymagent.integrations.server import schemas as S
 from asymagent.integrations.server.deltas import DeltaStreamer
 from asymagent.integrations.server.errors import Failed
@@ -30,35 +31,48 @@ from asymagent.integrations.server.worker import count_prompt_tokens
 
 
 def cache_key_for(messages: list[dict], tools: list | None, mode: str,
-                  prompt_cache_key: str | None = None) -> str:
+                  prompt_cache_key: str | None = None, template_kwargs: dict | None = None) -> str:
     """Conversation identity: tools, mode and every message up to and including the first user
     message. Later turns of the same agent conversation keep that prefix, so they share a session.
-    A client's `prompt_cache_key` (OpenAI's name for a conversation) replaces the messages."""
+    A client's `prompt_cache_key` (OpenAI's name for a conversation) replaces the messages;
+    chat-template variables render other tokens, so they are part of it."""
     head = []
     for message in messages:
         head.append(message)
         if message.get("role") == "user":
             break
     ident = {"m": head} if prompt_cache_key is None else {"k": prompt_cache_key}
-    blob = json.dumps({**ident, "t": tools, "mode": mode}, sort_keys=True, ensure_ascii=False)
+    if template_kwargs:
+        ident["ct"] = template_kwargs
+    blob = json.dumps({**ident, "t": tools, "mode": mode}, sort_keys=True, ensure_ascii=False,
+                      default=str)
     return "conv-" + hashlib.sha256(blob.encode()).hexdigest()[:24]
 
 
 @dataclass
 class ChatTask:
-    """One chat turn for the engine worker: `Engine.chat` on the messages and tools."""
+    """One chat turn for the engine worker: `Engine.chat` on the messages with its typed request."""
 
     messages: list[dict]
-    tools: list[dict] | None
-    max_new_tokens: int
-    cache_key: str
-    options: dict = field(default_factory=dict)  # Engine.chat's other keywords
+    request: GenerationRequest  # built once from the HTTP body (chat_task)
     where: str = "messages"
     call_prefix: str = field(default_factory=lambda: "call_" + uuid.uuid4().hex[:22])
 
     @property
     def mode(self) -> str:
-        return self.options["mode"]
+        return self.request.mode
+
+    @property
+    def tools(self) -> list[dict] | None:
+        return self.request.tools
+
+    @property
+    def max_new_tokens(self) -> int:
+        return self.request.max_new_tokens
+
+    @property
+    def cache_key(self) -> str:
+        return self.request.cache_key
 
     def call_id(self, index: int) -> str:
         """The id of this turn's tool call at `index`: the same in the stream, the answer and
@@ -66,19 +80,21 @@ class ChatTask:
         return f"{self.call_prefix}{index:02d}"
 
     def prompt_tokens(self, engine, chat_format) -> int:
+        kwargs = self.request.chat_template_kwargs
+        if kwargs:  # rendered as the engine will render it
+            chat_format = engine.chat_format_for(kwargs)
         return count_prompt_tokens(chat_format, self.messages, self.tools)
 
     def run(self, engine, callback):
-        result = engine.chat(messages=self.messages, tools=self.tools,
-                             max_new_tokens=self.max_new_tokens, cache_key=self.cache_key,
-                             callback=callback, **self.options)
+        result = engine.chat(messages=self.messages,
+                             request=self.request.replace(callback=callback))
         for index, call in enumerate(getattr(result, "tool_calls", None) or []):
             call["id"] = self.call_id(index)
         return result
 
     def record(self, trace_writer, engine, result) -> None:
         trace_writer.record(engine, self.messages, self.tools, result, source="serve",
-                            mode=self.mode, temperature=self.options.get("temperature") or 0.0)
+                            mode=self.mode, temperature=self.request.sampling.temperature)
 
 
 @dataclass
@@ -93,24 +109,27 @@ class Turn:
     max_new_tokens: int
     prompt_cache_key: str | None = None
     parallel_tool_calls: bool | None = None  # the request's; OpenAI's default (None) is true
+    chat_template_kwargs: dict | None = None  # vLLM's: extra variables for the chat template
 
 
 def chat_task(turn: Turn, sampling: S.SamplingFields, limits, recorder,
               seed: int | None = None, eos_ids=()) -> ChatTask:
-    """The worker's task for a turn (the server's defaults where the request is silent);
-    `seed` the choice's (SamplingFields.choice_seeds); `eos_ids` the engine's end tokens."""
+    """The worker's task for a turn: its GenerationRequest, built once (the server's defaults
+    where the request is silent); `seed` the choice's (SamplingFields.choice_seeds), `eos_ids`
+    the engine's end tokens. Raises RequestError (-> 400) for a field the request refuses."""
     mode = sampling.mode or limits.default_mode
     engine_tools = turn.tools if turn.tool_choice != "none" else None
-    temperature = limits.default_temperature if sampling.temperature is None \
-        else sampling.temperature
-    options = dict(mode=mode, temperature=temperature, seed=seed, top_p=sampling.top_p,
-                   stop=sampling.stop, tool_choice=turn.tool_choice if engine_tools else "auto",
-                   response_format=turn.response_format, logprobs=recorder,
-                   parallel_tool_calls=turn.parallel_tool_calls is not False,
-                   **sampling.sampling(eos_ids))
-    return ChatTask(turn.messages, engine_tools, turn.max_new_tokens,
-                    cache_key_for(turn.messages, engine_tools, mode, turn.prompt_cache_key),
-                    options)
+    request = GenerationRequest(
+        mode=mode, max_new_tokens=turn.max_new_tokens,
+        sampling=sampling.sampling_params(limits.default_temperature, seed, eos_ids),
+        stop=sampling.stop or (), tools=engine_tools,
+        tool_choice=turn.tool_choice if engine_tools else "auto",
+        response_format=turn.response_format, logprobs=recorder,
+        cache_key=cache_key_for(turn.messages, engine_tools, mode, turn.prompt_cache_key,
+                                turn.chat_template_kwargs),
+        parallel_tool_calls=turn.parallel_tool_calls is not False,
+        chat_template_kwargs=turn.chat_template_kwargs or None)
+    return ChatTask(turn.messages, request)
 
 
 def chat_turn(req: S.ChatCompletionRequest, limits) -> Turn:
@@ -118,7 +137,7 @@ def chat_turn(req: S.ChatCompletionRequest, limits) -> Turn:
     return Turn([m.to_engine() for m in req.messages], tools, req.engine_tool_choice(),
                 req.response_format.to_engine() if req.response_format else None,
                 req.max_new_tokens(limits.default_max_tokens), req.prompt_cache_key,
-                req.parallel_tool_calls)
+                req.parallel_tool_calls, req.chat_template_kwargs)
 
 
 def choices_usage(results: list, prompt_tokens: int) -> dict:
@@ -143,11 +162,15 @@ class ChatCompletions:
     def __init__(self, ctx):
         self.ctx = ctx
 
-    def tasks(self, req: S.ChatCompletionRequest) -> list[ChatTask]:
+    def tasks(self, req: S.ChatCompletionRequest) -> list[ChatTask] | Failed:
         turn, top = chat_turn(req, self.ctx.limits), req.top_logprobs_count()
-        return [chat_task(turn, req, self.ctx.limits,
-                          None if top is None else LogprobRecorder(top), seed, self.ctx.stop_ids)
-                for seed in req.choice_seeds()]
+        try:
+            return [chat_task(turn, req, self.ctx.limits,
+                              None if top is None else LogprobRecorder(top), seed,
+                              self.ctx.stop_ids)
+                    for seed in req.choice_seeds()]
+        except RequestError as exc:
+            return Failed(400, str(exc), param=exc.field, code="invalid_value")
 
     async def create(self, req: S.ChatCompletionRequest, request: Request):
         ctx = self.ctx
@@ -155,7 +178,10 @@ class ChatCompletions:
         if refused is not None:
             return ctx.respond(refused)
         max_calls = 1 if req.parallel_tool_calls is False else None
-        jobs = [ctx.new_job(task) for task in self.tasks(req)]
+        tasks = self.tasks(req)
+        if isinstance(tasks, Failed):
+            return ctx.respond(tasks)
+        jobs = [ctx.new_job(task) for task in tasks]
         first = await ctx.start(jobs[0], request)  # its errors get their own status
         if isinstance(first, Failed):
             return ctx.respond(first)
@@ -181,7 +207,7 @@ class ChatCompletions:
         calls = [S.ToolCall.model_validate(c) for c in (result.tool_calls or [])[:max_calls]]
         message = S.ResponseMessage(content=(result.text or None) if calls else (result.text or ""),
                                     tool_calls=calls or None)
-        logprobs = None if task.options["logprobs"] is None else {
+        logprobs = None if task.request.logprobs is None else {
             "content": chat_content(ctx.texts, visible(result.logprobs, ctx.stop_ids)),
             "refusal": None}
         return S.Choice(index=index, message=message, finish_reason=finish_reason_for(result),
@@ -239,10 +265,10 @@ class ChatChunks:
     def begin(self, index: int, task: ChatTask) -> str:
         """Start choice `index`: OpenAI opens with content "" for text and null when the answer
         may be a tool call."""
-        self.index, self.mode, self.recorder = index, task.mode, task.options["logprobs"]
+        self.index, self.mode, self.recorder = index, task.mode, task.request.logprobs
         self.tools_enabled = task.tools is not None
         self.streamer = DeltaStreamer(tools_enabled=self.tools_enabled,
-                                      stop=task.options["stop"], max_calls=self.max_calls,
+                                      stop=list(task.request.stop), max_calls=self.max_calls,
                                       call_id=task.call_id)
         self.sent = 0  # log-prob entries sent so far
         self.covered = 0  # tokens the text sent so far covers

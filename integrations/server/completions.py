@@ -27,6 +27,7 @@ from fastapi.responses import JSONResponse, StreamingResponse
 from pydantic import Field, field_validator, model_validator
 
 from asymagent.decoding.logprobs import LogprobRecorder
+from asymagent.request import GenerationRequest, RequestError
 from asymagent.integrations.server.deltas import DeltaStreamer
 from asymagent.integrations.server.errors import Failed
 from asymagent.integrations.server.fields import SamplingFields, refuse
@@ -85,7 +86,7 @@ class CompletionTask:
 
     prompt: Union[str, list]
     max_new_tokens: int
-    generate_kwargs: dict  # Engine.generate's keywords
+    request: GenerationRequest  # built once from the HTTP body (completion_task)
     echo: bool = False
     score_top: int | None = None  # echo + logprobs: score the prompt with this many alternatives
     recorder: LogprobRecorder | None = None
@@ -96,7 +97,7 @@ class CompletionTask:
 
     @property
     def cache_key(self) -> str:
-        return self.generate_kwargs["cache_key"]
+        return self.request.cache_key
 
     def prompt_tokens(self, engine, chat_format=None) -> int:
         if isinstance(self.prompt, str):
@@ -122,10 +123,9 @@ class CompletionTask:
                 self.prompt_logprobs = engine.score(self.ids, self.score_top)
         if self.max_new_tokens == 0:  # echo only: nothing generated
             return GenerationResult(token_ids=[], text="", stats=StepStats(
-                mode=self.generate_kwargs["mode"], full_context_tokens=len(self.ids),
+                mode=self.request.mode, full_context_tokens=len(self.ids),
                 verifier_context_tokens=len(self.ids)), finish_reason="length", logprobs=[])
-        return engine.generate(self.ids, max_new_tokens=self.max_new_tokens, callback=callback,
-                               **self.generate_kwargs)
+        return engine.run(self.ids, self.request.replace(callback=callback))
 
     def record(self, trace_writer, engine, result) -> None:
         """Text completions are not captured (a trace is a chat conversation)."""
@@ -140,12 +140,15 @@ def completions_cache_key(mode: str, prompt_cache_key: str | None) -> str:
 
 def completion_task(req: CompletionRequest, prompt, mode: str, limits,
                     seed: int | None = None, eos_ids=()) -> CompletionTask:
+    """The worker's task for one prompt and choice: its GenerationRequest, built once. Raises
+    RequestError (-> 400) for a field the request refuses."""
     recorder = None if req.logprobs is None else LogprobRecorder(req.logprobs)
-    kwargs = dict(mode=mode, seed=seed, top_p=req.top_p, stop=req.stop,
-                  temperature=limits.default_temperature if req.temperature is None
-                  else req.temperature, cache_key=completions_cache_key(mode, req.prompt_cache_key),
-                  logprobs=recorder, **req.sampling(eos_ids))
-    return CompletionTask(prompt, req.max_tokens, kwargs, echo=req.echo,
+    request = GenerationRequest(
+        mode=mode, max_new_tokens=max(req.max_tokens, 1),  # 0 (echo only) generates nothing
+        sampling=req.sampling_params(limits.default_temperature, seed, eos_ids),
+        stop=req.stop or (), logprobs=recorder,
+        cache_key=completions_cache_key(mode, req.prompt_cache_key))
+    return CompletionTask(prompt, req.max_tokens, request, echo=req.echo,
                           score_top=req.logprobs if req.echo else None, recorder=recorder)
 
 
@@ -175,8 +178,11 @@ class Completions:
         mode = req.mode or ctx.limits.default_mode
         cid = "cmpl-" + uuid.uuid4().hex[:24]
         # choices: each prompt's n samples in a row (index = prompt * n + i), as OpenAI orders them
-        jobs = [ctx.new_job(completion_task(req, prompt, mode, ctx.limits, seed, ctx.stop_ids))
-                for prompt in req.prompts() for seed in req.choice_seeds()]
+        try:
+            jobs = [ctx.new_job(completion_task(req, prompt, mode, ctx.limits, seed, ctx.stop_ids))
+                    for prompt in req.prompts() for seed in req.choice_seeds()]
+        except RequestError as exc:
+            return ctx.respond(Failed(400, str(exc), param=exc.field, code="invalid_value"))
         # The first prompt starts before the answer does, so its errors get their own status.
         first = await ctx.start(jobs[0], request)
         if isinstance(first, Failed):

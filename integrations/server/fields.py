@@ -13,6 +13,8 @@ from typing import Any, Literal, Optional, Union
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator, model_validator
 
+from asymagent.request import SamplingParams
+
 MIN_SAMPLING_TEMPERATURE = 1e-4  # smaller positive temperatures decode greedily (see below)
 MIN_TOP_P = 1e-6
 MAX_CHOICES = 8  # n: choices are generated one after another on one CPU worker
@@ -66,9 +68,6 @@ REFUSED = {
     "web_search_options": "web search is not supported",
     "best_of": "best_of > 1 is not supported: one completion per request",
     "suffix": "suffix (insertion) is not supported",
-    "chat_template_kwargs": "chat_template_kwargs is not supported: the engine renders every "
-                            "conversation with one append-stable chat format per tokenizer (the "
-                            "template's defaults)",
 }
 
 
@@ -120,6 +119,7 @@ class SamplingFields(BaseModel):
     # OpenAI's name for a conversation: the engine cache session (and a router's affinity key)
     prompt_cache_key: Optional[str] = Field(default=None, max_length=1024)
     ignore_eos: bool = False  # vLLM extension: the end tokens are masked, so it runs to max_tokens
+    repetition_penalty: Optional[float] = Field(default=None, gt=0.0, le=10.0)  # vLLM extension
 
     @field_validator("temperature")
     @classmethod
@@ -169,12 +169,18 @@ class SamplingFields(BaseModel):
         base = self.seed if self.seed is not None else secrets.randbits(62)
         return [base + i for i in range(self.n)]
 
-    def sampling(self, eos_ids=()) -> dict:
-        """The engine's sampling keywords (penalties, bias, top-k, min-p); with `ignore_eos` the
-        end tokens `eos_ids` get a bias of -100 (never chosen unless a grammar forces one)."""
+    def sampling_params(self, default_temperature: float, seed: int | None,
+                        eos_ids=()) -> SamplingParams:
+        """The engine's SamplingParams (asymagent/request.py), built once per choice: the
+        server's temperature when the request has none, the choice's `seed`; with `ignore_eos`
+        the end tokens `eos_ids` get a bias of -100 (never chosen unless a grammar forces one)."""
         bias = token_bias(self.logit_bias)
         if self.ignore_eos and eos_ids:
             bias = {**(bias or {}), **{int(t): -100.0 for t in eos_ids}}
-        return dict(top_k=max(self.top_k or 0, 0), min_p=self.min_p or 0.0,
-                    frequency_penalty=self.frequency_penalty,
-                    presence_penalty=self.presence_penalty, logit_bias=bias)
+        return SamplingParams(
+            temperature=default_temperature if self.temperature is None else self.temperature,
+            top_p=self.top_p, top_k=max(self.top_k or 0, 0), min_p=self.min_p or 0.0,
+            seed=seed, frequency_penalty=self.frequency_penalty,
+            presence_penalty=self.presence_penalty, logit_bias=bias,
+            repetition_penalty=1.0 if self.repetition_penalty is None
+            else self.repetition_penalty)

@@ -15,7 +15,8 @@ class Health:
     async def version(self):
         from asymagent import __version__
 
-        return {"version": __version__}
+        # the weights dtype and the CPU's bf16 unit, as `asymagent --version` prints them
+        return {"version": __version__, **getattr(self.ctx.engine, "runtime", {})}
 
     async def metrics(self):
         from fastapi.responses import Response

@@ -81,6 +81,11 @@ class ServerMetrics:
                                      registry=r)
         self.generation_tokens = Counter(p + "generation_tokens", "Generated tokens.", lbl,
                                          registry=r)
+        # vLLM's prefix-cache pair (tokens): what the verifier's view asked for, what it reused.
+        self.prefix_queries = Counter(p + "prefix_cache_queries", "Verifier prompt tokens looked "
+                                      "up in the conversation's KV cache.", lbl, registry=r)
+        self.prefix_hits = Counter(p + "prefix_cache_hits", "Verifier prompt tokens reused from "
+                                   "the KV cache (not prefilled).", lbl, registry=r)
         self.success = Counter(p + "request_success", "Finished requests by finish reason.",
                                lbl + ["finished_reason"], registry=r)
         self.aborted = Counter(p + "request_aborted", "Generations cancelled because the "
@@ -99,7 +104,7 @@ class ServerMetrics:
         # Touch label sets so the series exist (at zero) before the first request.
         for metric in (self.num_drafts, self.num_draft_tokens, self.num_accepted_tokens,
                        self.escalations, self.prompt_tokens, self.generation_tokens,
-                       self.aborted, self.aborted_tokens, self.waiting, self.running):
+                       self.prefix_queries, self.prefix_hits, self.aborted, self.aborted_tokens, self.waiting, self.running):
             metric.labels(model_name)
 
     def observe(self, stats, *, e2e_s: float, ttft_s: float | None, queue_s: float,
@@ -124,6 +129,8 @@ class ServerMetrics:
         if stats.escalated:
             self.escalations.labels(m).inc()
         self.prompt_tokens.labels(m).inc(stats.full_context_tokens)
+        self.prefix_queries.labels(m).inc(stats.verifier_context_tokens)
+        self.prefix_hits.labels(m).inc(stats.cached_tokens)
         self.generation_tokens.labels(m).inc(stats.new_tokens)
         self.success.labels(m, finish_reason).inc()
 

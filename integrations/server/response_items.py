@@ -209,7 +209,8 @@ def _message(item: dict, where: str) -> dict:
     role = item.get("role")
     if role not in ROLES:
         raise InputError(f"{where}.role", f"role must be one of {list(ROLES)}, got {role!r}")
-    return {"role": role, "content": _text_of(item.get("content", ""), f"{where}.content")}
+    return {"role": "system" if role == "developer" else role,  # as chat's messages
+            "content": _text_of(item.get("content", ""), f"{where}.content")}
 
 
 def _call(item: dict, where: str) -> dict:

@@ -31,6 +31,7 @@ from asymagent.integrations.server.errors import Failed
 from asymagent.integrations.server.response_items import InputError, ResponseRequest, input_messages
 from asymagent.integrations.server.schemas import extension_for
 from asymagent.integrations.server.streaming import SSE_HEADERS, relay
+from asymagent.request import RequestError
 
 STORE_SIZE = 256  # responses kept for previous_response_id (least recently used dropped)
 
@@ -130,7 +131,10 @@ class Responses:
         turn = self.turn(req) if refused is None else refused
         if isinstance(turn, Failed):
             return ctx.respond(turn)
-        task = chat_task(turn, req, ctx.limits, None, req.seed, ctx.stop_ids)
+        try:
+            task = chat_task(turn, req, ctx.limits, None, req.seed, ctx.stop_ids)
+        except RequestError as exc:
+            return ctx.respond(Failed(400, str(exc), param=exc.field, code="invalid_value"))
         job = ctx.new_job(task)
         first = await ctx.start(job, request)
         if isinstance(first, Failed):
@@ -191,7 +195,7 @@ class ResponseShell:
             "incomplete_details": {"reason": "max_output_tokens"} if cut else None,
             "instructions": req.instructions, "output": output,
             "parallel_tool_calls": req.parallel_tool_calls is not False,
-            "temperature": self.task.options["temperature"], "top_p": req.top_p,
+            "temperature": self.task.request.sampling.temperature, "top_p": req.top_p,
             "tool_choice": req.tool_choice.model_dump() if hasattr(req.tool_choice, "model_dump")
             else (req.tool_choice or "auto"),
             "tools": [{"type": "function", "name": t.name, "description": t.description,
@@ -214,8 +218,9 @@ class ResponseEvents:
     def __init__(self, shell: ResponseShell, max_calls: int | None, prompt_tokens: int, keep):
         self.shell, self.prompt_tokens, self.keep = shell, prompt_tokens, keep
         task = shell.task
-        self.streamer = DeltaStreamer(tools_enabled=task.tools is not None, stop=task.options["stop"],
-                                      max_calls=max_calls, call_id=task.call_id)
+        self.streamer = DeltaStreamer(tools_enabled=task.tools is not None,
+                                      stop=list(task.request.stop), max_calls=max_calls,
+                                      call_id=task.call_id)
         self.seq = 0
         self.items: list[dict] = []  # output items in order (their state as streamed)
         self.text_item: dict | None = None  # the open message item

@@ -194,18 +194,13 @@ class ChatCompletionRequest(SamplingFields):
     reasoning_effort: Optional[Any] = None
     verbosity: Optional[Any] = None
     web_search_options: Optional[Any] = None
-    chat_template_kwargs: Optional[dict[str, Any]] = None  # vLLM's; only empty (see REFUSED)
+    chat_template_kwargs: Optional[dict[str, Any]] = None  # vLLM's: extra template variables
 
     @field_validator("functions", "function_call", "audio", "prediction", "reasoning_effort",
                      "verbosity", "web_search_options")
     @classmethod
     def _refused(cls, value, info):
         return refuse(info.field_name, value)
-
-    @field_validator("chat_template_kwargs")
-    @classmethod
-    def _template_kwargs(cls, value):
-        return refuse("chat_template_kwargs", value or None)
 
     @field_validator("store")
     @classmethod

@@ -1,0 +1,363 @@
+"""Message rendering: OpenAI-style messages + tools -> append-stable token segments (`MessageRenderer`).
+
+Rendering. Every message renders to its own token segment and the prompt is the concatenation
+of the segments (then the generation prompt), so the tokens of history n are a prefix of the
+tokens of history n+1 by construction: the engine and the verifier's KV cache rely on that.
+A message is rendered with the tokenizer's own chat template, isolated by difference:
+`render([anchor, msg]) - render([anchor])` where `anchor` is a fixed system message, which gives
+exactly what the template writes for `msg` in the middle of a conversation (SmolLM2:
+`<|im_start|>{role}\\n{content}<|im_end|>\\n`). What the template writes before the first message
+when that one is not a system message (SmolLM2 injects a default system prompt there) becomes a
+separate *preamble* segment, so a conversation without a system message still renders exactly
+as the template renders it.
+
+Tools (docs/architecture.md "Chat format"). A template that reads `tools` (detected once by
+rendering with and without a dummy tool) gets them, and tool calls are written Hermes-style,
+`<tool_call>\\n{json}\\n</tool_call>`. A template that ignores `tools` (the embedded SmolLM2) gets
+them listed in the system message: a one-line instruction, then one JSON schema per line; the
+model answers a call as one JSON object `{"name": ..., "arguments": {...}}` per line. Assistant
+messages with `tool_calls` render in exactly the form the model is asked to emit; `tool`
+messages render with role `tool` and string content (other values are JSON-dumped).
+
+The chat layer's `ChatFormat` (asymagent/chat/chat_format.py) is this renderer plus output
+parsing; the context views (asymagent/context/views.py) need only the rendering, so it lives here
+and context/ imports nothing from chat/.
+"""
+
+from __future__ import annotations
+
+import json
+from collections import OrderedDict
+from dataclasses import dataclass
+
+
+_ANCHOR = {"role": "system", "content": "\x00anchor\x00"}
+_PROBE_USER = {"role": "user", "content": "\x00probe\x00"}
+_PROBE_TOOL = {"type": "function", "function": {
+    "name": "zz_probe_tool", "description": "probe", "parameters": {"type": "object", "properties": {}}}}
+
+TOOL_INSTRUCTION = (
+    "You can call the tools listed below, one JSON schema per line. To call a tool, answer with "
+    'one JSON object per line, {"name": <tool name>, "arguments": {<argument>: <value>}}, and '
+    "nothing else; otherwise answer in plain text."
+)
+TOOL_INSTRUCTION_NAME_SIG = (
+    "You can call the tools listed below, one signature per line (`?` marks an optional "
+    'argument). To call a tool, answer with one JSON object per line, {"name": <tool name>, '
+    '"arguments": {<argument>: <value>}}, and nothing else; otherwise answer in plain text.'
+)
+_TOOL_STYLES = ("full", "name_sig")
+
+
+@dataclass
+class Segment:
+    """One rendered piece of a prompt. `source` is a message index, "preamble" or "generation"."""
+
+    source: int | str
+    text: str
+    ids: list  # list[int], this segment's tokens
+
+
+def message_text(content) -> str:
+    """Content of an OpenAI message as text: None -> "", list of parts -> joined text parts."""
+    if content is None:
+        return ""
+    if isinstance(content, str):
+        return content
+    if isinstance(content, list):
+        parts = []
+        for part in content:
+            if isinstance(part, dict) and part.get("type", "text") == "text":
+                parts.append(str(part.get("text", "")))
+            elif isinstance(part, str):
+                parts.append(part)
+            else:
+                raise ValueError(f"unsupported content part {part!r}: only text parts are supported")
+        return "".join(parts)
+    raise ValueError(f"message content must be a string, a list of text parts or None, got "
+                     f"{type(content).__name__}")
+
+
+def function_of(tool: dict) -> dict:
+    """The `function` object of an OpenAI tool (also accepts a bare function schema)."""
+    if not isinstance(tool, dict):
+        raise ValueError(f"a tool must be a dict, got {type(tool).__name__}")
+    fn = tool.get("function", tool) if tool.get("type", "function") == "function" else None
+    if not isinstance(fn, dict) or not isinstance(fn.get("name"), str) or not fn["name"]:
+        raise ValueError(f"tool {tool!r} has no function name")
+    return fn
+
+
+def _type_sig(schema: dict) -> str:
+    """Compact type of a JSON schema property: string, integer, "a"|"b", array[string], ..."""
+    if not isinstance(schema, dict):
+        return "any"
+    if "enum" in schema:
+        return "|".join(json.dumps(v, ensure_ascii=False) for v in schema["enum"])
+    kind = schema.get("type", "any")
+    if isinstance(kind, list):
+        kind = "|".join(str(k) for k in kind)
+    if kind == "array":
+        return f"array[{_type_sig(schema.get('items', {}))}]"
+    return str(kind)
+
+
+def name_signature(tool: dict) -> str:
+    """`name(arg: type, opt?: type)`, the paper's name_sig form of one tool."""
+    fn = function_of(tool)
+    params = fn.get("parameters") or {}
+    required = set(params.get("required") or [])
+    args = [f"{name}{'' if name in required else '?'}: {_type_sig(prop)}"
+            for name, prop in (params.get("properties") or {}).items()]
+    return f"{fn['name']}({', '.join(args)})"
+
+
+def strip_descriptions(schema):
+    """A JSON schema without `description` fields (the name_sig form for tool-aware templates)."""
+    if isinstance(schema, dict):
+        return {k: strip_descriptions(v) for k, v in schema.items() if k != "description"}
+    if isinstance(schema, list):
+        return [strip_descriptions(v) for v in schema]
+    return schema
+
+
+def tool_prompt(tools: list, style: str = "full") -> str:
+    """The tool block of the system message for templates without tool support.
+
+    `full`: the instruction line, then one JSON function schema per line.
+    `name_sig`: the instruction line, then one `name(arg: type, ...)` signature per line.
+    """
+    if style not in _TOOL_STYLES:
+        raise ValueError(f"tool style must be one of {_TOOL_STYLES}, got {style!r}")
+    if style == "full":
+        lines = [json.dumps(function_of(t), ensure_ascii=False) for t in tools]
+        return "\n".join([TOOL_INSTRUCTION, *lines])
+    return "\n".join([TOOL_INSTRUCTION_NAME_SIG, *(name_signature(t) for t in tools)])
+
+
+def call_json(call: dict) -> str:
+    """One OpenAI tool call as the JSON object the model emits: {"name":..,"arguments":{..}}."""
+    fn = call.get("function", call) if isinstance(call, dict) else None
+    if not isinstance(fn, dict) or "name" not in fn:
+        raise ValueError(f"tool call {call!r} has no function name")
+    args = fn.get("arguments", {})
+    if isinstance(args, str):
+        try:
+            args = json.loads(args) if args.strip() else {}
+        except (json.JSONDecodeError, RecursionError):  # malformed, or nested past Python's limit
+            pass  # keep the raw string: the history shows what the model actually produced
+    return json.dumps({"name": fn["name"], "arguments": args}, ensure_ascii=False)
+
+
+class MessageRenderer:
+    """Renders OpenAI-style conversations to append-stable token segments for one tokenizer."""
+
+    def __init__(self, tokenizer, cache_size: int = 4096, template_kwargs: dict | None = None):
+        if getattr(tokenizer, "chat_template", None) is None:
+            raise ValueError("the tokenizer has no chat template; set tokenizer.chat_template")
+        self.tokenizer = tokenizer
+        # extra variables for the template (vLLM's chat_template_kwargs, e.g. enable_thinking)
+        self.template_kwargs = dict(template_kwargs or {})
+        self._cache: OrderedDict = OrderedDict()  # (key) -> Segment, bounded LRU
+        self._cache_size = cache_size
+        self._affixes: dict = {}  # role -> (text before, text after) the content
+        anchor_text = self._render([_ANCHOR])
+        self._anchor_text = anchor_text
+        with_gen = self._render([_ANCHOR, _PROBE_USER], add_generation_prompt=True)
+        without = self._render([_ANCHOR, _PROBE_USER])
+        if not with_gen.startswith(without):
+            raise ValueError("the chat template's generation prompt does not extend the prompt")
+        self.generation_prompt_text = with_gen[len(without):]
+        self.generation_prompt_ids = self.encode(self.generation_prompt_text)
+        try:
+            probe = self._render([_PROBE_USER], tools=[_PROBE_TOOL])
+        except ValueError:  # a template that chokes on tools cannot use them
+            probe = self._render([_PROBE_USER])
+        self.template_tools = "zz_probe_tool" in probe
+        # What the template writes before a first message that is not a system message.
+        user_text = self._isolated_text(_PROBE_USER)
+        alone = self._render([_PROBE_USER])
+        if not alone.endswith(user_text):
+            raise ValueError("the chat template renders a first user message differently from "
+                             "later ones; it cannot be rendered append-stably")
+        self.preamble_text = alone[: len(alone) - len(user_text)]
+        self.default_system = self._default_system_content()
+
+    # -- low level -------------------------------------------------------------------------
+    def _render(self, messages, tools=None, add_generation_prompt=False) -> str:
+        kwargs = {**self.template_kwargs, **({"tools": tools} if tools else {})}
+        try:
+            return self.tokenizer.apply_chat_template(
+                messages, tokenize=False, add_generation_prompt=add_generation_prompt, **kwargs)
+        except Exception as exc:  # jinja2 TemplateError / raise_exception() in the template
+            roles = [m.get("role") for m in messages]
+            raise ValueError(f"the chat template cannot render messages with roles {roles}: "
+                             f"{exc}") from exc
+
+    def encode(self, text: str) -> list:
+        """Token ids of `text`, no special tokens added (the template wrote them as text)."""
+        return list(self.tokenizer.encode(text, add_special_tokens=False))
+
+    def _isolated_text(self, message: dict) -> str:
+        """What the template writes for `message` in the middle of a conversation."""
+        both = self._render([_ANCHOR, message])
+        if not both.startswith(self._anchor_text):
+            raise ValueError("the chat template rewrites earlier messages when one is appended; "
+                             "it cannot be rendered append-stably")
+        return both[len(self._anchor_text):]
+
+    def _default_system_content(self) -> str | None:
+        """The system prompt the template injects when none is given (SmolLM2 has one)."""
+        if not self.preamble_text:
+            return None
+        rendered = self._render([{"role": "system", "content": "\x00sys\x00"}])
+        before, _, after = rendered.partition("\x00sys\x00")
+        pre = self.preamble_text
+        if pre.startswith(before) and pre.endswith(after) and len(pre) >= len(before) + len(after):
+            return pre[len(before): len(pre) - len(after)]
+        return None
+
+    def content_span(self, segment_text: str, role: str, content: str) -> tuple | None:
+        """(start, end) characters of `content` inside the isolated segment of a `role` message,
+        or None when the segment is not `before + content + after` for that role."""
+        if role not in self._affixes:
+            probe = self._isolated_text({"role": role, "content": "\x00c\x00"})
+            self._affixes[role] = probe.partition("\x00c\x00")[::2]
+        before, after = self._affixes[role]
+        if segment_text == before + content + after:
+            return len(before), len(before) + len(content)
+        return None
+
+    # -- message normalisation ---------------------------------------------------------------
+    def template_message(self, message: dict) -> dict:
+        """The plain {role, content} message the template renders for an OpenAI message."""
+        if not isinstance(message, dict) or "role" not in message:
+            raise ValueError(f"a message must be a dict with a 'role', got {message!r}")
+        role = message["role"]
+        if role not in ("system", "developer", "user", "assistant", "tool", "function"):
+            raise ValueError(f"unknown message role {role!r}")
+        if role == "developer":
+            role = "system"
+        if role == "function":
+            role = "tool"
+        content = message.get("content")
+        if role == "tool" and not isinstance(content, (str, list, type(None))):
+            content = json.dumps(content, ensure_ascii=False)
+        text = message_text(content)
+        calls = message.get("tool_calls") or []
+        if calls:
+            if role != "assistant":
+                raise ValueError(f"only assistant messages carry tool_calls, got role {role!r}")
+            if self.template_tools:
+                blocks = [f"<tool_call>\n{call_json(c)}\n</tool_call>" for c in calls]
+            else:
+                blocks = [call_json(c) for c in calls]
+            text = "\n".join(([text] if text else []) + blocks)
+        return {"role": role, "content": text}
+
+    def system_with_tools(self, system: dict | None, tools, tool_style: str = "full") -> dict | None:
+        """The system message to render: with the tool block appended when the template ignores
+        tools (and the template's default system prompt kept when the conversation has none)."""
+        if not tools or self.template_tools:
+            return system
+        base = message_text(system.get("content")) if system else (self.default_system or "")
+        block = tool_prompt(tools, tool_style)
+        return {"role": "system", "content": f"{base}\n\n{block}" if base else block}
+
+    def template_tools_for(self, tools, tool_style: str = "full"):
+        """Tools passed to a tool-aware template (descriptions stripped for name_sig)."""
+        if not tools or not self.template_tools:
+            return None
+        if tool_style not in _TOOL_STYLES:
+            raise ValueError(f"tool style must be one of {_TOOL_STYLES}, got {tool_style!r}")
+        fns = [function_of(t) for t in tools]
+        if tool_style == "name_sig":
+            fns = [strip_descriptions(fn) for fn in fns]
+        return [{"type": "function", "function": fn} for fn in fns]
+
+    # -- segments ------------------------------------------------------------------------------
+    def _segment(self, source, key, make_text) -> Segment:
+        hit = self._cache.get(key)
+        if hit is not None:
+            self._cache.move_to_end(key)
+            return Segment(source, hit.text, hit.ids)
+        text = make_text()
+        seg = Segment(source, text, self.encode(text))
+        self._cache[key] = seg
+        if len(self._cache) > self._cache_size:
+            self._cache.popitem(last=False)
+        return seg
+
+    def render_message(self, message: dict, index: int, tools=None, tool_style: str = "full",
+                       first: bool = False) -> Segment:
+        """The segment of one message. `first` marks message 0 (a system message there carries
+        the tools; a non-system first message is preceded by `preamble_segment`)."""
+        msg = self.template_message(message)
+        if first and msg["role"] == "system":
+            msg = self.system_with_tools(msg, tools, tool_style)
+            ttools = self.template_tools_for(tools, tool_style)
+            key = ("first", json.dumps(msg, sort_keys=True),
+                   json.dumps(ttools, sort_keys=True) if ttools else None)
+            return self._segment(index, key, lambda: self._render([msg], tools=ttools))
+        key = ("msg", msg["role"], msg["content"])
+        return self._segment(index, key, lambda: self._isolated_text(msg))
+
+    def preamble_segment(self, tools=None, tool_style: str = "full") -> Segment | None:
+        """What precedes a first message that is not a system message (None if nothing)."""
+        if tools and not self.template_tools:
+            system = self.system_with_tools(None, tools, tool_style)
+            key = ("first", json.dumps(system, sort_keys=True), None)
+            return self._segment("preamble", key, lambda: self._render([system]))
+        ttools = self.template_tools_for(tools, tool_style)
+        if not ttools:
+            if not self.preamble_text:
+                return None
+            return self._segment("preamble", ("preamble",), lambda: self.preamble_text)
+        key = ("preamble", json.dumps(ttools, sort_keys=True))
+
+        def make() -> str:
+            alone = self._render([_PROBE_USER], tools=ttools)
+            user_text = self._isolated_text(_PROBE_USER)
+            if not alone.endswith(user_text):
+                raise ValueError("the chat template renders a first user message differently "
+                                 "when tools are given; it cannot be rendered append-stably")
+            return alone[: len(alone) - len(user_text)]
+
+        return self._segment("preamble", key, make)
+
+    def rendered(self, messages: list, tools=None, add_generation_prompt: bool = True,
+                 tool_style: str = "full") -> list:
+        """All segments of a conversation, in order, as `Segment`s (see `segments`)."""
+        if not isinstance(messages, list):
+            raise ValueError(f"messages must be a list of dicts, got {type(messages).__name__}")
+        if tools is not None and not isinstance(tools, list):
+            raise ValueError(f"tools must be a list of OpenAI tool dicts, got {type(tools).__name__}")
+        out = []
+        first_is_system = bool(messages) and self.template_message(messages[0])["role"] == "system"
+        if not first_is_system:
+            pre = self.preamble_segment(tools, tool_style)
+            if pre is not None:
+                out.append(pre)
+        for i, message in enumerate(messages):
+            out.append(self.render_message(message, i, tools, tool_style, first=(i == 0)))
+        if add_generation_prompt:
+            out.append(Segment("generation", self.generation_prompt_text,
+                               list(self.generation_prompt_ids)))
+        return out
+
+    def segments(self, messages: list, tools=None, add_generation_prompt: bool = True,
+                 tool_style: str = "full") -> list:
+        """Token segments: [preamble?] + one per message + [generation prompt?] (list[list[int]])."""
+        return [s.ids for s in self.rendered(messages, tools, add_generation_prompt, tool_style)]
+
+    def render_ids(self, messages: list, tools=None, add_generation_prompt: bool = True,
+                   tool_style: str = "full") -> list:
+        """The prompt's token ids: the concatenation of `segments` (append-stable)."""
+        return [t for seg in self.segments(messages, tools, add_generation_prompt, tool_style)
+                for t in seg]
+
+    def render_text(self, messages: list, tools=None, add_generation_prompt: bool = True,
+                    tool_style: str = "full") -> str:
+        """The prompt as text (the concatenation of the segments' texts)."""
+        return "".join(s.text for s in self.rendered(messages, tools, add_generation_prompt,
+                                                      tool_style))
