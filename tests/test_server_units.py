@@ -158,7 +158,8 @@ def test_metrics_registry_per_app_and_vllm_names():
     a, b = ServerMetrics("m"), ServerMetrics("m")  # two apps in one process: no clash
     stats = StepStats(rounds=4, drafted=8, accepted=5, acceptance_by_position=[0.75, 2 / 3],
                       new_tokens=9, decode_s=0.8, compression_ratio=0.5, full_context_tokens=100,
-                      draft_source={"suffix": 3, "model": 1, "plain": 2})
+                      draft_source={"suffix": 3, "model": 1, "plain": 2},
+                      recalls=1, recall_prefill_tokens=37)
     a.observe(stats, e2e_s=1.0, ttft_s=0.2, queue_s=0.0, finish_reason="stop")
     text = a.exposition().decode()
     assert 'asymagent:spec_decode_num_drafts_total{model_name="m"} 4.0' in text
@@ -169,6 +170,8 @@ def test_metrics_registry_per_app_and_vllm_names():
             ' 2.0') in text
     assert 'asymagent:draft_source_steps_total{model_name="m",source="suffix"} 3.0' in text
     assert 'asymagent:draft_source_steps_total{model_name="m",source="plain"} 2.0' in text
+    assert 'asymagent:recalls_total{model_name="m"} 1.0' in text  # issue 26's recalls
+    assert 'asymagent:recall_prefill_tokens_total{model_name="m"} 37.0' in text
     assert "asymagent:time_to_first_token_seconds_bucket" in text
     assert "asymagent:e2e_request_latency_seconds_count" in text
     assert 'asymagent:spec_decode_num_drafts_total{model_name="m"} 0.0' in b.exposition().decode()

@@ -77,6 +77,11 @@ class ServerMetrics:
                                      registry=r)
         self.escalations = Counter(p + "escalations", "Responses finished by the verifier on "
                                    "the full context (escalate_jsd).", lbl, registry=r)
+        # issue 26: removed text brought back into the verifier's view (CompressionConfig.max_recalls)
+        self.recalls = Counter(p + "recalls", "Recalls: tool outputs restored into the verifier's "
+                               "view on copy evidence, the step decoded again.", lbl, registry=r)
+        self.recall_prefill = Counter(p + "recall_prefill_tokens", "Verifier tokens prefilled for "
+                                      "recalls (also counted in the prefill figures).", lbl, registry=r)
         self.prompt_tokens = Counter(p + "prompt_tokens", "Prompt (full-context) tokens.", lbl,
                                      registry=r)
         self.generation_tokens = Counter(p + "generation_tokens", "Generated tokens.", lbl,
@@ -103,7 +108,8 @@ class ServerMetrics:
                              lbl, registry=r)
         # Touch label sets so the series exist (at zero) before the first request.
         for metric in (self.num_drafts, self.num_draft_tokens, self.num_accepted_tokens,
-                       self.escalations, self.prompt_tokens, self.generation_tokens,
+                       self.escalations, self.recalls, self.recall_prefill,
+                       self.prompt_tokens, self.generation_tokens,
                        self.prefix_queries, self.prefix_hits, self.aborted, self.aborted_tokens, self.waiting, self.running):
             metric.labels(model_name)
 
@@ -128,6 +134,8 @@ class ServerMetrics:
         self.compression.labels(m).observe(stats.compression_ratio)
         if stats.escalated:
             self.escalations.labels(m).inc()
+        self.recalls.labels(m).inc(getattr(stats, "recalls", 0))
+        self.recall_prefill.labels(m).inc(getattr(stats, "recall_prefill_tokens", 0))
         self.prompt_tokens.labels(m).inc(stats.full_context_tokens)
         self.prefix_queries.labels(m).inc(stats.verifier_context_tokens)
         self.prefix_hits.labels(m).inc(stats.cached_tokens)
