@@ -82,3 +82,31 @@ def make_tiny_smollm_engine():
                                max_positions=16384)
     drafter = build_drafter(verifier, num_layers=1)
     return Engine(verifier, drafter, tok, compression=CompressionConfig(), max_sessions=8)
+
+
+# ------------------------------------------------------------- the CLI's checks (test_cli_*.py)
+
+
+@pytest.fixture
+def no_model_loads(monkeypatch):
+    """Any attempt to read weights fails the test: the checks must refuse first."""
+    from asymagent.modeling import loading
+
+    def refuse(*args, **kwargs):
+        raise AssertionError("a model was loaded before the arguments were checked")
+
+    for name in ("load_model", "load_gguf", "load_default_verifier"):
+        monkeypatch.setattr(loading, name, refuse)
+
+
+@pytest.fixture
+def run_cli(capsys):
+    """run_cli(argv) -> (exit code, stderr) of `asymagent ARGV` run in this process."""
+    from asymagent.integrations import cli
+
+    def run(argv) -> tuple[int, str]:
+        with pytest.raises(SystemExit) as exit_info:
+            cli.main(argv)
+        return exit_info.value.code, capsys.readouterr().err
+
+    return run

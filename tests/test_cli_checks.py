@@ -13,25 +13,7 @@ from asymagent.integrations import cli
 from asymagent.integrations.cli_checks import check_common, setup_output
 
 
-@pytest.fixture
-def no_model_loads(monkeypatch):
-    """Any attempt to read weights fails the test: the checks must refuse first."""
-    from asymagent.modeling import loading
-
-    def refuse(*args, **kwargs):
-        raise AssertionError("a model was loaded before the arguments were checked")
-
-    for name in ("load_model", "load_gguf", "load_default_verifier"):
-        monkeypatch.setattr(loading, name, refuse)
-
-
-def run_cli(argv, capsys) -> tuple[int, str]:
-    with pytest.raises(SystemExit) as exit_info:
-        cli.main(argv)
-    return exit_info.value.code, capsys.readouterr().err
-
-
-def test_path_host_and_model_mistakes_are_refused_first(tmp_path, capsys, no_model_loads):
+def test_path_host_and_model_mistakes_are_refused_first(tmp_path, capsys, no_model_loads, run_cli):
     existing = tmp_path / "report.md"
     existing.write_text("x")
     cases = {
@@ -48,7 +30,7 @@ def test_path_host_and_model_mistakes_are_refused_first(tmp_path, capsys, no_mod
         ("serve", "default", "--model", str(tmp_path)): "given twice",
     }
     for argv, expected in cases.items():
-        code, err = run_cli(list(argv), capsys)
+        code, err = run_cli(list(argv))
         assert code == 2, (argv, err)
         assert err.count("\n") == 1 and err.startswith(f"asymagent {argv[0]}: error: "), (argv, err)
         assert expected in err, (argv, err)
@@ -64,7 +46,7 @@ def test_json_into_a_missing_folder_creates_it_up_front(tmp_path):
     assert not (tmp_path / "reports").exists()  # a report folder is made by the verb itself
 
 
-def test_anything_left_is_one_line_exit_1_and_debug_shows_the_traceback(monkeypatch, capsys):
+def test_anything_left_is_one_line_exit_1_and_debug_shows_the_traceback(monkeypatch, capsys, run_cli):
     from asymagent.integrations import demo
 
     def boom(args):
@@ -72,11 +54,11 @@ def test_anything_left_is_one_line_exit_1_and_debug_shows_the_traceback(monkeypa
 
     monkeypatch.setattr(demo, "check_args", lambda args: None)
     monkeypatch.setattr(demo, "main", boom)
-    code, err = run_cli(["demo"], capsys)
+    code, err = run_cli(["demo"])
     assert code == 1
     assert err == ("asymagent demo: error: RuntimeError: the environment broke at step 3 "
                    "(--debug prints the traceback)\n")
-    code, err = run_cli(["demo", "--debug"], capsys)
+    code, err = run_cli(["demo", "--debug"])
     assert code == 1 and "Traceback (most recent call last)" in err and "def boom" not in err
     assert err.strip().splitlines()[-1] == \
         "asymagent demo: error: RuntimeError: the environment broke at step 3"

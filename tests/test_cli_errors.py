@@ -8,28 +8,9 @@ import sys
 
 import pytest
 
-from asymagent.integrations import cli
 
 
-@pytest.fixture
-def no_model_loads(monkeypatch):
-    """Any attempt to read weights fails the test: the checks must refuse first."""
-    from asymagent.modeling import loading
-
-    def refuse(*args, **kwargs):
-        raise AssertionError("a model was loaded before the arguments were checked")
-
-    for name in ("load_model", "load_gguf", "load_default_verifier"):
-        monkeypatch.setattr(loading, name, refuse)
-
-
-def run_cli(argv, capsys) -> tuple[int, str]:
-    with pytest.raises(SystemExit) as exit_info:
-        cli.main(argv)
-    return exit_info.value.code, capsys.readouterr().err
-
-
-def test_mistakes_are_one_line_exit_2(tmp_path, capsys, no_model_loads):
+def test_mistakes_are_one_line_exit_2(tmp_path, capsys, no_model_loads, run_cli):
     bad_spec = tmp_path / "spec.json"
     bad_spec.write_text(json.dumps({"spec": {"k": 2, "kk": 3}}))
     bad_section = tmp_path / "section.yaml"
@@ -61,7 +42,7 @@ def test_mistakes_are_one_line_exit_2(tmp_path, capsys, no_model_loads):
         ("demo", "--suite", "nope"): "unknown suite 'nope'",
     }
     for argv, expected in cases.items():
-        code, err = run_cli(list(argv), capsys)
+        code, err = run_cli(list(argv))
         assert code == 2, (argv, err)
         assert err.count("\n") == 1 and err.startswith(f"asymagent {argv[0]}: error: "), (argv, err)
         assert expected in err, (argv, err)
