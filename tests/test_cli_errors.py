@@ -6,9 +6,6 @@ import json
 import subprocess
 import sys
 
-import pytest
-
-
 
 def test_mistakes_are_one_line_exit_2(tmp_path, capsys, no_model_loads, run_cli):
     bad_spec = tmp_path / "spec.json"
