@@ -33,12 +33,16 @@ def test_serve_ray_command_serves_and_stops(tmp_path, smollm_tokenizer):
            "--verifier", str(vdir), "--drafter", str(ddir), "--max-tokens", "4", "--ray",
            "--replicas", "1", "--replica-cpus", "0.5", "--log-level", "warning",
            "--trace-dir", str(tmp_path / "traces")]
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    # the command's output goes to a file, not a pipe nobody reads while it runs: Ray forwards the
+    # replicas' logs to the driver's stdout, and a full pipe would block the server
+    log_path = tmp_path / "serve.log"
+    log = open(log_path, "wb")
+    proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT)
     url = f"http://127.0.0.1:{port}"
     try:
         deadline = time.monotonic() + 300  # Ray's start + the replica's model load, 2 busy cores
         while True:
-            assert proc.poll() is None, proc.stdout.read().decode()[-3000:]
+            assert proc.poll() is None, log_path.read_text(errors="replace")[-3000:]
             assert time.monotonic() < deadline, "serve --ray did not come up"
             try:
                 if httpx.get(url + "/health", timeout=5, trust_env=False).status_code == 200:
@@ -53,10 +57,16 @@ def test_serve_ray_command_serves_and_stops(tmp_path, smollm_tokenizer):
             url + "/metrics", timeout=30, trust_env=False).text
         assert [p.name for p in (tmp_path / "traces").iterdir()][0].startswith("replica-")
         proc.send_signal(signal.SIGINT)
-        assert proc.wait(120) == 0
+        try:
+            code = proc.wait(120)
+        except subprocess.TimeoutExpired:
+            pytest.fail("serve --ray did not stop within 120 s of SIGINT; its output ends:\n"
+                        + log_path.read_text(errors="replace")[-3000:])
+        assert code == 0, log_path.read_text(errors="replace")[-3000:]
         with pytest.raises(httpx.TransportError):  # the server is gone
             httpx.get(url + "/health", timeout=5, trust_env=False)
     finally:
         if proc.poll() is None:
             proc.kill()
             proc.wait(30)
+        log.close()

@@ -88,12 +88,19 @@ class RayServer:
     url: str
     started_ray: bool
 
-    def stop(self) -> None:
+    def stop(self, timeout_s: float = 60.0) -> None:
+        """Remove the application; Serve's shutdown is bounded (a stuck replica never hangs the
+        command), then the Ray this server started is shut down."""
         import ray
         from ray import serve
 
         try:
-            serve.shutdown()
+            closing = threading.Thread(target=serve.shutdown, name="serve-shutdown", daemon=True)
+            closing.start()
+            closing.join(timeout_s)
+            if closing.is_alive():
+                logging.getLogger(__name__).warning(
+                    "Ray Serve did not shut down within %.0f s; stopping Ray", timeout_s)
         finally:
             if self.started_ray:
                 ray.shutdown()
@@ -166,15 +173,18 @@ def main(args) -> int:
     from asymagent.integrations.serve_setup import load_engine
 
     app_kwargs = app_kwargs_from(args)
+    # SIGINT/SIGTERM only ask to stop, from the first moment: a signal that comes while Ray starts
+    # or the application deploys (the HTTP route can answer before serve.run returns) stops the
+    # server once it is up, through the same bounded shutdown
+    stop = threading.Event()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(sig, lambda *_: stop.set())
     server = start(functools.partial(load_engine, args), app_kwargs,
                    address=args.ray or None, host=args.host, port=args.port,
                    replicas=args.replicas, replica_cpus=args.replica_cpus,
                    replica_gpus=args.replica_gpus, trace=trace_from(args, app_kwargs["api_key"]),
                    threads=args.threads, log_level=getattr(args, "log_level", None) or "info")
     print(f"asymagent serve --ray: {args.replicas} engine replica(s) at {server.url}", flush=True)
-    stop = threading.Event()
-    for sig in (signal.SIGINT, signal.SIGTERM):
-        signal.signal(sig, lambda *_: stop.set())
     try:
         stop.wait()
     finally:
