@@ -70,3 +70,22 @@ def test_merge_resummarizes_records_and_keeps_first_measurement():
     assert [s["command"] for s in merged["sources"]] == ["one", "two"]
     table = fr.markdown(merged | {"workloads": {"w": {k: w[k] for k in ("full", "a")}}})
     assert "0.75 [" in table and "(3)" in table
+
+
+def test_merge_pools_suite_runs_over_common_policies():
+    def doc(workload, names, cmd="python -m x"):
+        recs = [r for r in _records() for r in [r]]
+        for r in recs:
+            r.workload = workload
+        pols = {n: {"label": "full" if n == "full" else "asym"} for n in names}
+        return {"command": cmd, "settings": {"policies": pols},
+                "records": [r.__dict__ for r in recs if r.policy in names]}
+
+    bench = doc("bench", ["full", "a"])
+    s1, s2 = doc("s1", ["full", "a"]), doc("s2", ["full", "a", "b"])
+    attack = doc("atk", ["full", "a"], cmd="python -m x --exposed-only")
+    merged = fr.merge_reports([bench, s1, s2, attack])
+    pooled = merged["suites_pooled"]
+    assert set(pooled) == {"full", "a"}  # "b" is not in every suite run
+    assert pooled["a"]["steps"] == 8  # s1 + s2, not the bench or the attack set
+    assert pooled["a"]["full_right_steps"] == 6

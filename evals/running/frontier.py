@@ -334,6 +334,9 @@ def merge_reports(docs: list) -> dict:
     measured it (speed and prefill against that run's own mode full, interleaved in one process);
     the first run's `full` is kept."""
     out: dict = {"workloads": {}, "sources": []}
+    pooled = _pool_suites(docs)
+    if pooled:
+        out["suites_pooled"] = pooled
     for doc in docs:
         out["sources"].append({"command": doc.get("command"), "date": doc.get("date"),
                                "partial": doc.get("partial")})
@@ -342,9 +345,29 @@ def merge_reports(docs: list) -> dict:
             groups = doc.get("workloads", {}) if key == "workloads" else {"_": doc.get(key)} if doc.get(key) else {}
             for w, pols in groups.items():
                 dest = out["workloads"].setdefault(w, {}) if key == "workloads" else out.setdefault("suites_pooled", {})
+                if key == "suites_pooled" and pooled:
+                    continue  # pooled over every run above
                 for name, d in pols.items():
                     dest.setdefault(name, d)
     return out
+
+
+def _pool_suites(docs: list) -> dict | None:
+    """Suite steps of several runs pooled (bench and attack-set runs left out), for the policies
+    every pooled workload measured; None unless every such run kept its records."""
+    def workloads(d):
+        return set(d.get("workloads") or {}) | {r["workload"] for r in d.get("records") or []}
+
+    runs = [d for d in docs if "--exposed-only" not in (d.get("command") or "")
+            and not (d.get("settings") or {}).get("exposed_only") and workloads(d) - {"bench"}]
+    if not runs or any(not d.get("records") or not (d.get("settings") or {}).get("policies") for d in runs):
+        return None
+    records = [Record(**r) for d in runs for r in d["records"] if r["workload"] != "bench"]
+    names = [set(d["settings"]["policies"]) for d in runs]
+    common = set.intersection(*names)
+    labels = {n: p["label"] for d in runs for n, p in d["settings"]["policies"].items()}
+    order = [n for n in runs[0]["settings"]["policies"] if n in common]
+    return summarize([r for r in records if r.policy in common], [Policy(n, labels[n]) for n in order])
 
 
 def resummarize(doc: dict) -> dict:
@@ -497,7 +520,7 @@ def main(args) -> int:
     def save(partial: bool) -> dict:
         doc = {"command": cmd, "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
                "verifier": setup.verifier, "drafter": setup.drafter, "partial": partial,
-               "settings": {"split": args.split, "episodes": args.episodes, "max_steps": args.max_steps,
+               "settings": {"split": args.split, "episodes": args.episodes, "exposed_only": args.exposed_only, "max_steps": args.max_steps,
                             "bench_steps": args.bench_steps, "max_new_tokens": args.max_new_tokens,
                             "policies": {p.name: {"label": p.label,
                                                   "compression": p.compression.model_dump(mode="json")}
