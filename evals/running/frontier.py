@@ -12,6 +12,8 @@ with its own cold cache session and suffix store per conversation. Per workload 
 - step accuracy against the oracle, and on the steps full gets right the share this policy
   also gets right (`right_where_full_right`);
 - verifier prefill tokens and wall time, each as a ratio to full (speed = wall(full) / wall);
+- 95% intervals: Wilson on every proportion (steps as independent trials), a bootstrap over steps
+  on the speed ratio;
 - recalls per step and their prefill tokens (StepStats fields `recalls`, `recall_prefill_tokens`
   when the engine reports them; 0 otherwise), mean compression ratio, rewrites.
 
