@@ -22,6 +22,8 @@ two may differ by an ulp, so those forwards keep F.linear.
   embedding/head included). `unpack_linears(model)` undoes it.
 - A torch without the op, or a kernel that fails: one warning, plain F.linear from then on.
   `ASYMAGENT_PACKED_LINEAR=0` turns packing off.
+- `linear_of(weight, bias)`: a (packed) nn.Linear over a bare weight tensor, e.g. the drafter's
+  reduced-vocabulary head (asymagent/decoding/model_drafter.py's DraftHead).
 """
 
 from __future__ import annotations
@@ -104,7 +106,7 @@ class PackedLinear(torch.nn.Linear):
     def forward(self, input: torch.Tensor) -> torch.Tensor:  # [..., in] -> [..., out]
         w = self.weight
         if (input.dtype == torch.bfloat16 and w.dtype == torch.bfloat16 and input.device.type == "cpu"
-                and w.device.type == "cpu" and input.numel() <= self.max_rows * input.shape[-1]
+                and w.device.type == "cpu" and 0 < input.numel() <= self.max_rows * input.shape[-1]
                 and _DISABLED["why"] is None
                 and not (torch.is_grad_enabled() and (input.requires_grad or w.requires_grad))):
             try:
@@ -173,6 +175,17 @@ def pack_linears(model: torch.nn.Module, max_rows: int = MAX_PACKED_ROWS,
                       f"through the packed kernel; left unpacked: {report.not_identical[:3]}",
                       RuntimeWarning, stacklevel=2)
     return report
+
+
+def linear_of(weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.nn.Linear:
+    """An nn.Linear over `weight` [out, in] (and `bias` [out]) without copying them, packed as
+    `pack_linears` would (e.g. the drafter's reduced draft-vocabulary head)."""
+    lin = torch.nn.Linear(weight.shape[1], weight.shape[0], bias=bias is not None, device="meta")
+    lin.weight = torch.nn.Parameter(weight, requires_grad=False)
+    if bias is not None:
+        lin.bias = torch.nn.Parameter(bias, requires_grad=False)
+    pack_linears(lin)
+    return lin
 
 
 def unpack_linears(model: torch.nn.Module) -> int:
