@@ -165,3 +165,25 @@ def test_recall_loop_restores_and_decodes_again(smollm_tokenizer):
     assert seen == [pair.full_ids]  # the listing came back whole; the second pass needed nothing more
     assert out.stats.recalls == 1 and out.stats.recall_prefill_tokens == 100
     assert out.stats.wall_s == 3.0 and out.stats.verifier_prefill_tokens == 150
+
+
+def test_per_token_rank_prefers_a_short_row_to_a_long_filler_paragraph(hf):
+    para = ("The quarterly ledger review covered invoice handling, settlement windows, archive "
+            "retention and the escalation contacts for every regional office in detail. ") * 3
+    rows = [f"entry {i} nothing to see" for i in range(30)]
+    rows[5] = para.strip()
+    rows[20] = "RF-00023 settled"
+    text = "\n".join(rows)
+    query = query_keep.words("ledger invoice settlement archive retention for RF-00023")
+    para_cost = hf.count(rows[5]) + 1
+    by_score = query_keep.select(text, query, para_cost + 2, hf.count, context=text)
+    per_token = query_keep.select(text, query, para_cost + 2, hf.count, context=text, rank="per_token")
+    assert [text[s:e].strip() for s, e in by_score] == [rows[5]]  # the paragraph scores higher
+    assert [text[s:e].strip() for s, e in per_token][0] == rows[20]  # the row is worth more per token
+    assert rows[5] not in [text[s:e].strip() for s, e in per_token]  # no room left for the paragraph
+    with pytest.raises(ValueError):
+        query_keep.select(text, query, 40, hf.count, context=text, rank="best")
+    comp = ToolOutputCompressor(head_tokens=8, tail_tokens=8, query_keep_tokens=para_cost + 2,
+                                query_keep_rank="per_token")
+    ctx = MessageContext("tool", text, False, 0, "list", False, hf, query)
+    assert "RF-00023 settled" in comp.transform(text, ctx)

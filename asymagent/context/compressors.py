@@ -62,6 +62,9 @@ class ToolOutputCompressor(BaseModel):
     # query-aware keep (context/query_keep.py): tokens of the elided middle's rows that share
     # rare words with the recent user/assistant turns, kept besides head and tail; 0 = off
     query_keep_tokens: int = Field(0, ge=0)
+    # the order candidate rows are kept in: by score, or by score per token of budget (short rows
+    # holding the task's ids before long filler paragraphs; query_keep.py)
+    query_keep_rank: Literal["score", "per_token"] = "score"
     # the latest turn's outputs stay whole until the next assistant message, then are cut (a
     # rewrite of the view's end every step: the verifier re-prefills that output's cut form)
     keep_newest: bool = False
@@ -80,7 +83,8 @@ class ToolOutputCompressor(BaseModel):
         budget = self.query_keep_tokens >> ctx.shrink
         if budget and ctx.query:
             middle = text[len(head_text): len(text) - len(tail_text)]
-            spans = query_keep.select(middle, ctx.query, budget, ctx.counter.count, context=text)
+            spans = query_keep.select(middle, ctx.query, budget, ctx.counter.count, context=text,
+                                      rank=self.query_keep_rank)
             if spans:
                 return query_keep.render(head_text, middle, tail_text, spans, ctx.counter.count)
         return f"{head_text}\n[... {omitted} tokens omitted ...]\n{tail_text}"
@@ -204,6 +208,10 @@ PRESETS: dict = {
     "query_keep": {"compressors": [{"type": "tool_output", "query_keep_tokens": 96}]},
     "query_keep_128_64": {"compressors": [{"type": "tool_output", "head_tokens": 128, "tail_tokens": 64,
                                            "query_keep_tokens": 96}]},
+    "query_keep_pt": {"compressors": [{"type": "tool_output", "query_keep_tokens": 96,
+                                       "query_keep_rank": "per_token"}]},
+    "query_keep_pt_192": {"compressors": [{"type": "tool_output", "query_keep_tokens": 192,
+                                           "query_keep_rank": "per_token"}]},
     "query_keep_192": {"compressors": [{"type": "tool_output", "query_keep_tokens": 192}]},
     "newest": {"compressors": [{"type": "tool_output", "keep_newest": True}]},
     "newest_query_keep": {"compressors": [{"type": "tool_output", "keep_newest": True, "query_keep_tokens": 96}]},
