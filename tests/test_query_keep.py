@@ -140,7 +140,7 @@ def test_restore_brings_a_tool_output_back_whole_and_stays(smollm_tokenizer):
 def test_recall_loop_restores_and_decodes_again(smollm_tokenizer):
     from types import SimpleNamespace
 
-    from asymagent.context.recall import recall_loop
+    from asymagent.context.recall import RecallWatch, recall_loop
     from asymagent.stats import StepStats
 
     text, row = listing()
@@ -153,18 +153,32 @@ def test_recall_loop_restores_and_decodes_again(smollm_tokenizer):
     # the output copies "CUST-10023 | name 2" then goes wrong: the full view continues with "3"
     ids = smollm_tokenizer.encode("CUST-10023 | name 2", add_special_tokens=False)
     wrong = ids + smollm_tokenizer.encode("9", add_special_tokens=False)
+    right = ids + smollm_tokenizer.encode("3", add_special_tokens=False)
     seen = []
 
-    def decode(compressed_ids):
-        seen.append(compressed_ids)
-        return SimpleNamespace(token_ids=ids + smollm_tokenizer.encode("3", add_special_tokens=False),
-                               stats=StepStats(wall_s=1.0, verifier_prefill_tokens=100))
+    def decode(compressed_ids, interrupt):  # emits its tokens one by one, as the decode loop does
+        seen.append((compressed_ids, interrupt is not None))
+        gen = []
+        for t in (wrong if len(seen) == 1 else right) + [0, 0, 0]:
+            gen.append(t)
+            if interrupt is not None and interrupt(gen, len(gen) - 1):
+                break
+        return SimpleNamespace(token_ids=gen, stats=StepStats(wall_s=1.0 + len(seen),
+                                                              verifier_prefill_tokens=50 * len(seen)))
 
-    first = SimpleNamespace(token_ids=wrong, stats=StepStats(wall_s=2.0, verifier_prefill_tokens=50))
-    out = recall_loop(views, pair.full_ids, pair.compressed_ids, first, decode)
-    assert seen == [pair.full_ids]  # the listing came back whole; the second pass needed nothing more
+    out = recall_loop(views, pair.full_ids, pair.compressed_ids, decode)
+    # the first pass stopped at the wrong "9" (evidence during decoding, nothing after it decoded)
+    assert [len(ids) for ids, _ in seen] == [len(pair.compressed_ids), len(pair.full_ids)]
+    assert seen[1] == (pair.full_ids, True)  # the listing came back whole; the watch stayed on
+    assert out.token_ids == right + [0, 0, 0]  # the second pass needed nothing more
     assert out.stats.recalls == 1 and out.stats.recall_prefill_tokens == 100
-    assert out.stats.wall_s == 3.0 and out.stats.verifier_prefill_tokens == 150
+    assert out.stats.wall_s == 5.0 and out.stats.verifier_prefill_tokens == 150
+    # copy_any fires on the copy itself, before any wrong token: at "3" or "9" after "name 2"
+    views2 = ContextViews(smollm_tokenizer, CompressionConfig(max_recalls=1, recall_evidence="copy_any"))
+    pair2 = views2.build(msgs)
+    watch = RecallWatch(views2, pair2.full_ids, pair2.compressed_ids, evidence="copy_any")
+    assert watch(right, 0) and watch.position is not None and watch.position <= len(ids)
+    assert views2.compressed_ids() == pair2.full_ids
 
 
 def test_per_token_rank_prefers_a_short_row_to_a_long_filler_paragraph(hf):

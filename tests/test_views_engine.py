@@ -114,8 +114,9 @@ def test_surprisal_uses_the_drafters_prefill_log_probs(engine):
 
 
 def test_recall_restores_the_output_and_decodes_the_turn_again(engine, monkeypatch):
-    """Recall through Engine.chat: evidence (stubbed to point into the last tool output) restores
-    that output whole, the turn decodes again on the restored view, and StepStats counts it."""
+    """Recall through Engine.chat: evidence during decoding (stubbed to point into the last tool
+    output at the first output token) stops the pass, restores that output whole, the turn
+    decodes again on the restored view, and StepStats counts it."""
     import numpy as np
 
     from asymagent.context import recall
@@ -125,14 +126,15 @@ def test_recall_restores_the_output_and_decodes_the_turn_again(engine, monkeypat
     messages = agent_conversation(1, seed=2)[:4]  # system, user, call, a long output: the output is cut
     calls = []
 
-    def evidence(full_ids, compressed_ids, tokens, **kw):
-        calls.append(len(compressed_ids))
-        return (0, np.asarray([len(full_ids) - 20]))  # a position inside the last output
+    def evidence(kind, full_ids, compressed_ids, emitted, **kw):
+        calls.append(len(full_ids))
+        return np.asarray([len(full_ids) - 20])  # a position inside the last output
 
-    monkeypatch.setattr(recall, "first_recall", evidence)
+    monkeypatch.setattr(recall, "evidence_sources", evidence)
     r = engine_r.chat(messages, tools=TOOLS, mode="asym", max_new_tokens=4, cache_key="recall")
-    assert r.stats.recalls == 1 and len(calls) == 1  # capped at max_recalls
+    assert r.stats.recalls == 1 and len(calls) == 1  # fired at the first token; the last pass unwatched
     assert r.stats.verifier_context_tokens == r.stats.full_context_tokens  # the output came back whole
     assert 0 < r.stats.recall_prefill_tokens < r.stats.verifier_prefill_tokens
+    assert r.finish_reason in ("stop", "length", "tool_calls")
     plain = engine.chat(messages, tools=TOOLS, mode="asym", max_new_tokens=4, cache_key="no-recall")
     assert plain.stats.recalls == 0 and plain.stats.recall_prefill_tokens == 0

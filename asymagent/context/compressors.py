@@ -216,6 +216,11 @@ PRESETS: dict = {
     "newest": {"compressors": [{"type": "tool_output", "keep_newest": True}]},
     "newest_query_keep": {"compressors": [{"type": "tool_output", "keep_newest": True, "query_keep_tokens": 96}]},
     "query_keep_recall": {"compressors": [{"type": "tool_output", "query_keep_tokens": 96}], "max_recalls": 1},
+    "query_keep_recall_any": {"compressors": [{"type": "tool_output", "query_keep_tokens": 96}], "max_recalls": 2,
+                              "recall_evidence": "copy_any"},
+    "query_keep_pt_recall_any": {"compressors": [{"type": "tool_output", "query_keep_tokens": 96,
+                                                  "query_keep_rank": "per_token"}],
+                                 "max_recalls": 2, "recall_evidence": "copy_any"},
     "masking": {"compressors": [{"type": "tool_output", "keep_newest": True},
                                 {"type": "recent_turns", "keep_turns": 1, "demote_every": 1, "preview_tokens": 12}]},
 }
@@ -233,10 +238,15 @@ class CompressionConfig(BaseModel):
     model_config = ConfigDict(extra="forbid")
     compressors: list[Compressor] = Field(default_factory=_default_compressors)
     max_verifier_tokens: int | None = Field(None, ge=1)
-    # recall on evidence (docs/context.md): when the full view's copy evidence says a step's
-    # output needed text the verifier's view removed, that tool output is restored whole (sticky)
-    # and the step decoded again; at most this many times per step (0: never)
+    # recall on evidence (context/recall.py, docs/views.md): when, during decoding, the full
+    # view's copy evidence says a step's output needs text the verifier's view removed, that tool
+    # output is restored whole (sticky) and the step decoded again from its first token; at most
+    # this many times per step (0: never)
     max_recalls: int = Field(0, ge=0)
+    # which evidence fires a recall: "copy" (the full view copies a continuation only the removed
+    # text holds and the verifier emitted another token) or "copy_any" (it copies from removed
+    # text at all, whatever the verifier emitted)
+    recall_evidence: Literal["copy", "copy_any"] = "copy"
 
     @field_validator("compressors", mode="before")
     @classmethod
