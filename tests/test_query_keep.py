@@ -201,3 +201,24 @@ def test_per_token_rank_prefers_a_short_row_to_a_long_filler_paragraph(hf):
                                 query_keep_rank="per_token")
     ctx = MessageContext("tool", text, False, 0, "list", False, hf, query)
     assert "RF-00023 settled" in comp.transform(text, ctx)
+
+
+def test_recall_scope_latest_restores_only_the_latest_output_holding_a_source(smollm_tokenizer):
+    from asymagent.context.recall import RecallWatch
+
+    text, _ = listing()
+    call = lambda i: {"role": "assistant", "content": "", "tool_calls": [{"id": f"c{i}", "type": "function",  # noqa: E731
+                      "function": {"name": "list", "arguments": "{}"}}]}
+    msgs = [{"role": "user", "content": "list them"}, call(1), {"role": "tool", "tool_call_id": "c1", "content": text},
+            call(2), {"role": "tool", "tool_call_id": "c2", "content": text}]
+    views = ContextViews(smollm_tokenizer, CompressionConfig(max_recalls=2, recall_evidence="copy_any",
+                                                             recall_scope="latest"))
+    pair = views.build(msgs)
+    # the copy "CUST-10023 | name 2" -> "3" has sources in the middles of both outputs
+    ids = smollm_tokenizer.encode("CUST-10023 | name 2", add_special_tokens=False)
+    watch = RecallWatch(views, pair.full_ids, pair.compressed_ids, evidence="copy_any", scope="latest")
+    assert watch(ids + [0], 0) and watch.restored == [4]  # only the later output came back
+    spans = views.message_spans()
+    assert not spans[2].same and spans[4].same
+    with pytest.raises(ValueError):
+        RecallWatch(views, pair.full_ids, pair.compressed_ids, scope="newest")

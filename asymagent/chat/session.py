@@ -155,7 +155,8 @@ def recall_step(engine, turn: ChatTurn, request: GenerationRequest,
         return decode(compressed_ids, interrupt)
 
     return recall_loop(views, turn.full_ids, turn.compressed_ids, again,
-                       evidence=views.config.recall_evidence, min_len=engine.spec.copy_min_len)
+                       evidence=views.config.recall_evidence, min_len=engine.spec.copy_min_len,
+                       scope=views.config.recall_scope)
 
 
 def chat_result(engine, turn: ChatTurn, result: GenerationResult) -> ChatResult:

@@ -218,6 +218,8 @@ PRESETS: dict = {
     "query_keep_recall": {"compressors": [{"type": "tool_output", "query_keep_tokens": 96}], "max_recalls": 1},
     "query_keep_recall_any": {"compressors": [{"type": "tool_output", "query_keep_tokens": 96}], "max_recalls": 2,
                               "recall_evidence": "copy_any"},
+    "query_keep_recall_latest": {"compressors": [{"type": "tool_output", "query_keep_tokens": 96}],
+                                 "max_recalls": 2, "recall_evidence": "copy_any", "recall_scope": "latest"},
     "query_keep_pt_recall_any": {"compressors": [{"type": "tool_output", "query_keep_tokens": 96,
                                                   "query_keep_rank": "per_token"}],
                                  "max_recalls": 2, "recall_evidence": "copy_any"},
@@ -247,6 +249,9 @@ class CompressionConfig(BaseModel):
     # text holds and the verifier emitted another token) or "copy_any" (it copies from removed
     # text at all, whatever the verifier emitted)
     recall_evidence: Literal["copy", "copy_any"] = "copy"
+    # what a recall restores: every tool output the evidence points into, or the latest of them
+    # (the cheapest re-prefill; another recall may bring back an older one)
+    recall_scope: Literal["all", "latest"] = "all"
 
     @field_validator("compressors", mode="before")
     @classmethod

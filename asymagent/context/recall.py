@@ -9,7 +9,9 @@ view's copy evidence (asymagent/decoding/copy_delta.py) at that output position:
 - `evidence="copy_any"`: the full view's copy points into removed text at all (c_F > c_C),
   whether or not the verifier agreed: the step is reading text the verifier does not see.
 
-When it fires and the tool outputs holding the copy sources can be restored
+When it fires and the tool outputs holding the copy sources (`scope="all"`), or the latest of
+them only (`scope="latest"`: the cheapest re-prefill, which starts at the first restored message;
+a further recall may bring back an older one), can be restored
 (`ContextViews.restore`: whole, sticky, so later steps keep them and stay append-stable), the
 loop stops there (finish "recall"; the tokens after it are never decoded) and the step is decoded
 again from its first token on the restored view: the verifier re-prefills from the first restored
@@ -30,6 +32,7 @@ from typing import Callable
 from asymagent.decoding.copy_delta import copy_sources, recall_sources
 
 EVIDENCE = ("copy", "copy_any")
+SCOPES = ("all", "latest")  # restore every tool output the evidence points into, or the latest one
 _SUMMED = ("wall_s", "prefill_s", "decode_s", "verifier_prefill_tokens", "drafter_prefill_tokens",
            "verifier_flops")
 
@@ -49,8 +52,10 @@ class RecallWatch:
     position whose evidence restores a removed tool output (module docstring)."""
 
     def __init__(self, views, full_ids: list, compressed_ids: list, *, evidence: str = "copy",
-                 min_len: int = 3) -> None:
-        self.views, self.evidence, self.min_len = views, evidence, min_len
+                 min_len: int = 3, scope: str = "all") -> None:
+        if scope not in SCOPES:
+            raise ValueError(f"recall scope must be one of {SCOPES}, got {scope!r}")
+        self.views, self.evidence, self.min_len, self.scope = views, evidence, min_len, scope
         self.full, self.compressed = list(full_ids), list(compressed_ids)
         self.position: int | None = None  # output position where it fired
         self.restored: list = []  # message indices brought back
@@ -62,22 +67,36 @@ class RecallWatch:
                                    self.compressed + generated[:t], generated[t], min_len=self.min_len)
             if not src.size:
                 continue
-            hit = self.views.restore([int(p) for p in src if p < len(self.full)])
+            positions = [int(p) for p in src if p < len(self.full)]
+            if self.scope == "latest":
+                positions = self._latest(positions)
+            hit = self.views.restore(positions)
             if hit:
                 self.position, self.restored = t, hit
                 return True
         return False
 
 
+    def _latest(self, positions: list) -> list:
+        """The positions inside the latest still-compressed tool output that holds any."""
+        out = []
+        for span in self.views.message_spans():
+            inside = [p for p in positions if span.full[0] <= p < span.full[1]]
+            if inside and span.role == "tool" and not span.same:
+                out = inside
+        return out
+
+
 def recall_loop(views, full_ids: list, compressed_ids: list, decode: Callable, *,
-                evidence: str = "copy", min_len: int = 3):
+                evidence: str = "copy", min_len: int = 3, scope: str = "all"):
     """The step's final result after up to `views.config.max_recalls` recalls.
 
     `decode(compressed_ids, interrupt)` decodes the step on a verifier view (same full view);
     `interrupt` is a RecallWatch, or None for the last allowed pass."""
     recalls, before = 0, None
     while True:
-        watch = RecallWatch(views, full_ids, compressed_ids, evidence=evidence, min_len=min_len) \
+        watch = RecallWatch(views, full_ids, compressed_ids, evidence=evidence, min_len=min_len,
+                            scope=scope) \
             if recalls < views.config.max_recalls else None
         result = decode(compressed_ids, watch)
         if before is not None:
