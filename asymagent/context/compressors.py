@@ -220,6 +220,9 @@ PRESETS: dict = {
                               "recall_evidence": "copy_any"},
     "query_keep_recall_latest": {"compressors": [{"type": "tool_output", "query_keep_tokens": 96}],
                                  "max_recalls": 2, "recall_evidence": "copy_any", "recall_scope": "latest"},
+    "query_keep_recall_length": {"compressors": [{"type": "tool_output", "query_keep_tokens": 96}],
+                                 "max_recalls": 2, "recall_evidence": "copy_any_length",
+                                 "recall_scope": "latest"},
     "query_keep_pt_recall_any": {"compressors": [{"type": "tool_output", "query_keep_tokens": 96,
                                                   "query_keep_rank": "per_token"}],
                                  "max_recalls": 2, "recall_evidence": "copy_any"},
@@ -246,9 +249,10 @@ class CompressionConfig(BaseModel):
     # this many times per step (0: never)
     max_recalls: int = Field(0, ge=0)
     # which evidence fires a recall: "copy" (the full view copies a continuation only the removed
-    # text holds and the verifier emitted another token) or "copy_any" (it copies from removed
-    # text at all, whatever the verifier emitted)
-    recall_evidence: Literal["copy", "copy_any"] = "copy"
+    # text holds and the verifier emitted another token), "copy_any" (it copies from removed
+    # text at all, whatever the verifier emitted) or "copy_any_length" (copy_any at the longest
+    # suffix length whose continuations differ between the views)
+    recall_evidence: Literal["copy", "copy_any", "copy_any_length"] = "copy"
     # what a recall restores: every tool output the evidence points into, or the latest of them
     # (the cheapest re-prefill; another recall may bring back an older one)
     recall_scope: Literal["all", "latest"] = "all"

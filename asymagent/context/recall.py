@@ -7,7 +7,9 @@ view's copy evidence (asymagent/decoding/copy_delta.py) at that output position:
 - `evidence="copy"`: the full view would copy a continuation that only its removed text holds
   (c_F > c_C) and the emitted token is none of those (the verifier missed the copy);
 - `evidence="copy_any"`: the full view's copy points into removed text at all (c_F > c_C),
-  whether or not the verifier agreed: the step is reading text the verifier does not see.
+  whether or not the verifier agreed: the step is reading text the verifier does not see;
+- `evidence="copy_any_length"`: as copy_any, at the longest suffix length whose continuations
+  differ between the views (the longest match often ends in an earlier call both views hold).
 
 When it fires and the tool outputs holding the copy sources (`scope="all"`), or the latest of
 them only (`scope="latest"`: the cheapest re-prefill, which starts at the first restored message;
@@ -29,9 +31,9 @@ from __future__ import annotations
 
 from typing import Callable
 
-from asymagent.decoding.copy_delta import copy_sources, recall_sources
+from asymagent.decoding.copy_delta import copy_sources, copy_sources_any_length, recall_sources
 
-EVIDENCE = ("copy", "copy_any")
+EVIDENCE = ("copy", "copy_any", "copy_any_length")
 SCOPES = ("all", "latest")  # restore every tool output the evidence points into, or the latest one
 _SUMMED = ("wall_s", "prefill_s", "decode_s", "verifier_prefill_tokens", "drafter_prefill_tokens",
            "verifier_flops")
@@ -44,6 +46,8 @@ def evidence_sources(evidence: str, full: list, compressed: list, emitted: int, 
         return recall_sources(full, compressed, emitted, min_len=min_len)
     if evidence == "copy_any":
         return copy_sources(full, compressed, min_len=min_len)[0]
+    if evidence == "copy_any_length":
+        return copy_sources_any_length(full, compressed, min_len=min_len)[0]
     raise ValueError(f"recall evidence must be one of {EVIDENCE}, got {evidence!r}")
 
 

@@ -129,6 +129,27 @@ def copy_sources(full, compressed, *, min_len: int = 3, max_len: int = 32) -> tu
     return nxt[np.isin(full[nxt], list(missing))], missing
 
 
+def copy_sources_any_length(full, compressed, *, min_len: int = 3, max_len: int = 32) -> tuple[np.ndarray, set]:
+    """`copy_sources` at the longest repeated suffix length L (max_len down to min_len) at which
+    some continuation is more frequent in the full view than in the compressed (c_F > c_C): the
+    longest match often ends in text both views hold (an earlier call), while a slightly shorter
+    one reaches the rows the compressed view removed."""
+    full = np.asarray(full, dtype=np.int64)
+    compressed = np.asarray(compressed, dtype=np.int64)
+    sets_f = _match_sets(full, full, max_len)
+    for length in range(len(sets_f), min_len - 1, -1):
+        ends_f = sets_f[length - 1]
+        sets_c = _match_sets(compressed, full[len(full) - length:], length)
+        ends_c = sets_c[length - 1] if len(sets_c) >= length else np.zeros(0, dtype=np.int64)
+        c_f = dict(zip(*np.unique(full[ends_f + 1], return_counts=True)))
+        c_c = dict(zip(*np.unique(compressed[ends_c + 1], return_counts=True)))
+        missing = {int(t) for t, n in c_f.items() if n > c_c.get(t, 0)}
+        if missing:
+            nxt = ends_f + 1
+            return nxt[np.isin(full[nxt], list(missing))], missing
+    return np.zeros(0, dtype=np.int64), set()
+
+
 def recall_sources(full, compressed, emitted: int, *, min_len: int = 3, max_len: int = 32) -> np.ndarray:
     """Evidence for a recall at one position: where in `full` the copy the verifier missed comes from.
 
