@@ -222,3 +222,25 @@ def test_recall_scope_latest_restores_only_the_latest_output_holding_a_source(sm
     assert not spans[2].same and spans[4].same
     with pytest.raises(ValueError):
         RecallWatch(views, pair.full_ids, pair.compressed_ids, scope="newest")
+
+
+def test_recall_max_tokens_skips_a_restore_that_would_re_prefill_too_much(smollm_tokenizer):
+    from asymagent.context.recall import RecallWatch
+
+    text, _ = listing()
+    msgs = [{"role": "user", "content": "list them"},
+            {"role": "assistant", "content": "", "tool_calls": [{"id": "c1", "type": "function",
+             "function": {"name": "list", "arguments": "{}"}}]},
+            {"role": "tool", "tool_call_id": "c1", "content": text}]
+    ids = smollm_tokenizer.encode("CUST-10023 | name 2", add_special_tokens=False)
+    views = ContextViews(smollm_tokenizer, CompressionConfig())
+    pair = views.build(msgs)
+    span = views.message_spans()[2]
+    cost = len(pair.compressed_ids) - span.compressed[0] + (span.full[1] - span.full[0]) \
+        - (span.compressed[1] - span.compressed[0])
+    probe = RecallWatch(views, pair.full_ids, pair.compressed_ids, evidence="copy_any")
+    assert probe.cost([span.full[0] + 3]) == cost and probe.cost([0]) == 0
+    tight = RecallWatch(views, pair.full_ids, pair.compressed_ids, evidence="copy_any", max_tokens=cost - 1)
+    assert not tight(ids + [0], 0) and not views.message_spans()[2].same  # too dear: not restored
+    loose = RecallWatch(views, pair.full_ids, pair.compressed_ids, evidence="copy_any", max_tokens=cost)
+    assert loose(ids + [0], 0) and views.message_spans()[2].same

@@ -156,7 +156,7 @@ def recall_step(engine, turn: ChatTurn, request: GenerationRequest,
 
     return recall_loop(views, turn.full_ids, turn.compressed_ids, again,
                        evidence=views.config.recall_evidence, min_len=engine.spec.copy_min_len,
-                       scope=views.config.recall_scope)
+                       scope=views.config.recall_scope, max_tokens=views.config.recall_max_tokens)
 
 
 def chat_result(engine, turn: ChatTurn, result: GenerationResult) -> ChatResult:

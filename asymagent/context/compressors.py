@@ -223,6 +223,9 @@ PRESETS: dict = {
     "query_keep_recall_length": {"compressors": [{"type": "tool_output", "query_keep_tokens": 96}],
                                  "max_recalls": 2, "recall_evidence": "copy_any_length",
                                  "recall_scope": "latest"},
+    "query_keep_recall_cheap": {"compressors": [{"type": "tool_output", "query_keep_tokens": 96}],
+                                "max_recalls": 2, "recall_evidence": "copy_any", "recall_scope": "latest",
+                                "recall_max_tokens": 1024},
     "query_keep_pt_recall_any": {"compressors": [{"type": "tool_output", "query_keep_tokens": 96,
                                                   "query_keep_rank": "per_token"}],
                                  "max_recalls": 2, "recall_evidence": "copy_any"},
@@ -256,6 +259,8 @@ class CompressionConfig(BaseModel):
     # what a recall restores: every tool output the evidence points into, or the latest of them
     # (the cheapest re-prefill; another recall may bring back an older one)
     recall_scope: Literal["all", "latest"] = "all"
+    # a recall whose restore would re-prefill more verifier tokens than this is not made (0: any)
+    recall_max_tokens: int = Field(0, ge=0)
 
     @field_validator("compressors", mode="before")
     @classmethod

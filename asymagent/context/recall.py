@@ -13,7 +13,8 @@ view's copy evidence (asymagent/decoding/copy_delta.py) at that output position:
 
 When it fires and the tool outputs holding the copy sources (`scope="all"`), or the latest of
 them only (`scope="latest"`: the cheapest re-prefill, which starts at the first restored message;
-a further recall may bring back an older one), can be restored
+a further recall may bring back an older one), can be restored (and, with `max_tokens`, the restore would re-prefill at most that many
+verifier tokens: a bounded cost per recall)
 (`ContextViews.restore`: whole, sticky, so later steps keep them and stay append-stable), the
 loop stops there (finish "recall"; the tokens after it are never decoded) and the step is decoded
 again from its first token on the restored view: the verifier re-prefills from the first restored
@@ -56,10 +57,11 @@ class RecallWatch:
     position whose evidence restores a removed tool output (module docstring)."""
 
     def __init__(self, views, full_ids: list, compressed_ids: list, *, evidence: str = "copy",
-                 min_len: int = 3, scope: str = "all") -> None:
+                 min_len: int = 3, scope: str = "all", max_tokens: int = 0) -> None:
         if scope not in SCOPES:
             raise ValueError(f"recall scope must be one of {SCOPES}, got {scope!r}")
         self.views, self.evidence, self.min_len, self.scope = views, evidence, min_len, scope
+        self.max_tokens = max_tokens  # a restore re-prefilling more verifier tokens is skipped (0: any)
         self.full, self.compressed = list(full_ids), list(compressed_ids)
         self.position: int | None = None  # output position where it fired
         self.restored: list = []  # message indices brought back
@@ -74,12 +76,24 @@ class RecallWatch:
             positions = [int(p) for p in src if p < len(self.full)]
             if self.scope == "latest":
                 positions = self._latest(positions)
+            if self.max_tokens and self.cost(positions) > self.max_tokens:
+                continue
             hit = self.views.restore(positions)
             if hit:
                 self.position, self.restored = t, hit
                 return True
         return False
 
+
+    def cost(self, positions: list) -> int:
+        """Verifier tokens a restore of the compressed tool outputs holding `positions` would
+        prefill: from the first of them to the end of the view, with those outputs whole."""
+        first, extra = None, 0
+        for span in self.views.message_spans():
+            if span.role == "tool" and not span.same and any(span.full[0] <= p < span.full[1] for p in positions):
+                first = span.compressed[0] if first is None else first
+                extra += (span.full[1] - span.full[0]) - (span.compressed[1] - span.compressed[0])
+        return 0 if first is None else len(self.compressed) - first + extra
 
     def _latest(self, positions: list) -> list:
         """The positions inside the latest still-compressed tool output that holds any."""
@@ -92,7 +106,7 @@ class RecallWatch:
 
 
 def recall_loop(views, full_ids: list, compressed_ids: list, decode: Callable, *,
-                evidence: str = "copy", min_len: int = 3, scope: str = "all"):
+                evidence: str = "copy", min_len: int = 3, scope: str = "all", max_tokens: int = 0):
     """The step's final result after up to `views.config.max_recalls` recalls.
 
     `decode(compressed_ids, interrupt)` decodes the step on a verifier view (same full view);
@@ -100,7 +114,7 @@ def recall_loop(views, full_ids: list, compressed_ids: list, decode: Callable, *
     recalls, before = 0, None
     while True:
         watch = RecallWatch(views, full_ids, compressed_ids, evidence=evidence, min_len=min_len,
-                            scope=scope) \
+                            scope=scope, max_tokens=max_tokens) \
             if recalls < views.config.max_recalls else None
         result = decode(compressed_ids, watch)
         if before is not None:
