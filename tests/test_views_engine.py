@@ -138,3 +138,31 @@ def test_recall_restores_the_output_and_decodes_the_turn_again(engine, monkeypat
     assert r.finish_reason in ("stop", "length", "tool_calls")
     plain = engine.chat(messages, tools=TOOLS, mode="asym", max_new_tokens=4, cache_key="no-recall")
     assert plain.stats.recalls == 0 and plain.stats.recall_prefill_tokens == 0
+
+
+def test_recall_during_decoding_is_deterministic_whatever_the_round_layout(engine, monkeypatch):
+    """The watch checks every emitted position in order, so where a recall fires depends on the
+    tokens only: K=1, 2, 4 (other round layouts, fresh engines) give the same output and the
+    same recall."""
+    import numpy as np
+
+    from asymagent.context import recall
+    from asymagent.context.views import ContextViews
+
+    messages = agent_conversation(1, seed=3)[:4]
+    prompt = len(ContextViews(engine.tokenizer, CompressionConfig(), engine.chat_format)
+                 .build(messages, TOOLS).full_ids)
+
+    def evidence(kind, full_ids, compressed_ids, emitted, **kw):  # fires at output position 3
+        return np.asarray([prompt - 20]) if len(full_ids) - prompt == 3 else np.zeros(0, dtype=np.int64)
+
+    monkeypatch.setattr(recall, "evidence_sources", evidence)
+    outs = []
+    for k in (1, 2, 4):
+        e = Engine(verifier=engine.verifier, drafter=engine.drafter, tokenizer=engine.tokenizer,
+                   spec=SpecConfig(k=k, adaptive_k=False),
+                   compression=CompressionConfig(max_recalls=1, recall_evidence="copy_any"))
+        r = e.chat(messages, tools=TOOLS, mode="asym", max_new_tokens=12, cache_key=f"det{k}")
+        outs.append((r.token_ids, r.stats.recalls, r.stats.verifier_context_tokens == r.stats.full_context_tokens))
+    assert outs[0] == outs[1] == outs[2]
+    assert outs[0][1] == 1 and outs[0][2] and len(outs[0][0]) > 3  # it did fire and restore
