@@ -225,7 +225,7 @@ PRESETS: dict = {
                                  "recall_scope": "latest"},
     "query_keep_recall_cheap": {"compressors": [{"type": "tool_output", "query_keep_tokens": 96}],
                                 "max_recalls": 2, "recall_evidence": "copy_any", "recall_scope": "latest",
-                                "recall_max_tokens": 1024},
+                                "recall_max_tokens": 1536},
     "query_keep_pt_recall_any": {"compressors": [{"type": "tool_output", "query_keep_tokens": 96,
                                                   "query_keep_rank": "per_token"}],
                                  "max_recalls": 2, "recall_evidence": "copy_any"},
