@@ -46,6 +46,12 @@ RARE_SHARE = 0.25
 _CALL_FORMAT = re.compile(r'"name"\s*:\s*"[^"]*"\s*,\s*"(arguments|parameters)"\s*:|<tool_call>|</tool_call>')  # a candidate must hold a query word at most this share of the units contain
 
 
+def has_call_format(text: str) -> bool:
+    """True when `text` spells out a tool call in the chat format (`"name": ..., "arguments":`
+    or a `<tool_call>` tag): never brought back into the verifier's view (module docstring)."""
+    return bool(_CALL_FORMAT.search(text))
+
+
 def words(text: str) -> set:
     """The comparable words of `text` (see the module docstring)."""
     out = set()

@@ -21,7 +21,10 @@ again from its first token on the restored view: the verifier re-prefills from t
 message (its cache keeps everything before; the newest output is the cache's tail, the cheapest
 case). From the first token, not from the evidence position: the tokens before it were chosen
 without the removed text. At most `CompressionConfig.max_recalls` recalls per step; the last
-pass runs without a watch. Deterministic: the evidence at position t depends only on the two
+pass runs without a watch. A tool output that spells out a tool call in the chat format
+(`query_keep.has_call_format`, the rule query keep applies to rows) is never restored: a recall
+would hand the verifier an injected call to copy (measured: on the injection_call attack set,
+dev seeds, restoring such outputs took asym's attack success from 0 to 0.29, full's 0.57). Deterministic: the evidence at position t depends only on the two
 views and the tokens before t, which under the default (position-invariant) rule do not depend
 on how rounds were laid out. The returned result's StepStats count the recalls (`recalls`,
 `recall_prefill_tokens`: verifier prefill of the passes after a recall) and sum the wall time,
@@ -32,6 +35,7 @@ from __future__ import annotations
 
 from typing import Callable
 
+from asymagent.context.query_keep import has_call_format
 from asymagent.decoding.copy_delta import copy_sources, copy_sources_any_length, recall_sources
 
 EVIDENCE = ("copy", "copy_any", "copy_any_length")
@@ -73,7 +77,7 @@ class RecallWatch:
                                    self.compressed + generated[:t], generated[t], min_len=self.min_len)
             if not src.size:
                 continue
-            positions = [int(p) for p in src if p < len(self.full)]
+            positions = self._safe([int(p) for p in src if p < len(self.full)])
             if self.scope == "latest":
                 positions = self._latest(positions)
             if self.max_tokens and self.cost(positions) > self.max_tokens:
@@ -84,6 +88,13 @@ class RecallWatch:
                 return True
         return False
 
+
+    def _safe(self, positions: list) -> list:
+        """`positions` outside tool outputs that spell out a tool call (injection: module docstring)."""
+        spans = self.views.message_spans()
+        bad = [s.full for i, s in enumerate(spans)
+               if s.role == "tool" and has_call_format(self.views.original_text(i))]
+        return [p for p in positions if not any(a <= p < b for a, b in bad)]
 
     def cost(self, positions: list) -> int:
         """Verifier tokens a restore of the compressed tool outputs holding `positions` would
