@@ -47,6 +47,7 @@ from asymagent.fair_lock import FairLock
 from asymagent.kv.attention import use_gqa_attention
 from asymagent.kv.cache import CacheStore, View, ViewCache
 from asymagent.modeling.cpu_dtype import for_device, runtime_info
+from asymagent.modeling.packed_linear import pack_linears
 from asymagent.request import GenerationRequest
 from asymagent.results import ChatResult, GenerationResult  # noqa: F401  (old import path)
 from asymagent.spec_config import SpecConfig, mode_of
@@ -86,9 +87,12 @@ class Engine:
         asymagent/kv/compiled_forward.py; eager fallback when compilation fails)."""
         self.verifier = verifier.eval()
         self.drafter = drafter.eval() if drafter is not None else None
+        packed = 0
         for model in (self.verifier, self.drafter):  # verify forwards read grouped KV in place
             if model is not None:
                 use_gqa_attention(model)
+                # bf16 on the CPU: few-row forwards read prepacked weights (same bits, faster)
+                packed += pack_linears(model).packed
         self.tokenizer = tokenizer
         # sha256 of the verifier's weights file when loaded from one (captured traces carry it)
         self.verifier_fingerprint = verifier_fingerprint
@@ -123,7 +127,7 @@ class Engine:
         self.static_roles = static_roles(roles, self.device, static_kv=static_kv,
                                          cuda_graphs=cuda_graphs, compile=compile)
         # dtype, automatic dtype and CPU matrix units (banner, --version, /version)
-        self.runtime = runtime_info(verifier) | {"compile": bool(compile)}
+        self.runtime = runtime_info(verifier) | {"compile": bool(compile), "packed_linears": packed}
         self.caches = CacheStore(roles, max_sessions=max_sessions, static=self.static_roles)
         self._chat_format: ChatFormat | None = None  # built on first use (`chat_format`)
         self._format_lock = threading.Lock()  # builds chat_format once (not the request lock)
@@ -311,8 +315,9 @@ class Engine:
             return self._generate(prompt_ids, compressed_prompt_ids, request)
 
     def _generate(self, prompt_ids, compressed_prompt_ids, request: GenerationRequest,
-                  constraint=None) -> GenerationResult:
-        """plan -> prefill -> loop -> finish. `constraint`: the chat layer's (else the request's)."""
+                  constraint=None, interrupt=None) -> GenerationResult:
+        """plan -> prefill -> loop -> finish. `constraint`: the chat layer's (else the request's);
+        `interrupt`: the chat layer's recall watch (LoopContext.interrupt), or None."""
         prompt, compressed = self._inputs(prompt_ids, compressed_prompt_ids)
         t_start = time.perf_counter()
         plan = plan_request(mode_of(request.mode), self.spec, request.sampling.temperature,
@@ -323,7 +328,7 @@ class Engine:
         loop = decode_loop(run.decoder, run.generated, plan, request,
                            LoopContext(views=run.views, max_positions=self.max_positions,
                                        checker=run.checker, stats=run.stats, t_start=t_start,
-                                       escalate=run.escalate))
+                                       escalate=run.escalate, interrupt=interrupt))
         return self._finish(run, loop, t_start)
 
     def _prefill_role(self, session, role: str, view: View, max_new_tokens: int
@@ -426,7 +431,8 @@ class Engine:
             stats.k = 0  # the drafter model was switched off for this request
         stats.verifier_flops = run.decoder.verifier_flops
         stats.finish_reason = loop.finish
-        self.suffix_store.add(generated)  # later requests may copy from this response
+        if loop.finish != "recall":  # an interrupted pass is decoded again; its output is dropped
+            self.suffix_store.add(generated)  # later requests may copy from this response
         return GenerationResult(token_ids=list(generated), text=run.checker.text(generated),
                                 stats=stats,
                                 finish_reason=loop.finish,
@@ -474,9 +480,9 @@ class Engine:
         self.check(request)
         with self.lock:
             turn = prepare_chat(self, messages, request)
-            result = self._generate(turn.full_ids, turn.compressed_ids, request,
-                                    constraint=turn.constraint)
-            result = recall_step(self, turn, request, result,  # CompressionConfig.max_recalls
-                                 lambda ids: self._generate(turn.full_ids, ids, request,
-                                                            constraint=turn.constraint))
+            # recall on evidence during decoding (CompressionConfig.max_recalls; 0: one pass)
+            result = recall_step(self, turn, request,
+                                 lambda ids, interrupt: self._generate(
+                                     turn.full_ids, ids, request, constraint=turn.constraint,
+                                     interrupt=interrupt))
             return chat_result(self, turn, result)
