@@ -47,6 +47,7 @@ from asymagent.fair_lock import FairLock
 from asymagent.kv.attention import use_gqa_attention
 from asymagent.kv.cache import CacheStore, View, ViewCache
 from asymagent.modeling.cpu_dtype import for_device, runtime_info
+from asymagent.modeling.packed_linear import pack_linears
 from asymagent.request import GenerationRequest
 from asymagent.results import ChatResult, GenerationResult  # noqa: F401  (old import path)
 from asymagent.spec_config import SpecConfig, mode_of
@@ -86,9 +87,12 @@ class Engine:
         asymagent/kv/compiled_forward.py; eager fallback when compilation fails)."""
         self.verifier = verifier.eval()
         self.drafter = drafter.eval() if drafter is not None else None
+        packed = 0
         for model in (self.verifier, self.drafter):  # verify forwards read grouped KV in place
             if model is not None:
                 use_gqa_attention(model)
+                # bf16 on the CPU: few-row forwards read prepacked weights (same bits, faster)
+                packed += pack_linears(model).packed
         self.tokenizer = tokenizer
         # sha256 of the verifier's weights file when loaded from one (captured traces carry it)
         self.verifier_fingerprint = verifier_fingerprint
@@ -123,7 +127,7 @@ class Engine:
         self.static_roles = static_roles(roles, self.device, static_kv=static_kv,
                                          cuda_graphs=cuda_graphs, compile=compile)
         # dtype, automatic dtype and CPU matrix units (banner, --version, /version)
-        self.runtime = runtime_info(verifier) | {"compile": bool(compile)}
+        self.runtime = runtime_info(verifier) | {"compile": bool(compile), "packed_linears": packed}
         self.caches = CacheStore(roles, max_sessions=max_sessions, static=self.static_roles)
         self._chat_format: ChatFormat | None = None  # built on first use (`chat_format`)
         self._format_lock = threading.Lock()  # builds chat_format once (not the request lock)

@@ -13,6 +13,7 @@ from asymagent.decoding.constraint import close_masks
 from asymagent.decoding.drafts import Drafts, RoundOutcome
 from asymagent.decoding.noise import KeyedNoise
 from asymagent.decoding.sampling import NEG_INF, apply_mask, gather_mask, sample_token
+from asymagent.modeling.packed_linear import linear_of
 
 
 class DraftHead:
@@ -24,6 +25,9 @@ class DraftHead:
 
     def __init__(self, drafter: torch.nn.Module, draft_vocab: torch.Tensor | None) -> None:
         head = drafter.get_output_embeddings()
+        # the module itself computes the full rows: a PackedLinear on a bf16 CPU model
+        # (asymagent/modeling/packed_linear.py), the same bits as F.linear
+        self.head = head if isinstance(head, torch.nn.Linear) else None
         self.weight = head.weight  # [V, H]
         self.bias = getattr(head, "bias", None)  # [V] or None
         self.vocab_size = int(self.weight.shape[0])
@@ -33,15 +37,20 @@ class DraftHead:
         else:
             self.draft_weight = self.weight[self.vocab].contiguous()  # [N, H]
             self.draft_bias = None if self.bias is None else self.bias[self.vocab]
+        # the [N, H] draft head as a module: packed on a bf16 CPU model, like the full one
+        self.draft_linear = (self.head if self.vocab is None and self.head is not None
+                             else linear_of(self.draft_weight, self.draft_bias))
 
     @torch.inference_mode()
     def draft_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """[H] -> [N] logits over the draft vocabulary (N = V without a reduced vocabulary)."""
-        return torch.nn.functional.linear(hidden, self.draft_weight, self.draft_bias).float()
+        return self.draft_linear(hidden).float()
 
     @torch.inference_mode()
     def full_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """[R, H] -> [R, V] logits over the full vocabulary."""
+        if self.head is not None:
+            return self.head(hidden).float()
         return torch.nn.functional.linear(hidden, self.weight, self.bias).float()
 
     def token_id(self, index: int) -> int:

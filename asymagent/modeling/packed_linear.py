@@ -1,0 +1,206 @@
+"""PackedLinear: bf16 linear layers whose few-row forwards read a oneDNN-prepacked weight (CPU).
+
+Why (issue 30, measured on a 2-core AMX machine): decoding one token of the embedded verifier runs
+211 linear layers on 1-16 rows; `F.linear` on a bf16 weight re-lays the weight out for oneDNN's
+kernel on every call and reads it at ~10-14 GB/s, while the same kernel on a weight laid out
+once (`torch.ops.mkldnn._reorder_linear_weight`) reads it at the machine's copy bandwidth
+(~27 GB/s): 57-63 us instead of 89-112 us for a [1536, 576] layer at 1-16 rows. Its outputs are
+bit-identical to `F.linear`'s for those rows (checked on every layer at pack time, below), so
+greedy tokens do not change. At 64+ rows (prefill chunks) F.linear is as fast or faster and the
+two may differ by an ulp, so those forwards keep F.linear.
+
+- `PackedLinear` is `nn.Linear` with that forward: rows <= `max_rows` (decode, the K+1 verify,
+  drafter steps) through the packed kernel, more rows, autograd, other devices or dtypes through
+  `F.linear`. The original `weight` Parameter stays where it was (state_dict, tied embeddings and
+  the drafter's shared head are untouched); the packed copy sits beside it and is re-made when the
+  weight changes in place (its version counter moves) or is moved.
+- `pack_linears(model)` turns a bf16 CPU model's `nn.Linear` modules into PackedLinear IN PLACE
+  (the object's class changes, so every holder of the module, e.g. a drafter sharing the
+  verifier's `lm_head`, gets the packed forward too), after checking on each layer that the
+  packed kernel's rows equal F.linear's bit for bit; a layer that does not is left as it was.
+  Cost: a second copy of every packed weight (the embedded verifier: ~270 MB more, the tied
+  embedding/head included). `unpack_linears(model)` undoes it.
+- A torch without the op, or a kernel that fails: one warning, plain F.linear from then on.
+  `ASYMAGENT_PACKED_LINEAR=0` turns packing off.
+- `linear_of(weight, bias)`: a (packed) nn.Linear over a bare weight tensor, e.g. the drafter's
+  reduced-vocabulary head (asymagent/decoding/model_drafter.py's DraftHead).
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+import warnings
+from dataclasses import dataclass, field
+
+import torch
+import torch.nn.functional as F
+
+MAX_PACKED_ROWS = 16  # forwards of up to this many rows use the packed weight (K+1 <= 16)
+CHECK_ROWS = (1, 3, 16)  # row counts compared bit for bit with F.linear at pack time
+_DISABLED = {"why": None}  # set once when the kernel fails at run time
+
+
+def _key(weight: torch.Tensor) -> tuple:
+    """What the packed copy was made from: storage, in-place version counter, dtype, device."""
+    version = torch.Tensor._version.__get__(weight)  # moves on every in-place write
+    return (weight.data_ptr(), version, weight.dtype, weight.device)
+
+
+def enabled() -> bool:
+    """False when ASYMAGENT_PACKED_LINEAR=0 or the kernel failed earlier in this process."""
+    if os.environ.get("ASYMAGENT_PACKED_LINEAR", "").strip().lower() in ("0", "false", "off", "no"):
+        return False
+    return _DISABLED["why"] is None and kernel_available() is None
+
+
+@functools.cache
+def kernel_available() -> str | None:
+    """None if this torch has oneDNN's packed bf16 linear and it runs, else why not (once)."""
+    try:
+        if not torch.backends.mkldnn.is_available():
+            return "torch is built without oneDNN (mkldnn)"
+        if not torch.ops.mkldnn._is_mkldnn_bf16_supported():
+            return "oneDNN reports no bf16 support on this CPU"
+        w = torch.randn(8, 16, dtype=torch.bfloat16)
+        packed = torch.ops.mkldnn._reorder_linear_weight(w, 1)
+        torch.ops.mkldnn._linear_pointwise(torch.randn(2, 16, dtype=torch.bfloat16), packed, None,
+                                           "none", [], "")
+    except Exception as exc:  # noqa: BLE001 - a missing op (AttributeError/RuntimeError) or a failing one
+        return f"{type(exc).__name__}: {exc}"
+    return None
+
+
+def _disable(exc: BaseException) -> None:
+    if _DISABLED["why"] is None:
+        _DISABLED["why"] = f"{type(exc).__name__}: {exc}"
+        warnings.warn(f"packed bf16 linear failed ({_DISABLED['why']}); using F.linear from now on",
+                      RuntimeWarning, stacklevel=3)
+
+
+def _pack(weight: torch.Tensor) -> torch.Tensor:
+    """[out, in] bf16 weight -> oneDNN's blocked layout (an opaque mkldnn tensor, same bytes)."""
+    return torch.ops.mkldnn._reorder_linear_weight(weight.detach(), 1)
+
+
+def _packed_forward(x: torch.Tensor, packed: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+    return torch.ops.mkldnn._linear_pointwise(x, packed, bias, "none", [], "")  # [..., out]
+
+
+class PackedLinear(torch.nn.Linear):
+    """nn.Linear whose CPU bf16 forwards of <= `max_rows` rows read a prepacked weight.
+
+    Made by `pack_linears` (class swap in place), never constructed directly."""
+
+    packed_weight: torch.Tensor | None
+    packed_key: tuple | None
+    max_rows: int
+
+    def _current_packed(self) -> torch.Tensor | None:
+        w = self.weight
+        key = _key(w)
+        if self.packed_key != key:
+            self.packed_weight, self.packed_key = _pack(w), key
+        return self.packed_weight
+
+    def forward(self, input: torch.Tensor) -> torch.Tensor:  # [..., in] -> [..., out]
+        w = self.weight
+        if (input.dtype == torch.bfloat16 and w.dtype == torch.bfloat16 and input.device.type == "cpu"
+                and w.device.type == "cpu" and 0 < input.numel() <= self.max_rows * input.shape[-1]
+                and _DISABLED["why"] is None
+                and not (torch.is_grad_enabled() and (input.requires_grad or w.requires_grad))):
+            try:
+                return _packed_forward(input, self._current_packed(), self.bias)
+            except Exception as exc:  # noqa: BLE001 - fall back for good, once
+                _disable(exc)
+        return F.linear(input, w, self.bias)
+
+
+@dataclass
+class PackReport:
+    """What `pack_linears` did: layer counts and the bytes of the packed copies."""
+
+    packed: int = 0
+    extra_bytes: int = 0
+    not_identical: list = field(default_factory=list)  # module names left unpacked
+    skipped_why: str | None = None  # the whole model left alone (kernel missing, not bf16 CPU)
+
+
+def _identical(module: torch.nn.Linear, packed: torch.Tensor, seed: int) -> bool:
+    """The packed kernel's rows equal F.linear's bit for bit on random inputs of CHECK_ROWS rows."""
+    g = torch.Generator().manual_seed(seed)
+    n_in = module.in_features
+    for rows in CHECK_ROWS:
+        x = torch.randn(rows, n_in, generator=g).to(torch.bfloat16)  # [rows, in]
+        if not torch.equal(_packed_forward(x, packed, module.bias),
+                           F.linear(x, module.weight, module.bias)):
+            return False
+    return True
+
+
+@torch.inference_mode()
+def pack_linears(model: torch.nn.Module, max_rows: int = MAX_PACKED_ROWS,
+                 check: bool = True) -> PackReport:
+    """Make `model`'s bf16 CPU `nn.Linear` layers PackedLinear in place (see the module doc).
+
+    `check`: compare each layer's packed rows with F.linear's first and leave a layer that
+    differs unpacked (its name lands in `not_identical`). A shared module is packed once."""
+    report = PackReport()
+    if not enabled():
+        report.skipped_why = _DISABLED["why"] or kernel_available() or "ASYMAGENT_PACKED_LINEAR=0"
+        return report
+    seen: set = set()
+    for name, module in model.named_modules():
+        if id(module) in seen or type(module) not in (torch.nn.Linear, PackedLinear):
+            continue
+        seen.add(id(module))
+        w = module.weight
+        if w.dtype != torch.bfloat16 or w.device.type != "cpu":
+            continue
+        if isinstance(module, PackedLinear):
+            module.max_rows = max_rows
+            continue
+        packed = _pack(w)
+        if check and not _identical(module, packed, seed=len(seen)):
+            report.not_identical.append(name)
+            continue
+        module.__class__ = PackedLinear
+        module.packed_weight = packed
+        module.packed_key = _key(w)
+        module.max_rows = max_rows
+        report.packed += 1
+        report.extra_bytes += w.numel() * w.element_size()
+    if report.not_identical:
+        warnings.warn(f"{len(report.not_identical)} bf16 linear layer(s) differ from F.linear "
+                      f"through the packed kernel; left unpacked: {report.not_identical[:3]}",
+                      RuntimeWarning, stacklevel=2)
+    return report
+
+
+def linear_of(weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.nn.Linear:
+    """An nn.Linear over `weight` [out, in] (and `bias` [out]) without copying them, packed as
+    `pack_linears` would (e.g. the drafter's reduced draft-vocabulary head)."""
+    lin = torch.nn.Linear(weight.shape[1], weight.shape[0], bias=bias is not None, device="meta")
+    lin.weight = torch.nn.Parameter(weight, requires_grad=False)
+    if bias is not None:
+        lin.bias = torch.nn.Parameter(bias, requires_grad=False)
+    pack_linears(lin)
+    return lin
+
+
+def unpack_linears(model: torch.nn.Module) -> int:
+    """Turn every PackedLinear of `model` back into a plain nn.Linear (drops the packed copies);
+    returns how many."""
+    count = 0
+    for module in model.modules():
+        if type(module) is PackedLinear:
+            module.__class__ = torch.nn.Linear
+            for attr in ("packed_weight", "packed_key", "max_rows"):
+                module.__dict__.pop(attr, None)
+            count += 1
+    return count
+
+
+def packed_count(model: torch.nn.Module) -> int:
+    """How many of `model`'s linear layers are PackedLinear now."""
+    return sum(type(m) is PackedLinear for m in model.modules())

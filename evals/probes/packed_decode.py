@@ -1,0 +1,154 @@
+"""Decode and verify forwards of the embedded verifier: bf16 with / without packed linears, fp32.
+
+    python -m asymagent.evals.probes.packed_decode [--context 1000] [--repeats 10] [--rounds 3]
+        [--verify-rows 4] [--profile] [--json PATH]
+
+One process, one bf16 model (its linears packed once, asymagent/modeling/packed_linear.py; the
+unpacked runs set every PackedLinear's `max_rows` to 0, i.e. plain F.linear) and one float32
+model. Each holds `--context` tokens in transformers' DynamicCache (the engine's default CPU path)
+and in a StaticKV (asymagent/kv/static_cache.py). Per round, interleaved, the median ms of a
+one-token forward (decode) and a `--verify-rows`-token forward (a K+1 verify) for:
+float32 dynamic, bf16 dynamic plain, bf16 dynamic packed, bf16 static plain, bf16 static packed.
+Checks that the packed logits equal the plain ones bit for bit (1..16 rows, both caches), and
+reports the weights' bytes and this machine's copy bandwidth (evals/bench/machine_limits.py):
+the decode bound is bytes / bandwidth. `--profile`: the top operators of 5 packed one-token
+forwards (dynamic cache), torch.profiler's self CPU time.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import time
+
+
+def _median_ms(fn, n: int) -> float:
+    times = []
+    for _ in range(n):
+        t0 = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - t0)
+    times.sort()
+    return times[len(times) // 2] * 1e3
+
+
+class _Runner:
+    """One model + one cache holding the context; `step(rows)` feeds rows tokens and crops back."""
+
+    def __init__(self, model, context: list, static: bool) -> None:
+        import torch
+
+        from asymagent.kv.static_cache import StaticKV, StaticKVOptions
+
+        self.model, self.static = model, static
+        with torch.inference_mode():
+            if static:
+                self.kv = StaticKV(model, StaticKVOptions())
+                self.kv.reserve(len(context) + 64)
+                self.kv.run(context, head=False)
+            else:
+                self.kv = model(torch.tensor([context]), use_cache=True).past_key_values
+
+    def step(self, rows: int):
+        import torch
+
+        ids = list(range(7, 7 + rows))
+        with torch.inference_mode():
+            if self.static:
+                out = self.kv.run(ids, head=True)  # [rows, V] float32
+                self.kv.crop(-rows)
+            else:
+                out = self.model(torch.tensor([ids]), cache=self.kv, use_cache=True).logits[0]
+                self.kv.crop(-rows)
+        return out
+
+
+def measure(context: int, repeats: int, rounds: int, verify_rows: int, profile: bool) -> dict:
+    import torch
+
+    from asymagent.evals.bench.machine_limits import copy_gbps, weights_bytes
+    from asymagent.kv.attention import use_gqa_attention
+    from asymagent.modeling.loading import load_default_verifier
+    from asymagent.modeling.packed_linear import pack_linears
+
+    ctx = list(range(1000, 1000 + context))
+    f32 = load_default_verifier(dtype=torch.float32).model
+    bf = load_default_verifier(dtype=torch.bfloat16).model
+    for m in (f32, bf):
+        use_gqa_attention(m)
+    t0 = time.perf_counter()
+    report = pack_linears(bf)
+    pack_s = time.perf_counter() - t0
+
+    def packed(on: bool) -> None:
+        pack_linears(bf, max_rows=16 if on else 0)  # already packed: only the row limit changes
+
+    runners = {"float32_dynamic": _Runner(f32, ctx, False), "bfloat16_dynamic": _Runner(bf, ctx, False),
+               "bfloat16_static": _Runner(bf, ctx, True)}
+    identical = {}
+    for name in ("bfloat16_dynamic", "bfloat16_static"):
+        for rows in range(1, 17):
+            packed(False)
+            a = runners[name].step(rows)
+            packed(True)
+            identical[f"{name}_{rows}"] = bool(torch.equal(a, runners[name].step(rows)))
+    cases = [("float32_dynamic", None), ("bfloat16_dynamic", False), ("bfloat16_dynamic", True),
+             ("bfloat16_static", False), ("bfloat16_static", True)]
+    out_rounds = []
+    for _ in range(rounds):
+        row = {}
+        for rows in (1, verify_rows):
+            for name, on in cases:
+                if on is not None:
+                    packed(on)
+                runner = runners[name]
+                runner.step(rows)  # warm
+                label = name if on is None else f"{name}_{'packed' if on else 'plain'}"
+                row[f"{label}_{rows}"] = _median_ms(lambda: runner.step(rows), repeats)
+        row["load_average"] = os.getloadavg()[0]
+        out_rounds.append(row)
+    packed(True)
+    gbps = copy_gbps()
+    sizes = {"float32": weights_bytes(f32), "bfloat16": weights_bytes(bf)}
+    doc = {"context": context, "threads": torch.get_num_threads(), "verify_rows": verify_rows,
+           "packed_layers": report.packed, "packed_extra_bytes": report.extra_bytes,
+           "pack_s": pack_s, "not_identical_layers": report.not_identical,
+           "packed_equals_plain": all(identical.values()),
+           "packed_equals_plain_by_rows": identical, "rounds": out_rounds,
+           "median_ms": {k: sorted(r[k] for r in out_rounds)[len(out_rounds) // 2]
+                         for k in out_rounds[0] if k != "load_average"},
+           "weights_bytes": sizes, "copy_gbps": gbps,
+           "decode_bound_ms": {k: v / (gbps * 1e9) * 1e3 for k, v in sizes.items()}}
+    if profile:
+        from torch.profiler import profile as torch_profile
+
+        runner = runners["bfloat16_dynamic"]
+        with torch_profile() as prof:
+            for _ in range(5):
+                runner.step(1)
+        doc["profile_top"] = [
+            {"op": e.key, "self_cpu_ms_per_forward": e.self_cpu_time_total / 5e3, "calls": e.count // 5}
+            for e in sorted(prof.key_averages(), key=lambda e: -e.self_cpu_time_total)[:15]]
+    return doc
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--context", type=int, default=1000)
+    p.add_argument("--repeats", type=int, default=10)
+    p.add_argument("--rounds", type=int, default=3)
+    p.add_argument("--verify-rows", type=int, default=4)
+    p.add_argument("--profile", action="store_true")
+    p.add_argument("--json", metavar="PATH")
+    args = p.parse_args(argv)
+    doc = measure(args.context, args.repeats, args.rounds, args.verify_rows, args.profile)
+    print(json.dumps({k: v for k, v in doc.items() if k != "packed_equals_plain_by_rows"}, indent=2))
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(doc, f, indent=2)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
