@@ -17,7 +17,10 @@ view's copy evidence (asymagent/decoding/copy_delta.py) at that output position:
   conversation's full-view verifier cache (its prefix kept across steps); the next step is back
   on the compressed view, whose cache is untouched. Found with evals/probes/recall_evidence.py:
   on the bench every step where asym leaves full has its lowest (or second lowest) margin at the
-  divergence, 0.0-0.38 nats, while 6 of the 7 identical steps stay above 0.75.
+  divergence, 0.0-0.38 nats, while 6 of the 7 identical steps stay above 0.75. Same seed, same
+  output holds as for the other evidence, with one caveat: the gap is a log-prob value, and a
+  round's rows can differ from a plain step's row in the last bits (bf16), so a gap within those
+  bits of the threshold may fire under one round layout and not another.
 
 When it fires and the tool outputs holding the copy sources (`scope="all"`), or the latest of
 them only (`scope="latest"`: the cheapest re-prefill, which starts at the first restored message;
