@@ -228,6 +228,8 @@ PRESETS: dict = {
                                 "recall_max_tokens": 1536},
     "query_keep_margin": {"compressors": [{"type": "tool_output", "query_keep_tokens": 96}],
                           "max_recalls": 1, "recall_evidence": "margin", "recall_margin": 0.5},
+    "query_keep_margin_02": {"compressors": [{"type": "tool_output", "query_keep_tokens": 96}],
+                             "max_recalls": 1, "recall_evidence": "margin", "recall_margin": 0.2},
     "query_keep_pt_recall_any": {"compressors": [{"type": "tool_output", "query_keep_tokens": 96,
                                                   "query_keep_rank": "per_token"}],
                                  "max_recalls": 2, "recall_evidence": "copy_any"},
