@@ -20,7 +20,10 @@ view's copy evidence (asymagent/decoding/copy_delta.py) at that output position:
   divergence, 0.0-0.38 nats, while 6 of the 7 identical steps stay above 0.75. Same seed, same
   output holds as for the other evidence, with one caveat: the gap is a log-prob value, and a
   round's rows can differ from a plain step's row in the last bits (bf16), so a gap within those
-  bits of the threshold may fire under one round layout and not another.
+  bits of the threshold may fire under one round layout and not another. No escalation while a
+  compressed tool output spells out a tool call (the full view would hand it to the verifier:
+  on the injection_call attack set, dev seeds, escalating took asym's attack success from 0 to
+  2/12, full's 7/12).
 
 When it fires and the tool outputs holding the copy sources (`scope="all"`), or the latest of
 them only (`scope="latest"`: the cheapest re-prefill, which starts at the first restored message;
@@ -87,6 +90,7 @@ class RecallWatch:
         self.recorder = None
         self.escalate = False  # fired on margin: decode the step again on the full view
         self.checked = 0  # output positions already checked (margin)
+        self._call_seen: bool | None = None  # a compressed output spells out a call (margin)
         self.max_tokens = max_tokens  # a restore re-prefilling more verifier tokens is skipped (0: any)
         self.full, self.compressed = list(full_ids), list(compressed_ids)
         self.position: int | None = None  # output position where it fired
@@ -116,7 +120,7 @@ class RecallWatch:
     def _margin(self, generated: list) -> bool:
         """Fire at the first scored output position whose verifier top-2 gap is under `margin`
         (a view that removed nothing never fires: the full view would say the same)."""
-        if self.recorder is None or self.full == self.compressed:
+        if self.recorder is None or self.full == self.compressed or self._removed_call():
             return False
         entries = self.recorder.entries
         for t in range(self.checked, min(len(generated), len(entries))):
@@ -126,6 +130,14 @@ class RecallWatch:
                 self.position, self.escalate = t, True
                 return True
         return False
+
+    def _removed_call(self) -> bool:
+        """A compressed tool output spells out a tool call: the full view would hand it to the
+        verifier (injection), so no escalation (checked once per pass)."""
+        if self._call_seen is None:
+            self._call_seen = any(s.role == "tool" and not s.same and has_call_format(self.views.original_text(i))
+                                  for i, s in enumerate(self.views.message_spans()))
+        return self._call_seen
 
     def _safe(self, positions: list) -> list:
         """`positions` outside tool outputs that spell out a tool call (injection: module docstring)."""
