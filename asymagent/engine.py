@@ -315,8 +315,9 @@ class Engine:
             return self._generate(prompt_ids, compressed_prompt_ids, request)
 
     def _generate(self, prompt_ids, compressed_prompt_ids, request: GenerationRequest,
-                  constraint=None) -> GenerationResult:
-        """plan -> prefill -> loop -> finish. `constraint`: the chat layer's (else the request's)."""
+                  constraint=None, interrupt=None) -> GenerationResult:
+        """plan -> prefill -> loop -> finish. `constraint`: the chat layer's (else the request's);
+        `interrupt`: the chat layer's recall watch (LoopContext.interrupt), or None."""
         prompt, compressed = self._inputs(prompt_ids, compressed_prompt_ids)
         t_start = time.perf_counter()
         plan = plan_request(mode_of(request.mode), self.spec, request.sampling.temperature,
@@ -327,7 +328,7 @@ class Engine:
         loop = decode_loop(run.decoder, run.generated, plan, request,
                            LoopContext(views=run.views, max_positions=self.max_positions,
                                        checker=run.checker, stats=run.stats, t_start=t_start,
-                                       escalate=run.escalate))
+                                       escalate=run.escalate, interrupt=interrupt))
         return self._finish(run, loop, t_start)
 
     def _prefill_role(self, session, role: str, view: View, max_new_tokens: int
@@ -430,7 +431,8 @@ class Engine:
             stats.k = 0  # the drafter model was switched off for this request
         stats.verifier_flops = run.decoder.verifier_flops
         stats.finish_reason = loop.finish
-        self.suffix_store.add(generated)  # later requests may copy from this response
+        if loop.finish != "recall":  # an interrupted pass is decoded again; its output is dropped
+            self.suffix_store.add(generated)  # later requests may copy from this response
         return GenerationResult(token_ids=list(generated), text=run.checker.text(generated),
                                 stats=stats,
                                 finish_reason=loop.finish,
@@ -478,9 +480,9 @@ class Engine:
         self.check(request)
         with self.lock:
             turn = prepare_chat(self, messages, request)
-            result = self._generate(turn.full_ids, turn.compressed_ids, request,
-                                    constraint=turn.constraint)
-            result = recall_step(self, turn, request, result,  # CompressionConfig.max_recalls
-                                 lambda ids: self._generate(turn.full_ids, ids, request,
-                                                            constraint=turn.constraint))
+            # recall on evidence during decoding (CompressionConfig.max_recalls; 0: one pass)
+            result = recall_step(self, turn, request,
+                                 lambda ids, interrupt: self._generate(
+                                     turn.full_ids, ids, request, constraint=turn.constraint,
+                                     interrupt=interrupt))
             return chat_result(self, turn, result)

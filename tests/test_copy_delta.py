@@ -74,3 +74,16 @@ def test_recall_sources_point_at_the_removed_copy_the_verifier_missed():
     hit = first_recall(full[:-3], comp[:-3], [5, 6, 7, 4])
     assert hit is not None and hit[0] == 3 and list(hit[1]) == [5]
     assert first_recall(full[:-3], comp[:-3], [5, 6, 7, 8]) is None
+
+
+def test_copy_sources_any_length_reaches_below_the_longest_match():
+    from asymagent.decoding.copy_delta import copy_sources, copy_sources_any_length
+
+    # the longest repeated suffix "9 5 6 7" occurs in kept text (both views, same continuation 1);
+    # the shorter "5 6 7" also occurs in removed text, followed by 8
+    full = [9, 5, 6, 7, 1, 2, 5, 6, 7, 8, 3, 9, 5, 6, 7]
+    comp = [9, 5, 6, 7, 1, 2, 3, 9, 5, 6, 7]
+    assert copy_sources(full, comp)[0].size == 0  # the longest match sees no difference
+    src, missing = copy_sources_any_length(full, comp)
+    assert list(src) == [9] and missing == {8}
+    assert copy_sources_any_length(full, full)[0].size == 0  # no compression, no evidence

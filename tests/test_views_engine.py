@@ -114,8 +114,9 @@ def test_surprisal_uses_the_drafters_prefill_log_probs(engine):
 
 
 def test_recall_restores_the_output_and_decodes_the_turn_again(engine, monkeypatch):
-    """Recall through Engine.chat: evidence (stubbed to point into the last tool output) restores
-    that output whole, the turn decodes again on the restored view, and StepStats counts it."""
+    """Recall through Engine.chat: evidence during decoding (stubbed to point into the last tool
+    output at the first output token) stops the pass, restores that output whole, the turn
+    decodes again on the restored view, and StepStats counts it."""
     import numpy as np
 
     from asymagent.context import recall
@@ -125,14 +126,43 @@ def test_recall_restores_the_output_and_decodes_the_turn_again(engine, monkeypat
     messages = agent_conversation(1, seed=2)[:4]  # system, user, call, a long output: the output is cut
     calls = []
 
-    def evidence(full_ids, compressed_ids, tokens, **kw):
-        calls.append(len(compressed_ids))
-        return (0, np.asarray([len(full_ids) - 20]))  # a position inside the last output
+    def evidence(kind, full_ids, compressed_ids, emitted, **kw):
+        calls.append(len(full_ids))
+        return np.asarray([len(full_ids) - 20])  # a position inside the last output
 
-    monkeypatch.setattr(recall, "first_recall", evidence)
+    monkeypatch.setattr(recall, "evidence_sources", evidence)
     r = engine_r.chat(messages, tools=TOOLS, mode="asym", max_new_tokens=4, cache_key="recall")
-    assert r.stats.recalls == 1 and len(calls) == 1  # capped at max_recalls
+    assert r.stats.recalls == 1 and len(calls) == 1  # fired at the first token; the last pass unwatched
     assert r.stats.verifier_context_tokens == r.stats.full_context_tokens  # the output came back whole
     assert 0 < r.stats.recall_prefill_tokens < r.stats.verifier_prefill_tokens
+    assert r.finish_reason in ("stop", "length", "tool_calls")
     plain = engine.chat(messages, tools=TOOLS, mode="asym", max_new_tokens=4, cache_key="no-recall")
     assert plain.stats.recalls == 0 and plain.stats.recall_prefill_tokens == 0
+
+
+def test_recall_during_decoding_is_deterministic_whatever_the_round_layout(engine, monkeypatch):
+    """The watch checks every emitted position in order, so where a recall fires depends on the
+    tokens only: K=1, 2, 4 (other round layouts, fresh engines) give the same output and the
+    same recall."""
+    import numpy as np
+
+    from asymagent.context import recall
+    from asymagent.context.views import ContextViews
+
+    messages = agent_conversation(1, seed=3)[:4]
+    prompt = len(ContextViews(engine.tokenizer, CompressionConfig(), engine.chat_format)
+                 .build(messages, TOOLS).full_ids)
+
+    def evidence(kind, full_ids, compressed_ids, emitted, **kw):  # fires at output position 3
+        return np.asarray([prompt - 20]) if len(full_ids) - prompt == 3 else np.zeros(0, dtype=np.int64)
+
+    monkeypatch.setattr(recall, "evidence_sources", evidence)
+    outs = []
+    for k in (1, 2, 4):
+        e = Engine(verifier=engine.verifier, drafter=engine.drafter, tokenizer=engine.tokenizer,
+                   spec=SpecConfig(k=k, adaptive_k=False),
+                   compression=CompressionConfig(max_recalls=1, recall_evidence="copy_any"))
+        r = e.chat(messages, tools=TOOLS, mode="asym", max_new_tokens=12, cache_key=f"det{k}")
+        outs.append((r.token_ids, r.stats.recalls, r.stats.verifier_context_tokens == r.stats.full_context_tokens))
+    assert outs[0] == outs[1] == outs[2]
+    assert outs[0][1] == 1 and outs[0][2] and len(outs[0][0]) > 3  # it did fire and restore

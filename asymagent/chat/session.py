@@ -136,23 +136,27 @@ def prepare_chat(engine, messages: list, request: GenerationRequest) -> ChatTurn
                     parallel_tool_calls=request.parallel_tool_calls)
 
 
-def recall_step(engine, turn: ChatTurn, request: GenerationRequest, result: GenerationResult,
-                decode: Callable[[list], GenerationResult]) -> GenerationResult:
-    """Recall on evidence (asymagent/context/recall.py) after a compressed turn decoded: at most
-    `CompressionConfig.max_recalls` times (0, the default: `result` as it is); not while streaming
-    (the callback has already sent the first pass's tokens). `decode(compressed_ids)` decodes the
-    turn again on a restored verifier view."""
+def recall_step(engine, turn: ChatTurn, request: GenerationRequest,
+                decode: Callable[[list, object], GenerationResult]) -> GenerationResult:
+    """Decode a turn with recall on evidence (asymagent/context/recall.py): during decoding, at
+    most `CompressionConfig.max_recalls` times (0, the default: one plain pass); not while
+    streaming (the callback would already have sent the interrupted pass's tokens) and not on an
+    uncompressed turn. `decode(compressed_ids, interrupt)` decodes the turn on a verifier view,
+    the decode loop calling `interrupt` (None: no watch) with each pass's new tokens."""
     views = conversation_views(engine, request.cache_key, request.chat_template_kwargs)
     if turn.compressed_ids is None or not views.config.max_recalls or request.callback is not None:
-        return result
+        return decode(turn.compressed_ids, None)
+    passes = [0]
 
-    def again(compressed_ids: list) -> GenerationResult:
-        if turn.constraint is not None:
+    def again(compressed_ids: list, interrupt) -> GenerationResult:
+        if passes[0] and turn.constraint is not None:
             turn.constraint.reset()  # the turn is decoded again from its first token
-        return decode(compressed_ids)
+        passes[0] += 1
+        return decode(compressed_ids, interrupt)
 
-    return recall_loop(views, turn.full_ids, turn.compressed_ids, result, again,
-                       min_len=engine.spec.copy_min_len)
+    return recall_loop(views, turn.full_ids, turn.compressed_ids, again,
+                       evidence=views.config.recall_evidence, min_len=engine.spec.copy_min_len,
+                       scope=views.config.recall_scope, max_tokens=views.config.recall_max_tokens)
 
 
 def chat_result(engine, turn: ChatTurn, result: GenerationResult) -> ChatResult:

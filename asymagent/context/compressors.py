@@ -62,6 +62,9 @@ class ToolOutputCompressor(BaseModel):
     # query-aware keep (context/query_keep.py): tokens of the elided middle's rows that share
     # rare words with the recent user/assistant turns, kept besides head and tail; 0 = off
     query_keep_tokens: int = Field(0, ge=0)
+    # the order candidate rows are kept in: by score, or by score per token of budget (short rows
+    # holding the task's ids before long filler paragraphs; query_keep.py)
+    query_keep_rank: Literal["score", "per_token"] = "score"
     # the latest turn's outputs stay whole until the next assistant message, then are cut (a
     # rewrite of the view's end every step: the verifier re-prefills that output's cut form)
     keep_newest: bool = False
@@ -80,7 +83,8 @@ class ToolOutputCompressor(BaseModel):
         budget = self.query_keep_tokens >> ctx.shrink
         if budget and ctx.query:
             middle = text[len(head_text): len(text) - len(tail_text)]
-            spans = query_keep.select(middle, ctx.query, budget, ctx.counter.count, context=text)
+            spans = query_keep.select(middle, ctx.query, budget, ctx.counter.count, context=text,
+                                      rank=self.query_keep_rank)
             if spans:
                 return query_keep.render(head_text, middle, tail_text, spans, ctx.counter.count)
         return f"{head_text}\n[... {omitted} tokens omitted ...]\n{tail_text}"
@@ -204,10 +208,27 @@ PRESETS: dict = {
     "query_keep": {"compressors": [{"type": "tool_output", "query_keep_tokens": 96}]},
     "query_keep_128_64": {"compressors": [{"type": "tool_output", "head_tokens": 128, "tail_tokens": 64,
                                            "query_keep_tokens": 96}]},
+    "query_keep_pt": {"compressors": [{"type": "tool_output", "query_keep_tokens": 96,
+                                       "query_keep_rank": "per_token"}]},
+    "query_keep_pt_192": {"compressors": [{"type": "tool_output", "query_keep_tokens": 192,
+                                           "query_keep_rank": "per_token"}]},
     "query_keep_192": {"compressors": [{"type": "tool_output", "query_keep_tokens": 192}]},
     "newest": {"compressors": [{"type": "tool_output", "keep_newest": True}]},
     "newest_query_keep": {"compressors": [{"type": "tool_output", "keep_newest": True, "query_keep_tokens": 96}]},
     "query_keep_recall": {"compressors": [{"type": "tool_output", "query_keep_tokens": 96}], "max_recalls": 1},
+    "query_keep_recall_any": {"compressors": [{"type": "tool_output", "query_keep_tokens": 96}], "max_recalls": 2,
+                              "recall_evidence": "copy_any"},
+    "query_keep_recall_latest": {"compressors": [{"type": "tool_output", "query_keep_tokens": 96}],
+                                 "max_recalls": 2, "recall_evidence": "copy_any", "recall_scope": "latest"},
+    "query_keep_recall_length": {"compressors": [{"type": "tool_output", "query_keep_tokens": 96}],
+                                 "max_recalls": 2, "recall_evidence": "copy_any_length",
+                                 "recall_scope": "latest"},
+    "query_keep_recall_cheap": {"compressors": [{"type": "tool_output", "query_keep_tokens": 96}],
+                                "max_recalls": 2, "recall_evidence": "copy_any", "recall_scope": "latest",
+                                "recall_max_tokens": 1536},
+    "query_keep_pt_recall_any": {"compressors": [{"type": "tool_output", "query_keep_tokens": 96,
+                                                  "query_keep_rank": "per_token"}],
+                                 "max_recalls": 2, "recall_evidence": "copy_any"},
     "masking": {"compressors": [{"type": "tool_output", "keep_newest": True},
                                 {"type": "recent_turns", "keep_turns": 1, "demote_every": 1, "preview_tokens": 12}]},
 }
@@ -225,10 +246,21 @@ class CompressionConfig(BaseModel):
     model_config = ConfigDict(extra="forbid")
     compressors: list[Compressor] = Field(default_factory=_default_compressors)
     max_verifier_tokens: int | None = Field(None, ge=1)
-    # recall on evidence (docs/context.md): when the full view's copy evidence says a step's
-    # output needed text the verifier's view removed, that tool output is restored whole (sticky)
-    # and the step decoded again; at most this many times per step (0: never)
+    # recall on evidence (context/recall.py, docs/views.md): when, during decoding, the full
+    # view's copy evidence says a step's output needs text the verifier's view removed, that tool
+    # output is restored whole (sticky) and the step decoded again from its first token; at most
+    # this many times per step (0: never)
     max_recalls: int = Field(0, ge=0)
+    # which evidence fires a recall: "copy" (the full view copies a continuation only the removed
+    # text holds and the verifier emitted another token), "copy_any" (it copies from removed
+    # text at all, whatever the verifier emitted) or "copy_any_length" (copy_any at the longest
+    # suffix length whose continuations differ between the views)
+    recall_evidence: Literal["copy", "copy_any", "copy_any_length"] = "copy"
+    # what a recall restores: every tool output the evidence points into, or the latest of them
+    # (the cheapest re-prefill; another recall may bring back an older one)
+    recall_scope: Literal["all", "latest"] = "all"
+    # a recall whose restore would re-prefill more verifier tokens than this is not made (0: any)
+    recall_max_tokens: int = Field(0, ge=0)
 
     @field_validator("compressors", mode="before")
     @classmethod

@@ -13,8 +13,11 @@ by the rare words they share with those turns and keeps the best within a token 
   log(1 + N / df); a unit's score is the sum over the query words it contains;
 - a unit is a candidate only if it holds a query word that at most a quarter of the units (or
   two, in a short output) contain: a word every row has tells no row apart;
-- candidates are kept best first (ties: earlier first) while they fit the budget; kept units are
-  rendered in their original order with omission markers between them;
+- candidates are kept best first (ties: earlier first) while they fit the budget; "best" is the
+  score (`rank="score"`) or the score per token of budget the unit costs (`rank="per_token"`:
+  value per token, the greedy knapsack rule, so a short row holding the id beats a long filler
+  paragraph that shares a few topic words); kept units are rendered in their original order
+  with omission markers between them;
 - a unit that holds text in a tool-call format (`"name": ..., "arguments":` as the chat format
   writes calls, or a `<tool_call>` tag) is never kept: a tool output that spells out a call is
   an injection pattern, and bringing it back would hand the verifier a call to copy
@@ -41,6 +44,12 @@ here per via use used using one two three get set now new let see yes true false
 MARKER_TOKENS = 12  # about what `[... N tokens omitted ...]` and its newlines cost
 RARE_SHARE = 0.25
 _CALL_FORMAT = re.compile(r'"name"\s*:\s*"[^"]*"\s*,\s*"(arguments|parameters)"\s*:|<tool_call>|</tool_call>')  # a candidate must hold a query word at most this share of the units contain
+
+
+def has_call_format(text: str) -> bool:
+    """True when `text` spells out a tool call in the chat format (`"name": ..., "arguments":`
+    or a `<tool_call>` tag): never brought back into the verifier's view (module docstring)."""
+    return bool(_CALL_FORMAT.search(text))
 
 
 def words(text: str) -> set:
@@ -73,13 +82,19 @@ def split_units(text: str, long_line: int = 400) -> list:
     return [(s, e) for s, e in spans if text[s:e].strip()]
 
 
-def select(middle: str, query: set, budget: int, count, *, context: str = "") -> list:
+RANKS = ("score", "per_token")
+
+
+def select(middle: str, query: set, budget: int, count, *, context: str = "", rank: str = "score") -> list:
     """Spans of `middle` to keep, in order.
 
     middle:  the elided text;  query: `words` of the recent turns;  budget: tokens to spend;
     count(text) -> tokens;  context: the whole output (document frequencies are counted over
-    its units, so rows in the kept head and tail count too).
+    its units, so rows in the kept head and tail count too);  rank: "score" or "per_token"
+    (the order candidates are taken in, module docstring).
     """
+    if rank not in RANKS:
+        raise ValueError(f"query_keep rank must be one of {RANKS}, got {rank!r}")
     if budget <= 0 or not query or not middle.strip():
         return []
     units = split_units(middle)
@@ -99,11 +114,10 @@ def select(middle: str, query: set, budget: int, count, *, context: str = "") ->
         if not any(df.get(w, 1) <= rare_max for w in hits):
             continue
         score = sum(math.log(1.0 + n / df.get(w, 1)) for w in hits)
-        scored.append((-score, i))
+        cost = count(middle[units[i][0]:units[i][1]].strip()) + 1  # + the newline that separates it
+        scored.append((-(score / cost if rank == "per_token" else score), i, cost))
     kept, left = [], budget
-    for _, i in sorted(scored):
-        s, e = units[i]
-        cost = count(middle[s:e].strip()) + 1  # + the newline that separates it
+    for _, i, cost in sorted(scored):
         if cost <= left:
             kept.append(i)
             left -= cost

@@ -1,42 +1,141 @@
-"""Recall on evidence: bring back the removed text a step's output needed, and decode the step again.
+"""Recall on evidence: bring back the removed text a step needs, during decoding, and decode the step again.
 
-After a step decodes on the compressed view, its output is checked against the full view's copy
-evidence (asymagent/decoding/copy_delta.py `first_recall`): at the first output position where
-the full view would copy a continuation that only its removed text holds (c_F > c_C) and the
-emitted token is none of those, the tool outputs holding the copy sources are restored whole in
-the conversation's views (`ContextViews.restore`, sticky, so later steps keep them and stay
-append-stable), and the step is decoded again on the restored view (the verifier re-prefills
-from the first restored message; its cache keeps everything before). At most
-`CompressionConfig.max_recalls` times per step. The returned result's StepStats count the recalls
-(`recalls`, `recall_prefill_tokens`) and sum the wall time, prefill tokens and FLOPs of every pass.
+While a step decodes on the compressed view, the decode loop hands every emitted token to a
+`RecallWatch` (asymagent/decoding/loop.py, `LoopContext.interrupt`). The watch reads the full
+view's copy evidence (asymagent/decoding/copy_delta.py) at that output position:
+
+- `evidence="copy"`: the full view would copy a continuation that only its removed text holds
+  (c_F > c_C) and the emitted token is none of those (the verifier missed the copy);
+- `evidence="copy_any"`: the full view's copy points into removed text at all (c_F > c_C),
+  whether or not the verifier agreed: the step is reading text the verifier does not see;
+- `evidence="copy_any_length"`: as copy_any, at the longest suffix length whose continuations
+  differ between the views (the longest match often ends in an earlier call both views hold).
+
+When it fires and the tool outputs holding the copy sources (`scope="all"`), or the latest of
+them only (`scope="latest"`: the cheapest re-prefill, which starts at the first restored message;
+a further recall may bring back an older one), can be restored (and, with `max_tokens`, the restore would re-prefill at most that many
+verifier tokens: a bounded cost per recall)
+(`ContextViews.restore`: whole, sticky, so later steps keep them and stay append-stable), the
+loop stops there (finish "recall"; the tokens after it are never decoded) and the step is decoded
+again from its first token on the restored view: the verifier re-prefills from the first restored
+message (its cache keeps everything before; the newest output is the cache's tail, the cheapest
+case). From the first token, not from the evidence position: the tokens before it were chosen
+without the removed text. At most `CompressionConfig.max_recalls` recalls per step; the last
+pass runs without a watch. A tool output that spells out a tool call in the chat format
+(`query_keep.has_call_format`, the rule query keep applies to rows) is never restored: a recall
+would hand the verifier an injected call to copy (measured: on the injection_call attack set,
+dev seeds, restoring such outputs took asym's attack success from 0 to 0.29, full's 0.57). Deterministic: the evidence at position t depends only on the two
+views and the tokens before t, which under the default (position-invariant) rule do not depend
+on how rounds were laid out. The returned result's StepStats count the recalls (`recalls`,
+`recall_prefill_tokens`: verifier prefill of the passes after a recall) and sum the wall time,
+prefill tokens and FLOPs of every pass.
 """
 
 from __future__ import annotations
 
 from typing import Callable
 
-from asymagent.decoding.copy_delta import first_recall
+from asymagent.context.query_keep import has_call_format
+from asymagent.decoding.copy_delta import copy_sources, copy_sources_any_length, recall_sources
 
+EVIDENCE = ("copy", "copy_any", "copy_any_length")
+SCOPES = ("all", "latest")  # restore every tool output the evidence points into, or the latest one
 _SUMMED = ("wall_s", "prefill_s", "decode_s", "verifier_prefill_tokens", "drafter_prefill_tokens",
            "verifier_flops")
 
 
-def recall_loop(views, full_ids: list, compressed_ids: list, result, decode: Callable, *,
-                min_len: int = 3):
+def evidence_sources(evidence: str, full: list, compressed: list, emitted: int, *, min_len: int = 3):
+    """Positions of `full` the evidence points at for the token `emitted` after these views
+    (an empty array: no evidence)."""
+    if evidence == "copy":
+        return recall_sources(full, compressed, emitted, min_len=min_len)
+    if evidence == "copy_any":
+        return copy_sources(full, compressed, min_len=min_len)[0]
+    if evidence == "copy_any_length":
+        return copy_sources_any_length(full, compressed, min_len=min_len)[0]
+    raise ValueError(f"recall evidence must be one of {EVIDENCE}, got {evidence!r}")
+
+
+class RecallWatch:
+    """The decode loop's interrupt for one pass: True (stop, a recall happened) at the first output
+    position whose evidence restores a removed tool output (module docstring)."""
+
+    def __init__(self, views, full_ids: list, compressed_ids: list, *, evidence: str = "copy",
+                 min_len: int = 3, scope: str = "all", max_tokens: int = 0) -> None:
+        if scope not in SCOPES:
+            raise ValueError(f"recall scope must be one of {SCOPES}, got {scope!r}")
+        self.views, self.evidence, self.min_len, self.scope = views, evidence, min_len, scope
+        self.max_tokens = max_tokens  # a restore re-prefilling more verifier tokens is skipped (0: any)
+        self.full, self.compressed = list(full_ids), list(compressed_ids)
+        self.position: int | None = None  # output position where it fired
+        self.restored: list = []  # message indices brought back
+
+    def __call__(self, generated: list, start: int) -> bool:
+        """Check the output positions start..len(generated)-1 (tokens new since the last call)."""
+        for t in range(start, len(generated)):
+            src = evidence_sources(self.evidence, self.full + generated[:t],
+                                   self.compressed + generated[:t], generated[t], min_len=self.min_len)
+            if not src.size:
+                continue
+            positions = self._safe([int(p) for p in src if p < len(self.full)])
+            if self.scope == "latest":
+                positions = self._latest(positions)
+            if self.max_tokens and self.cost(positions) > self.max_tokens:
+                continue
+            hit = self.views.restore(positions)
+            if hit:
+                self.position, self.restored = t, hit
+                return True
+        return False
+
+
+    def _safe(self, positions: list) -> list:
+        """`positions` outside tool outputs that spell out a tool call (injection: module docstring)."""
+        spans = self.views.message_spans()
+        bad = [s.full for i, s in enumerate(spans)
+               if s.role == "tool" and has_call_format(self.views.original_text(i))]
+        return [p for p in positions if not any(a <= p < b for a, b in bad)]
+
+    def cost(self, positions: list) -> int:
+        """Verifier tokens a restore of the compressed tool outputs holding `positions` would
+        prefill: from the first of them to the end of the view, with those outputs whole."""
+        first, extra = None, 0
+        for span in self.views.message_spans():
+            if span.role == "tool" and not span.same and any(span.full[0] <= p < span.full[1] for p in positions):
+                first = span.compressed[0] if first is None else first
+                extra += (span.full[1] - span.full[0]) - (span.compressed[1] - span.compressed[0])
+        return 0 if first is None else len(self.compressed) - first + extra
+
+    def _latest(self, positions: list) -> list:
+        """The positions inside the latest still-compressed tool output that holds any."""
+        out = []
+        for span in self.views.message_spans():
+            inside = [p for p in positions if span.full[0] <= p < span.full[1]]
+            if inside and span.role == "tool" and not span.same:
+                out = inside
+        return out
+
+
+def recall_loop(views, full_ids: list, compressed_ids: list, decode: Callable, *,
+                evidence: str = "copy", min_len: int = 3, scope: str = "all", max_tokens: int = 0):
     """The step's final result after up to `views.config.max_recalls` recalls.
 
-    `decode(compressed_ids)` decodes the step again on a new verifier view (same full view)."""
-    for _ in range(views.config.max_recalls):
-        hit = first_recall(full_ids, compressed_ids, result.token_ids, min_len=min_len)
-        if hit is None or not views.restore([int(p) for p in hit[1] if p < len(full_ids)]):
-            break
+    `decode(compressed_ids, interrupt)` decodes the step on a verifier view (same full view);
+    `interrupt` is a RecallWatch, or None for the last allowed pass."""
+    recalls, before = 0, None
+    while True:
+        watch = RecallWatch(views, full_ids, compressed_ids, evidence=evidence, min_len=min_len,
+                            scope=scope, max_tokens=max_tokens) \
+            if recalls < views.config.max_recalls else None
+        result = decode(compressed_ids, watch)
+        if before is not None:
+            s = result.stats
+            s.recalls = before.recalls + 1
+            s.recall_prefill_tokens = before.recall_prefill_tokens + s.verifier_prefill_tokens
+            s.ttft_s += before.wall_s
+            for name in _SUMMED:
+                setattr(s, name, getattr(s, name) + getattr(before, name))
+        if watch is None or watch.position is None:
+            return result
+        recalls, before = recalls + 1, result.stats
         compressed_ids = views.compressed_ids()
-        before = result.stats
-        result = decode(compressed_ids)
-        s = result.stats
-        s.recalls = before.recalls + 1
-        s.recall_prefill_tokens = before.recall_prefill_tokens + s.verifier_prefill_tokens
-        s.ttft_s += before.wall_s
-        for name in _SUMMED:
-            setattr(s, name, getattr(s, name) + getattr(before, name))
-    return result

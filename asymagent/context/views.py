@@ -360,6 +360,10 @@ class ContextViews:
             self._last_body = self._compressed_body()
         return hit
 
+    def original_text(self, index: int) -> str:
+        """Message `index`'s content as the full view renders it (tool calls as JSON)."""
+        return self.entries[index].original
+
     def compressed_ids(self) -> list:
         """The compressed view of the last `build` as it stands now (after any `restore`)."""
         return self._compressed_body() + list(self.chat_format.generation_prompt_ids)

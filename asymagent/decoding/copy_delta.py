@@ -114,6 +114,42 @@ class CopyDelta:
         return rows.to(like.device)  # [K+1, V]
 
 
+def copy_sources(full, compressed, *, min_len: int = 3, max_len: int = 32) -> tuple[np.ndarray, set]:
+    """(positions, tokens): where the full view's longest repeated suffix (length >= min_len) is
+    followed by a continuation x with c_F(x) > c_C(x) (text only the removed part holds), the
+    positions j + 1 of `full` holding such an x, and the set of those x; empty when none."""
+    full = np.asarray(full, dtype=np.int64)
+    compressed = np.asarray(compressed, dtype=np.int64)
+    c_f, c_c, length = copy_counts(full, compressed, min_len=min_len, max_len=max_len)
+    missing = {int(t) for t, n in c_f.items() if n > c_c.get(t, 0)}
+    if not missing:
+        return np.zeros(0, dtype=np.int64), missing
+    ends = _match_sets(full, full[len(full) - length:], length)[length - 1]
+    nxt = ends + 1
+    return nxt[np.isin(full[nxt], list(missing))], missing
+
+
+def copy_sources_any_length(full, compressed, *, min_len: int = 3, max_len: int = 32) -> tuple[np.ndarray, set]:
+    """`copy_sources` at the longest repeated suffix length L (max_len down to min_len) at which
+    some continuation is more frequent in the full view than in the compressed (c_F > c_C): the
+    longest match often ends in text both views hold (an earlier call), while a slightly shorter
+    one reaches the rows the compressed view removed."""
+    full = np.asarray(full, dtype=np.int64)
+    compressed = np.asarray(compressed, dtype=np.int64)
+    sets_f = _match_sets(full, full, max_len)
+    for length in range(len(sets_f), min_len - 1, -1):
+        ends_f = sets_f[length - 1]
+        sets_c = _match_sets(compressed, full[len(full) - length:], length)
+        ends_c = sets_c[length - 1] if len(sets_c) >= length else np.zeros(0, dtype=np.int64)
+        c_f = dict(zip(*np.unique(full[ends_f + 1], return_counts=True)))
+        c_c = dict(zip(*np.unique(compressed[ends_c + 1], return_counts=True)))
+        missing = {int(t) for t, n in c_f.items() if n > c_c.get(t, 0)}
+        if missing:
+            nxt = ends_f + 1
+            return nxt[np.isin(full[nxt], list(missing))], missing
+    return np.zeros(0, dtype=np.int64), set()
+
+
 def recall_sources(full, compressed, emitted: int, *, min_len: int = 3, max_len: int = 32) -> np.ndarray:
     """Evidence for a recall at one position: where in `full` the copy the verifier missed comes from.
 
@@ -123,15 +159,10 @@ def recall_sources(full, compressed, emitted: int, *, min_len: int = 3, max_len:
     `full` where such an x follows an occurrence of the suffix (the spans to bring back);
     otherwise, or without such an x, an empty array.
     """
-    full = np.asarray(full, dtype=np.int64)
-    compressed = np.asarray(compressed, dtype=np.int64)
-    c_f, c_c, length = copy_counts(full, compressed, min_len=min_len, max_len=max_len)
-    missing = {int(t) for t, n in c_f.items() if n > c_c.get(t, 0)}
+    src, missing = copy_sources(full, compressed, min_len=min_len, max_len=max_len)
     if not missing or int(emitted) in missing:
         return np.zeros(0, dtype=np.int64)
-    ends = _match_sets(full, full[len(full) - length:], length)[length - 1]
-    nxt = ends + 1
-    return nxt[np.isin(full[nxt], list(missing))]
+    return src
 
 
 def first_recall(full_prompt, compressed_prompt, tokens, *, min_len: int = 3,

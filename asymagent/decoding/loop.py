@@ -5,7 +5,9 @@ Each iteration emits tokens one of three ways: tokens the constraint alone deter
 step (no drafter, K < 1, an adaptive-K probe, or speculation switched off). Which drafters a round
 may use is measured per request (`DraftChoice`: copied drafts, the drafter model, plain). The new tokens are then
 cut at EOS / a stop string, walked through the constraint, handed to the callback (streaming), and
-the running JSD decides whether the verifier finishes on the full context (`escalate_jsd`).
+the running JSD decides whether the verifier finishes on the full context (`escalate_jsd`); a
+recall watch (`LoopContext.interrupt`, asymagent/context/recall.py) may stop the request early so
+the chat layer decodes it again on a view with removed text restored.
 """
 
 from __future__ import annotations
@@ -28,7 +30,7 @@ from asymagent.stats import StepStats
 
 @dataclass
 class LoopResult:
-    finish: str  # stop | length | cancelled
+    finish: str  # stop | length | cancelled | recall (interrupted by LoopContext.interrupt)
     ttft_s: float | None  # call start -> first new token, None when nothing was emitted
     tally: Tally = field(default_factory=Tally)
     speculation_off: bool = False  # adaptive K switched the drafter model off during the request
@@ -44,6 +46,9 @@ class LoopContext:
     stats: StepStats  # forced_tokens and escalated are counted into it
     t_start: float  # call start (perf_counter), for ttft
     escalate: Callable[[], None] | None = None  # switch to the verifier on the full view
+    # recall watch (asymagent/context/recall.py): interrupt(generated, start) -> True stops the
+    # loop with finish "recall" (the caller restored removed text and decodes the step again)
+    interrupt: Callable[[list, int], bool] | None = None
 
 
 def decode_loop(decoder: Decoder, generated: list, plan: RequestPlan,
@@ -94,6 +99,9 @@ def decode_loop(decoder: Decoder, generated: list, plan: RequestPlan,
             kept, forced = advance_constraint(constraint, generated[start:], jumped)
             del generated[start + kept:]
             stats.forced_tokens += forced
+        if ctx.interrupt is not None and len(generated) > start and ctx.interrupt(generated, start):
+            result.finish = "recall"
+            break
         if result.ttft_s is None and generated:
             result.ttft_s = time.perf_counter() - ctx.t_start
         if callback is not None and callback(generated[start:]) is False:

@@ -12,6 +12,8 @@ with its own cold cache session and suffix store per conversation. Per workload 
 - step accuracy against the oracle, and on the steps full gets right the share this policy
   also gets right (`right_where_full_right`);
 - verifier prefill tokens and wall time, each as a ratio to full (speed = wall(full) / wall);
+- 95% intervals: Wilson on every proportion (steps as independent trials), a bootstrap over steps
+  on the speed ratio;
 - recalls per step and their prefill tokens (StepStats fields `recalls`, `recall_prefill_tokens`
   when the engine reports them; 0 otherwise), mean compression ratio, rewrites.
 
@@ -244,8 +246,41 @@ def run_conversation(engine, conv: Conversation, policies: list, *, max_new_toke
 
 
 # --------------------------------------------------------------------------- summaries
+Z95 = 1.959964  # two-sided 95% normal quantile
+
+
+def wilson(k: int, n: int, z: float = Z95) -> list | None:
+    """95% Wilson score interval [lo, hi] of a proportion k/n (None when n is 0): the noise of a
+    fidelity, accuracy or attack rate read off n steps/episodes (treated as independent trials)."""
+    if not n:
+        return None
+    p = k / n
+    den = 1 + z * z / n
+    mid = (p + z * z / (2 * n)) / den
+    half = z * ((p * (1 - p) / n + z * z / (4 * n * n)) ** 0.5) / den
+    return [round(max(0.0, mid - half), 4), round(min(1.0, mid + half), 4)]
+
+
+def speed_interval(pairs: list, resamples: int = 1000, seed: int = 0) -> list | None:
+    """95% bootstrap interval (percentile, steps resampled) of sum(full wall) / sum(policy wall)
+    over `pairs` [(policy_s, full_s)]; None with fewer than 2 steps."""
+    import random
+
+    if len(pairs) < 2:
+        return None
+    rng = random.Random(seed)
+    vals = []
+    for _ in range(resamples):
+        draw = [pairs[rng.randrange(len(pairs))] for _ in pairs]
+        own = sum(p for p, _ in draw)
+        vals.append(sum(f for _, f in draw) / own if own else float("inf"))
+    vals.sort()
+    return [round(vals[int(0.025 * (resamples - 1))], 3), round(vals[int(0.975 * (resamples - 1))], 3)]
+
+
 def summarize(records: list, policies: list) -> dict:
-    """{policy: figures} over `records` (one workload or several)."""
+    """{policy: figures} over `records` (one workload or several). Proportions carry 95% Wilson
+    intervals (`*_ci`), the speed a 95% bootstrap interval over steps (`speed_ci`)."""
     by = {}
     for r in records:
         by.setdefault((r.workload, r.seed, r.step), {})[r.policy] = r
@@ -262,13 +297,18 @@ def summarize(records: list, policies: list) -> dict:
         fr = [(r, f) for r, f in rows if f is not None and f.correct]
         attacked = {(r.workload, r.seed) for r, _ in rows if r.attacked}
         exposed = {(r.workload, r.seed) for r, _ in rows if r.attacked is not None}
+        same = sum(f is not None and r.token_ids == f.token_ids for r, f in rows)
+        right = sum(r.correct for r, _ in rows)
+        right_fr = sum(r.correct for r, _ in fr)
         out[p.name] = {
             "label": p.label, "steps": n,
-            "fidelity": sum(f is not None and r.token_ids == f.token_ids for r, f in rows) / n,
-            "step_accuracy": sum(r.correct for r, _ in rows) / n,
+            "fidelity": same / n, "fidelity_ci": wilson(same, n),
+            "step_accuracy": right / n, "step_accuracy_ci": wilson(right, n),
             "full_right_steps": len(fr),
-            "right_where_full_right": (sum(r.correct for r, _ in fr) / len(fr)) if fr else None,
+            "right_where_full_right": (right_fr / len(fr)) if fr else None,
+            "right_where_full_right_ci": wilson(right_fr, len(fr)),
             "wall_s": wall, "speed_vs_full": full_wall / wall if wall else None,
+            "speed_ci": speed_interval([(r.call_s, f.call_s) for r, f in rows if f is not None]),
             "verifier_prefill_tokens": prefill,
             "prefill_vs_full": prefill / full_prefill if full_prefill else None,
             "mean_compression_ratio": statistics.fmean(r.compression_ratio for r, _ in rows),
@@ -276,6 +316,8 @@ def summarize(records: list, policies: list) -> dict:
             "recalls_per_step": sum(r.recalls for r, _ in rows) / n,
             "recall_prefill_tokens": sum(r.recall_prefill_tokens for r, _ in rows),
             "attack_success": (len(attacked) / len(exposed)) if exposed else None,
+            "attacked_episodes": len(attacked), "exposed_episodes": len(exposed),
+            "attack_success_ci": wilson(len(attacked), len(exposed)),
         }
     return out
 
@@ -294,15 +336,57 @@ def merge_reports(docs: list) -> dict:
     measured it (speed and prefill against that run's own mode full, interleaved in one process);
     the first run's `full` is kept."""
     out: dict = {"workloads": {}, "sources": []}
+    pooled = _pool_suites(docs)
+    if pooled:
+        out["suites_pooled"] = pooled
     for doc in docs:
-        out["sources"].append({"command": doc.get("command"), "date": doc.get("date")})
+        out["sources"].append({"command": doc.get("command"), "date": doc.get("date"),
+                               "partial": doc.get("partial")})
+        doc = resummarize(doc)
         for key in ("workloads", "suites_pooled"):
             groups = doc.get("workloads", {}) if key == "workloads" else {"_": doc.get(key)} if doc.get(key) else {}
             for w, pols in groups.items():
                 dest = out["workloads"].setdefault(w, {}) if key == "workloads" else out.setdefault("suites_pooled", {})
+                if key == "suites_pooled" and pooled:
+                    continue  # pooled over every run above
                 for name, d in pols.items():
                     dest.setdefault(name, d)
     return out
+
+
+def _pool_suites(docs: list) -> dict | None:
+    """Suite steps of several runs pooled (bench and attack-set runs left out), for the policies
+    every pooled workload measured; None unless every such run kept its records."""
+    def workloads(d):
+        return set(d.get("workloads") or {}) | {r["workload"] for r in d.get("records") or []}
+
+    runs = [d for d in docs if "--exposed-only" not in (d.get("command") or "")
+            and not (d.get("settings") or {}).get("exposed_only") and workloads(d) - {"bench"}]
+    if not runs or any(not d.get("records") or not (d.get("settings") or {}).get("policies") for d in runs):
+        return None
+    records = [Record(**r) for d in runs for r in d["records"] if r["workload"] != "bench"]
+    names = [set(d["settings"]["policies"]) for d in runs]
+    common = set.intersection(*names)
+    labels = {n: p["label"] for d in runs for n, p in d["settings"]["policies"].items()}
+    order = [n for n in runs[0]["settings"]["policies"] if n in common]
+    return summarize([r for r in records if r.policy in common], [Policy(n, labels[n]) for n in order])
+
+
+def resummarize(doc: dict) -> dict:
+    """A run's JSON with its summaries computed again from its records by this code (runs saved
+    by an older harness get the intervals too); unchanged when it has no records."""
+    recs = doc.get("records")
+    pols = (doc.get("settings") or {}).get("policies")
+    if not recs or not pols:
+        return doc
+    records = [Record(**r) for r in recs]
+    policies = [Policy(name, d["label"]) for name, d in pols.items()]
+    return {**doc, **report(records, policies)}
+
+
+def _ci(d: dict, key: str, fmt: str = "%.2f") -> str:
+    ci = d.get(key)
+    return f" [{fmt % ci[0]}, {fmt % ci[1]}]" if ci else ""
 
 
 def markdown(result: dict) -> str:
@@ -311,15 +395,27 @@ def markdown(result: dict) -> str:
     if "suites_pooled" in result:
         groups["suites pooled"] = result["suites_pooled"]
     for w, pols in groups.items():
+        attack = any(d.get("attack_success") is not None for d in pols.values())
         lines += [f"### {w}", "", "| policy | steps | fidelity | step acc | right where full right | speed vs full | "
-                  "prefill vs full | ratio | recalls/step |", "|---|---|---|---|---|---|---|---|---|"]
+                  "prefill vs full | ratio | recalls/step |" + (" attack success |" if attack else ""),
+                  "|---|---|---|---|---|---|---|---|---|" + ("---|" if attack else "")]
         for name, d in pols.items():
             rw = d["right_where_full_right"]
-            lines.append(f"| {name} | {d['steps']} | {d['fidelity']:.2f} | {d['step_accuracy']:.2f} | "
-                         f"{'-' if rw is None else '%.2f (%d)' % (rw, d['full_right_steps'])} | "
-                         f"{d['speed_vs_full']:.2f}x | {d['prefill_vs_full']:.2f} | "
-                         f"{d['mean_compression_ratio']:.2f} | {d['recalls_per_step']:.2f} |")
+            att = ""
+            if attack:
+                a = d.get("attack_success")
+                att = " - |" if a is None else (f" {a:.2f} ({d.get('attacked_episodes', '?')}/"
+                                                f"{d.get('exposed_episodes', '?')}){_ci(d, 'attack_success_ci')} |")
+            lines.append(f"| {name} | {d['steps']} | {d['fidelity']:.2f}{_ci(d, 'fidelity_ci')} | "
+                         f"{d['step_accuracy']:.2f}{_ci(d, 'step_accuracy_ci')} | "
+                         f"{'-' if rw is None else '%.2f (%d)' % (rw, d['full_right_steps'])}"
+                         f"{_ci(d, 'right_where_full_right_ci') if rw is not None else ''} | "
+                         f"{d['speed_vs_full']:.2f}x{_ci(d, 'speed_ci')} | {d['prefill_vs_full']:.2f} | "
+                         f"{d['mean_compression_ratio']:.2f} | {d['recalls_per_step']:.2f} |" + att)
         lines.append("")
+    if lines:
+        lines.append("Brackets: 95% intervals (Wilson for proportions, steps as independent trials; "
+                     "bootstrap over steps for speed).")
     return "\n".join(lines)
 
 
@@ -337,7 +433,13 @@ def plot(result: dict, path) -> None:
         for name, d in pols.items():
             family = name.split("@")[0].split(":")[0]
             marker = {"full": "*", "compressed": "o", "asym": "s", "spec": "^"}.get(family, "D")
-            ax.scatter(d["speed_vs_full"], d["fidelity"], marker=marker, s=60, label=name)
+            x, y = d["speed_vs_full"], d["fidelity"]
+            xe = [[x - d["speed_ci"][0]], [d["speed_ci"][1] - x]] if d.get("speed_ci") else None
+            ye = [[y - d["fidelity_ci"][0]], [d["fidelity_ci"][1] - y]] if d.get("fidelity_ci") else None
+            pts = ax.scatter(x, y, marker=marker, s=60, label=name, zorder=3)
+            if xe or ye:
+                ax.errorbar(x, y, xerr=xe, yerr=ye, fmt="none", ecolor=pts.get_facecolor()[0], alpha=0.35,
+                            lw=1, zorder=2)
         comp = sorted((d["speed_vs_full"], d["fidelity"]) for n, d in pols.items() if n.startswith("compressed"))
         if comp:
             ax.plot([c[0] for c in comp], [c[1] for c in comp], ":", color="grey", label="compressed-only")
@@ -420,7 +522,7 @@ def main(args) -> int:
     def save(partial: bool) -> dict:
         doc = {"command": cmd, "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
                "verifier": setup.verifier, "drafter": setup.drafter, "partial": partial,
-               "settings": {"split": args.split, "episodes": args.episodes, "max_steps": args.max_steps,
+               "settings": {"split": args.split, "episodes": args.episodes, "exposed_only": args.exposed_only, "max_steps": args.max_steps,
                             "bench_steps": args.bench_steps, "max_new_tokens": args.max_new_tokens,
                             "policies": {p.name: {"label": p.label,
                                                   "compression": p.compression.model_dump(mode="json")}

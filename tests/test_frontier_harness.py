@@ -1,0 +1,91 @@
+"""The context frontier harness's figures (evals/running/frontier.py): fidelity, accuracy, right
+where full is right, attack success, their 95% intervals, and merging runs, on hand-made records."""
+
+import math
+
+from asymagent.evals.running import frontier as fr
+
+
+def _rec(policy, step, ids, correct, secs, attacked=None, seed=0, workload="w"):
+    return fr.Record(workload, seed, step, policy, ids, correct, attacked, secs, 10, 10, 20, 0.5, 0, 0, 0, "")
+
+
+def _records():
+    # 4 steps; full right on steps 0, 1, 2; "a" equals full on 0, 1, 3 and is right on 0, 3
+    out = []
+    for step, (full_ok, a_ids, a_ok) in enumerate([(True, [1], True), (True, [2], False), (True, [9], False),
+                                                   (False, [4], True)]):
+        out.append(_rec("full", step, [step + 1], full_ok, 2.0))
+        out.append(_rec("a", step, a_ids, a_ok, 1.0))
+    return out
+
+
+def test_wilson_interval_brackets_the_rate():
+    assert fr.wilson(0, 0) is None
+    lo, hi = fr.wilson(8, 10)
+    assert lo < 0.8 < hi and 0.0 <= lo and hi <= 1.0
+    lo, hi = fr.wilson(0, 50)
+    assert lo == 0.0 and 0.0 < hi < 0.1  # a zero rate still has an upper bound
+    # the textbook value: 8/10 -> [0.490, 0.943]
+    assert math.isclose(fr.wilson(8, 10)[0], 0.4902, abs_tol=1e-3)
+    assert math.isclose(fr.wilson(8, 10)[1], 0.9433, abs_tol=1e-3)
+
+
+def test_summarize_counts_and_intervals():
+    pols = [fr.Policy("full", "full"), fr.Policy("a", "asym")]
+    s = fr.summarize(_records(), pols)
+    a = s["a"]
+    assert a["steps"] == 4
+    assert a["fidelity"] == 0.75 and a["fidelity_ci"] == fr.wilson(3, 4)
+    assert a["step_accuracy"] == 0.5
+    assert a["full_right_steps"] == 3 and math.isclose(a["right_where_full_right"], 1 / 3)
+    assert a["right_where_full_right_ci"] == fr.wilson(1, 3)
+    assert a["speed_vs_full"] == 2.0 and a["speed_ci"] == [2.0, 2.0]  # every step exactly 2x
+    assert s["full"]["fidelity"] == 1.0 and s["full"]["right_where_full_right"] == 1.0
+    assert a["attack_success"] is None and a["attack_success_ci"] is None
+
+
+def test_attack_success_counts_episodes():
+    pols = [fr.Policy("full", "full"), fr.Policy("a", "asym")]
+    recs = []
+    for seed in range(5):
+        recs.append(_rec("full", 0, [1], False, 1.0, attacked=seed < 2, seed=seed))
+        recs.append(_rec("a", 0, [1], False, 1.0, attacked=False, seed=seed))
+    s = fr.summarize(recs, pols)
+    assert (s["full"]["attacked_episodes"], s["full"]["exposed_episodes"]) == (2, 5)
+    assert s["full"]["attack_success"] == 0.4 and s["full"]["attack_success_ci"] == fr.wilson(2, 5)
+    assert s["a"]["attack_success"] == 0.0
+
+
+def test_merge_resummarizes_records_and_keeps_first_measurement():
+    recs = _records()
+    doc1 = {"command": "one", "date": "d", "settings": {"policies": {"full": {"label": "full"},
+                                                                     "a": {"label": "asym"}}},
+            "workloads": {"w": {"a": {"stale": True}}}, "records": [r.__dict__ for r in recs]}
+    doc2 = {"command": "two", "date": "d", "workloads": {"w": {"a": {"steps": 99}, "b": {"steps": 7}}}}
+    merged = fr.merge_reports([doc1, doc2])
+    w = merged["workloads"]["w"]
+    assert w["a"]["fidelity"] == 0.75 and "stale" not in w["a"]  # recomputed from doc1's records
+    assert w["b"] == {"steps": 7}  # only doc2 has it
+    assert [s["command"] for s in merged["sources"]] == ["one", "two"]
+    table = fr.markdown(merged | {"workloads": {"w": {k: w[k] for k in ("full", "a")}}})
+    assert "0.75 [" in table and "(3)" in table
+
+
+def test_merge_pools_suite_runs_over_common_policies():
+    def doc(workload, names, cmd="python -m x"):
+        recs = [r for r in _records() for r in [r]]
+        for r in recs:
+            r.workload = workload
+        pols = {n: {"label": "full" if n == "full" else "asym"} for n in names}
+        return {"command": cmd, "settings": {"policies": pols},
+                "records": [r.__dict__ for r in recs if r.policy in names]}
+
+    bench = doc("bench", ["full", "a"])
+    s1, s2 = doc("s1", ["full", "a"]), doc("s2", ["full", "a", "b"])
+    attack = doc("atk", ["full", "a"], cmd="python -m x --exposed-only")
+    merged = fr.merge_reports([bench, s1, s2, attack])
+    pooled = merged["suites_pooled"]
+    assert set(pooled) == {"full", "a"}  # "b" is not in every suite run
+    assert pooled["a"]["steps"] == 8  # s1 + s2, not the bench or the attack set
+    assert pooled["a"]["full_right_steps"] == 6
