@@ -43,7 +43,10 @@ _DISABLED = {"why": None}  # set once when the kernel fails at run time
 
 def _key(weight: torch.Tensor) -> tuple:
     """What the packed copy was made from: storage, in-place version counter, dtype, device."""
-    version = torch.Tensor._version.__get__(weight)  # moves on every in-place write
+    try:
+        version = torch.Tensor._version.__get__(weight)  # moves on every in-place write
+    except RuntimeError:  # an inference tensor (made under inference_mode) has no counter
+        version = -1
     return (weight.data_ptr(), version, weight.dtype, weight.device)
 
 
@@ -102,6 +105,13 @@ class PackedLinear(torch.nn.Linear):
         if self.packed_key != key:
             self.packed_weight, self.packed_key = _pack(w), key
         return self.packed_weight
+
+    def __getstate__(self) -> dict:
+        """Copies and pickles leave the packed copy out (an opaque oneDNN tensor cannot be
+        copied or saved); it is re-made on the copy's first packed forward."""
+        state = dict(self.__dict__)
+        state["packed_weight"], state["packed_key"] = None, None
+        return state
 
     def forward(self, input: torch.Tensor) -> torch.Tensor:  # [..., in] -> [..., out]
         w = self.weight
