@@ -9,7 +9,8 @@ bit-identical to `F.linear`'s for those rows (checked on every layer at pack tim
 greedy tokens do not change. At 64+ rows (prefill chunks) F.linear is as fast or faster and the
 two may differ by an ulp, so those forwards keep F.linear.
 
-- `PackedLinear` is `nn.Linear` with that forward: rows <= `max_rows` (decode, the K+1 verify,
+- `PackedLinear` is `nn.Linear` with that forward: rows <= `max_rows` (32: decode, the K+1 verify
+  with jump-forward tokens before it,
   drafter steps) through the packed kernel, more rows, autograd, other devices or dtypes through
   `F.linear`. The original `weight` Parameter stays where it was (state_dict, tied embeddings and
   the drafter's shared head are untouched); the packed copy sits beside it and is re-made when the
@@ -36,8 +37,8 @@ from dataclasses import dataclass, field
 import torch
 import torch.nn.functional as F
 
-MAX_PACKED_ROWS = 16  # forwards of up to this many rows use the packed weight (K+1 <= 16)
-CHECK_ROWS = (1, 3, 16)  # row counts compared bit for bit with F.linear at pack time
+MAX_PACKED_ROWS = 32  # forwards of up to this many rows use the packed weight (forced tokens + K+1)
+CHECK_ROWS = (1, 3, 16, 32)  # row counts compared bit for bit with F.linear at pack time
 _DISABLED = {"why": None}  # set once when the kernel fails at run time
 
 
