@@ -92,8 +92,9 @@ class Engine:
         for model in (self.verifier, self.drafter):  # verify forwards read grouped KV in place
             if model is not None:
                 use_gqa_attention(model)
-                # bf16 on the CPU: few-row forwards read prepacked weights (same bits, faster)
-                packed += pack_linears(model).packed
+                # bf16 on the CPU: few-row forwards read prepacked weights (same bits, faster);
+                # not under torch.compile, which traces the plain linears it was measured with
+                packed += 0 if compile else pack_linears(model).packed
         self.tokenizer = tokenizer
         # sha256 of the verifier's weights file when loaded from one (captured traces carry it)
         self.verifier_fingerprint = verifier_fingerprint
