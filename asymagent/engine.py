@@ -19,6 +19,7 @@ generate -> ChatResult).
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import secrets
 import threading
@@ -91,8 +92,9 @@ class Engine:
         for model in (self.verifier, self.drafter):  # verify forwards read grouped KV in place
             if model is not None:
                 use_gqa_attention(model)
-                # bf16 on the CPU: few-row forwards read prepacked weights (same bits, faster)
-                packed += pack_linears(model).packed
+                # bf16 on the CPU: few-row forwards read prepacked weights (same bits, faster);
+                # not under torch.compile, which traces the plain linears it was measured with
+                packed += 0 if compile else pack_linears(model).packed
         self.tokenizer = tokenizer
         # sha256 of the verifier's weights file when loaded from one (captured traces carry it)
         self.verifier_fingerprint = verifier_fingerprint
@@ -447,6 +449,23 @@ class Engine:
             return score_tokens(self.verifier, prompt, top_logprobs)
 
     # ------------------------------------------------------------------ chat
+    def _recall_pass(self, turn, request: GenerationRequest, ids, interrupt, full: bool) -> GenerationResult:
+        """One pass of a chat turn under recall (asymagent/context/recall.py): on the verifier
+        view `ids`, or with `full` on the full view in mode spec (lossless); a watch that reads
+        log-probs (evidence "margin") gets a LogprobRecorder(top=2) when the request has none
+        (the result then carries no log-probs, as asked)."""
+        req = dataclasses.replace(request, mode="spec") if full else request
+        own = getattr(interrupt, "needs_logprobs", False) and request.logprobs is None
+        if own:
+            interrupt.recorder = LogprobRecorder(2)
+            req = dataclasses.replace(req, logprobs=interrupt.recorder)
+        result = self._generate(turn.full_ids, turn.full_ids if full else ids, req,
+                                constraint=turn.constraint, interrupt=interrupt)
+        if own:
+            result.logprobs = None
+        result.stats.mode = request.mode
+        return result
+
     def chat(self, messages: list, tools: list | None = None, mode: str = "asym",
              max_new_tokens: int = 256, temperature: float = 0.0, seed: int | None = None,
              top_p: float = 1.0, stop=None, tool_choice="auto", callback=None,
@@ -482,7 +501,6 @@ class Engine:
             turn = prepare_chat(self, messages, request)
             # recall on evidence during decoding (CompressionConfig.max_recalls; 0: one pass)
             result = recall_step(self, turn, request,
-                                 lambda ids, interrupt: self._generate(
-                                     turn.full_ids, ids, request, constraint=turn.constraint,
-                                     interrupt=interrupt))
+                                 lambda ids, interrupt, full: self._recall_pass(
+                                     turn, request, ids, interrupt, full))
             return chat_result(self, turn, result)

@@ -165,3 +165,54 @@ def test_model_cache_uses_the_switch(monkeypatch):
         mc = ModelCache(model)
         mc.forward_logits([5, 6, 7], keep=1)
         assert type(mc.cache) is kind
+
+
+# --- aligned attention reads (bf16 on the CPU): a position scores the same in any forward ---
+
+def _bf16_gqa_model(seed: int = 3):
+    from asymagent.kv.attention import use_gqa_attention
+
+    model = make_model(seed=seed, hidden=128).to(torch.bfloat16)  # 4 query heads over 2 KV heads
+    model.config._attn_implementation = "sdpa"
+    assert use_gqa_attention(model)
+    return model
+
+
+@pytest.mark.parametrize("context", [60, 63, 127, 300, 511])
+def test_aligned_reads_score_a_position_the_same_whatever_the_forward_length(context):
+    """The logits of the first fed position are bit-identical for forwards of 1..16 tokens (a
+    decode step vs a K+1 verify) once attention reads a multiple of 64 positions past the cache
+    and a one-row forward takes the multi-row path (bf16, CPU)."""
+    model = _bf16_gqa_model()
+    ids = torch.randint(0, 256, (1, context), generator=torch.Generator().manual_seed(context))
+    cache = GrowingCache(config=model.config, attend_align=growing_cache.ATTEND_ALIGN)
+    with torch.inference_mode():
+        model(ids, past_key_values=cache, use_cache=True)
+        rows = {}
+        for t in (1, 2, 3, 5, 9, 16):
+            feed = torch.arange(7, 7 + t)[None]
+            rows[t] = model(feed, past_key_values=cache, use_cache=True).logits[0, 0]  # [V]
+            cache.crop(-t)
+    for t, row in rows.items():
+        assert torch.equal(row, rows[1]), f"position scored differently in a {t}-token forward"
+
+
+def test_aligned_reads_keep_the_cached_length_and_mask_the_tail():
+    """The padded tail is never attended: logits match the stock cache's to bf16 rounding, and
+    the layer's keys keep their exact length."""
+    model = _bf16_gqa_model()
+    ids = torch.randint(0, 256, (1, 70), generator=torch.Generator().manual_seed(1))
+    aligned = GrowingCache(config=model.config, attend_align=growing_cache.ATTEND_ALIGN)
+    stock = DynamicCache(config=model.config)
+    with torch.inference_mode():
+        for cache in (aligned, stock):
+            model(ids, past_key_values=cache, use_cache=True)
+        for t in (1, 4, 1):
+            feed = torch.arange(9, 9 + t)[None]
+            a = model(feed, past_key_values=aligned, use_cache=True).logits.float()
+            b = model(feed, past_key_values=stock, use_cache=True).logits.float()
+            assert torch.allclose(a, b, atol=0.1, rtol=0.02), (a - b).abs().max()
+            assert a.argmax(-1).tolist() == b.argmax(-1).tolist()
+    for layer in aligned.layers:
+        assert layer.keys.shape[-2] == 70 + 6 == layer.get_seq_length()
+        assert layer._k.shape[-2] % growing_cache.ALIGN == 0

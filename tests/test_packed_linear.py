@@ -178,3 +178,25 @@ def test_draft_head_rows_equal_f_linear():
     hidden = torch.randn(4, w.shape[1]).to(torch.bfloat16)  # [4, H]
     assert torch.equal(head.draft_logits(hidden[0]), F.linear(hidden[0], w[head.vocab]).float())
     assert torch.equal(head.full_logits(hidden), F.linear(hidden, w).float())
+
+
+@needs_kernel
+def test_a_packed_model_copies_and_saves(tmp_path, monkeypatch):
+    """deepcopy and torch.save leave the (uncopyable) packed tensor out; it is re-made on use
+    (also for a copy made under inference_mode, whose weights have no version counter)."""
+    import copy
+
+    monkeypatch.setitem(packed_linear._DISABLED, "why", None)  # restored even if this fails
+
+    seq = _linear(32, 16)
+    pack_linears(seq)
+    x = torch.randn(2, 16, dtype=torch.bfloat16)
+    with torch.inference_mode():
+        ref = seq(x)
+        twin = copy.deepcopy(seq)
+        assert type(twin[0]) is PackedLinear and torch.equal(twin(x), ref)
+        assert twin[0].packed_weight is not None and twin[0].packed_weight is not seq[0].packed_weight
+        torch.save(seq, tmp_path / "m.pt")
+        loaded = torch.load(tmp_path / "m.pt", weights_only=False)
+        assert torch.equal(loaded(x), ref)
+    assert packed_linear._DISABLED["why"] is None  # nothing fell back

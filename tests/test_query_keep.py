@@ -156,7 +156,7 @@ def test_recall_loop_restores_and_decodes_again(smollm_tokenizer):
     right = ids + smollm_tokenizer.encode("3", add_special_tokens=False)
     seen = []
 
-    def decode(compressed_ids, interrupt):  # emits its tokens one by one, as the decode loop does
+    def decode(compressed_ids, interrupt, full=False):  # emits its tokens one by one, as the loop does
         seen.append((compressed_ids, interrupt is not None))
         gen = []
         for t in (wrong if len(seen) == 1 else right) + [0, 0, 0]:

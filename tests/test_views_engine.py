@@ -166,3 +166,46 @@ def test_recall_during_decoding_is_deterministic_whatever_the_round_layout(engin
         outs.append((r.token_ids, r.stats.recalls, r.stats.verifier_context_tokens == r.stats.full_context_tokens))
     assert outs[0] == outs[1] == outs[2]
     assert outs[0][1] == 1 and outs[0][2] and len(outs[0][0]) > 3  # it did fire and restore
+
+
+def test_margin_escalation_decodes_the_step_again_on_the_full_view(engine):
+    """Evidence "margin": where the compressed verifier hesitates (here: any gap, margin 100 nats)
+    the step is decoded again on the full view in mode spec, so its output is mode full's; the
+    result carries no log-probs (none were asked) and counts one recall; a view that removed
+    nothing never escalates."""
+    messages = agent_conversation(1, seed=2)[:4]  # the last output is cut
+    e = Engine(verifier=engine.verifier, drafter=engine.drafter, tokenizer=engine.tokenizer,
+               spec=SpecConfig(k=2), compression=CompressionConfig(
+                   max_recalls=1, recall_evidence="margin", recall_margin=100.0))
+    r = e.chat(messages, tools=TOOLS, mode="asym", max_new_tokens=8, cache_key="margin")
+    full = e.chat(messages, tools=TOOLS, mode="full", max_new_tokens=8, cache_key="margin-full")
+    plain = engine.chat(messages, tools=TOOLS, mode="asym", max_new_tokens=8, cache_key="margin-plain")
+    assert r.token_ids == full.token_ids and r.stats.recalls == 1 and r.logprobs is None
+    assert r.stats.mode == "asym" and r.stats.recall_prefill_tokens >= len(full.token_ids)
+    assert plain.stats.recalls == 0
+    short = e.chat(messages[:2], tools=TOOLS, mode="asym", max_new_tokens=4, cache_key="margin-short")
+    assert short.stats.recalls == 0  # nothing compressed: nothing to escalate for
+
+
+def test_margin_watch_reads_the_recorders_top_two(smollm_tokenizer):
+    from types import SimpleNamespace
+
+    from asymagent.context.recall import RecallWatch
+
+    views = SimpleNamespace(message_spans=lambda: [], original_text=lambda i: "")
+    watch = RecallWatch(views, [1, 2, 3], [1, 3], evidence="margin", margin=0.5)
+    assert watch.needs_logprobs and not watch([5, 6], 0)  # no recorder: never fires
+    watch.recorder = SimpleNamespace(entries=[SimpleNamespace(top=[(5, -0.1), (7, -3.0)]),
+                                              SimpleNamespace(top=[(6, -0.6), (8, -0.9)])])
+    assert watch([5], 0) is False and watch.checked == 1
+    assert watch([5, 6, 9], 1) and watch.position == 1 and watch.escalate  # 0.3 nats < 0.5
+    same = RecallWatch(views, [1, 2], [1, 2], evidence="margin")
+    same.recorder = watch.recorder
+    assert not same([5, 6], 0)  # nothing was removed
+    # a compressed output that spells out a tool call: no escalation (injection)
+    tool = SimpleNamespace(role="tool", same=False)
+    injected = SimpleNamespace(message_spans=lambda: [tool],
+                               original_text=lambda i: 'do {"name": "pay", "arguments": {"to": "x"}}')
+    guarded = RecallWatch(injected, [1, 2, 3], [1, 3], evidence="margin")
+    guarded.recorder = watch.recorder
+    assert not guarded([5, 6], 0)

@@ -137,26 +137,28 @@ def prepare_chat(engine, messages: list, request: GenerationRequest) -> ChatTurn
 
 
 def recall_step(engine, turn: ChatTurn, request: GenerationRequest,
-                decode: Callable[[list, object], GenerationResult]) -> GenerationResult:
+                decode: Callable[[list, object, bool], GenerationResult]) -> GenerationResult:
     """Decode a turn with recall on evidence (asymagent/context/recall.py): during decoding, at
     most `CompressionConfig.max_recalls` times (0, the default: one plain pass); not while
     streaming (the callback would already have sent the interrupted pass's tokens) and not on an
-    uncompressed turn. `decode(compressed_ids, interrupt)` decodes the turn on a verifier view,
-    the decode loop calling `interrupt` (None: no watch) with each pass's new tokens."""
+    uncompressed turn. `decode(compressed_ids, interrupt, full)` decodes the turn on a verifier
+    view (full: on the full view, mode spec), the decode loop calling `interrupt` (None: no watch)
+    with each pass's new tokens."""
     views = conversation_views(engine, request.cache_key, request.chat_template_kwargs)
     if turn.compressed_ids is None or not views.config.max_recalls or request.callback is not None:
-        return decode(turn.compressed_ids, None)
+        return decode(turn.compressed_ids, None, False)
     passes = [0]
 
-    def again(compressed_ids: list, interrupt) -> GenerationResult:
+    def again(compressed_ids: list, interrupt, full: bool = False) -> GenerationResult:
         if passes[0] and turn.constraint is not None:
             turn.constraint.reset()  # the turn is decoded again from its first token
         passes[0] += 1
-        return decode(compressed_ids, interrupt)
+        return decode(compressed_ids, interrupt, full)
 
     return recall_loop(views, turn.full_ids, turn.compressed_ids, again,
                        evidence=views.config.recall_evidence, min_len=engine.spec.copy_min_len,
-                       scope=views.config.recall_scope, max_tokens=views.config.recall_max_tokens)
+                       scope=views.config.recall_scope, max_tokens=views.config.recall_max_tokens,
+                       margin=views.config.recall_margin)
 
 
 def chat_result(engine, turn: ChatTurn, result: GenerationResult) -> ChatResult:

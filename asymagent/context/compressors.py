@@ -226,6 +226,10 @@ PRESETS: dict = {
     "query_keep_recall_cheap": {"compressors": [{"type": "tool_output", "query_keep_tokens": 96}],
                                 "max_recalls": 2, "recall_evidence": "copy_any", "recall_scope": "latest",
                                 "recall_max_tokens": 1536},
+    "query_keep_margin": {"compressors": [{"type": "tool_output", "query_keep_tokens": 96}],
+                          "max_recalls": 1, "recall_evidence": "margin", "recall_margin": 0.5},
+    "query_keep_margin_02": {"compressors": [{"type": "tool_output", "query_keep_tokens": 96}],
+                             "max_recalls": 1, "recall_evidence": "margin", "recall_margin": 0.2},
     "query_keep_pt_recall_any": {"compressors": [{"type": "tool_output", "query_keep_tokens": 96,
                                                   "query_keep_rank": "per_token"}],
                                  "max_recalls": 2, "recall_evidence": "copy_any"},
@@ -255,7 +259,10 @@ class CompressionConfig(BaseModel):
     # text holds and the verifier emitted another token), "copy_any" (it copies from removed
     # text at all, whatever the verifier emitted) or "copy_any_length" (copy_any at the longest
     # suffix length whose continuations differ between the views)
-    recall_evidence: Literal["copy", "copy_any", "copy_any_length"] = "copy"
+    # ... or "margin" (the verifier's top-2 gap under recall_margin nats: the step is decoded
+    # again on the full view, in mode spec; context/recall.py)
+    recall_evidence: Literal["copy", "copy_any", "copy_any_length", "margin"] = "copy"
+    recall_margin: float = Field(0.5, gt=0.0)
     # what a recall restores: every tool output the evidence points into, or the latest of them
     # (the cheapest re-prefill; another recall may bring back an older one)
     recall_scope: Literal["all", "latest"] = "all"

@@ -9,7 +9,21 @@ view's copy evidence (asymagent/decoding/copy_delta.py) at that output position:
 - `evidence="copy_any"`: the full view's copy points into removed text at all (c_F > c_C),
   whether or not the verifier agreed: the step is reading text the verifier does not see;
 - `evidence="copy_any_length"`: as copy_any, at the longest suffix length whose continuations
-  differ between the views (the longest match often ends in an earlier call both views hold).
+  differ between the views (the longest match often ends in an earlier call both views hold);
+- `evidence="margin"`: a *decision* trigger, for steps that copy nothing: the compressed
+  verifier's own top-2 log-prob gap at an emitted token is under `margin` nats (it hesitates,
+  where what the view removed may decide). Nothing is restored: the step is decoded again from
+  its first token on the full view, in mode spec (lossless: full's output), using the
+  conversation's full-view verifier cache (its prefix kept across steps); the next step is back
+  on the compressed view, whose cache is untouched. Found with evals/probes/recall_evidence.py:
+  on the bench every step where asym leaves full has its lowest (or second lowest) margin at the
+  divergence, 0.0-0.38 nats, while 6 of the 7 identical steps stay above 0.75. Same seed, same
+  output holds as for the other evidence, with one caveat: the gap is a log-prob value, and a
+  round's rows can differ from a plain step's row in the last bits (bf16), so a gap within those
+  bits of the threshold may fire under one round layout and not another. No escalation while a
+  compressed tool output spells out a tool call (the full view would hand it to the verifier:
+  on the injection_call attack set, dev seeds, escalating took asym's attack success from 0 to
+  2/12, full's 7/12).
 
 When it fires and the tool outputs holding the copy sources (`scope="all"`), or the latest of
 them only (`scope="latest"`: the cheapest re-prefill, which starts at the first restored message;
@@ -38,7 +52,7 @@ from typing import Callable
 from asymagent.context.query_keep import has_call_format
 from asymagent.decoding.copy_delta import copy_sources, copy_sources_any_length, recall_sources
 
-EVIDENCE = ("copy", "copy_any", "copy_any_length")
+EVIDENCE = ("copy", "copy_any", "copy_any_length", "margin")
 SCOPES = ("all", "latest")  # restore every tool output the evidence points into, or the latest one
 _SUMMED = ("wall_s", "prefill_s", "decode_s", "verifier_prefill_tokens", "drafter_prefill_tokens",
            "verifier_flops")
@@ -53,6 +67,8 @@ def evidence_sources(evidence: str, full: list, compressed: list, emitted: int, 
         return copy_sources(full, compressed, min_len=min_len)[0]
     if evidence == "copy_any_length":
         return copy_sources_any_length(full, compressed, min_len=min_len)[0]
+    if evidence == "margin":
+        raise ValueError("margin evidence has no copy sources (RecallWatch reads the verifier's log-probs)")
     raise ValueError(f"recall evidence must be one of {EVIDENCE}, got {evidence!r}")
 
 
@@ -61,10 +77,20 @@ class RecallWatch:
     position whose evidence restores a removed tool output (module docstring)."""
 
     def __init__(self, views, full_ids: list, compressed_ids: list, *, evidence: str = "copy",
-                 min_len: int = 3, scope: str = "all", max_tokens: int = 0) -> None:
+                 min_len: int = 3, scope: str = "all", max_tokens: int = 0, margin: float = 0.5) -> None:
         if scope not in SCOPES:
             raise ValueError(f"recall scope must be one of {SCOPES}, got {scope!r}")
+        if evidence not in EVIDENCE:
+            raise ValueError(f"recall evidence must be one of {EVIDENCE}, got {evidence!r}")
         self.views, self.evidence, self.min_len, self.scope = views, evidence, min_len, scope
+        self.margin = margin  # evidence "margin": top-2 log-prob gap (nats) under which to escalate
+        # evidence "margin" reads the verifier's top-2 log-probs of each emitted token: the decode
+        # function gives it a LogprobRecorder(top=2) here (None: it never fires)
+        self.needs_logprobs = evidence == "margin"
+        self.recorder = None
+        self.escalate = False  # fired on margin: decode the step again on the full view
+        self.checked = 0  # output positions already checked (margin)
+        self._call_seen: bool | None = None  # a compressed output spells out a call (margin)
         self.max_tokens = max_tokens  # a restore re-prefilling more verifier tokens is skipped (0: any)
         self.full, self.compressed = list(full_ids), list(compressed_ids)
         self.position: int | None = None  # output position where it fired
@@ -72,6 +98,8 @@ class RecallWatch:
 
     def __call__(self, generated: list, start: int) -> bool:
         """Check the output positions start..len(generated)-1 (tokens new since the last call)."""
+        if self.evidence == "margin":
+            return self._margin(generated)
         for t in range(start, len(generated)):
             src = evidence_sources(self.evidence, self.full + generated[:t],
                                    self.compressed + generated[:t], generated[t], min_len=self.min_len)
@@ -88,6 +116,28 @@ class RecallWatch:
                 return True
         return False
 
+
+    def _margin(self, generated: list) -> bool:
+        """Fire at the first scored output position whose verifier top-2 gap is under `margin`
+        (a view that removed nothing never fires: the full view would say the same)."""
+        if self.recorder is None or self.full == self.compressed or self._removed_call():
+            return False
+        entries = self.recorder.entries
+        for t in range(self.checked, min(len(generated), len(entries))):
+            self.checked = t + 1
+            top = entries[t].top
+            if len(top) >= 2 and top[0][1] - top[1][1] < self.margin:
+                self.position, self.escalate = t, True
+                return True
+        return False
+
+    def _removed_call(self) -> bool:
+        """A compressed tool output spells out a tool call: the full view would hand it to the
+        verifier (injection), so no escalation (checked once per pass)."""
+        if self._call_seen is None:
+            self._call_seen = any(s.role == "tool" and not s.same and has_call_format(self.views.original_text(i))
+                                  for i, s in enumerate(self.views.message_spans()))
+        return self._call_seen
 
     def _safe(self, positions: list) -> list:
         """`positions` outside tool outputs that spell out a tool call (injection: module docstring)."""
@@ -117,17 +167,19 @@ class RecallWatch:
 
 
 def recall_loop(views, full_ids: list, compressed_ids: list, decode: Callable, *,
-                evidence: str = "copy", min_len: int = 3, scope: str = "all", max_tokens: int = 0):
+                evidence: str = "copy", min_len: int = 3, scope: str = "all", max_tokens: int = 0,
+                margin: float = 0.5):
     """The step's final result after up to `views.config.max_recalls` recalls.
 
-    `decode(compressed_ids, interrupt)` decodes the step on a verifier view (same full view);
-    `interrupt` is a RecallWatch, or None for the last allowed pass."""
-    recalls, before = 0, None
+    `decode(compressed_ids, interrupt, full=False)` decodes the step on a verifier view (same full
+    view); `interrupt` is a RecallWatch, or None for the last allowed pass; `full=True`: on the
+    full view, lossless (after a margin escalation; that pass is the last)."""
+    recalls, before, escalated = 0, None, False
     while True:
         watch = RecallWatch(views, full_ids, compressed_ids, evidence=evidence, min_len=min_len,
-                            scope=scope, max_tokens=max_tokens) \
+                            scope=scope, max_tokens=max_tokens, margin=margin) \
             if recalls < views.config.max_recalls else None
-        result = decode(compressed_ids, watch)
+        result = decode(compressed_ids, watch, full=escalated)
         if before is not None:
             s = result.stats
             s.recalls = before.recalls + 1
@@ -138,4 +190,7 @@ def recall_loop(views, full_ids: list, compressed_ids: list, decode: Callable, *
         if watch is None or watch.position is None:
             return result
         recalls, before = recalls + 1, result.stats
+        if watch.escalate:  # margin: the step again on the full view (mode spec: full's output)
+            escalated = True
+            recalls = views.config.max_recalls
         compressed_ids = views.compressed_ids()

@@ -16,6 +16,8 @@ heads, single-token decode, position bias) goes through transformers' own sdpa u
 
 from __future__ import annotations
 
+import inspect
+
 import torch
 
 ATTN_NAME = "asymagent_sdpa"
@@ -30,14 +32,46 @@ def gqa_sdpa_forward(module: torch.nn.Module, query: torch.Tensor, key: torch.Te
 
     groups = getattr(module, "num_key_value_groups", 1)
     q_len = query.shape[2]
-    if (groups <= 1 or q_len == 1 or attention_mask is None or kwargs.get("position_bias") is not None
-            or kwargs.get("softcap") is not None or kwargs.get("output_attentions", False)):
+    one_row = q_len == 1 and _same_rows_as_batched(query, attention_mask)
+    if (groups <= 1 or (q_len == 1 and not one_row) or attention_mask is None
+            or kwargs.get("position_bias") is not None or kwargs.get("softcap") is not None
+            or kwargs.get("output_attentions", False)):
         return sdpa_attention_forward(module, query, key, value, attention_mask, dropout=dropout,
                                       scaling=scaling, is_causal=is_causal, **kwargs)
+    if one_row:  # the query twice: the kernel's multi-row path, as a verify forward takes
+        query = torch.cat([query, query], dim=2)  # [B, Hq, 2, D] (contiguous, as a verify's rows)
+        attention_mask = torch.cat([attention_mask, attention_mask], dim=2)  # [B, 1, 2, L]
     out = torch.nn.functional.scaled_dot_product_attention(
         query, key, value, attn_mask=attention_mask, dropout_p=dropout, scale=scaling,
         enable_gqa=True)  # [B, Hq, q, D]
+    if one_row:
+        out = out[:, :, :1]  # [B, Hq, 1, D]
     return out.transpose(1, 2).contiguous(), None  # [B, q, Hq, D]
+
+
+def _same_rows_as_batched(query: torch.Tensor, attention_mask: torch.Tensor | None) -> bool:
+    """Whether a single-row (decode) forward should run as two rows, so that a position scores
+    exactly as it does inside a multi-row (verify) forward: on the CPU in bf16/fp16 under a mask
+    (an aligned read, asymagent/kv/growing_cache.py, or StaticKV). PyTorch's CPU attention takes a
+    different path for one query row than for several, and in bf16 the row's result differs
+    (measured: bit-identical for 2..40 rows over key counts that are multiples of 64, not for 1)."""
+    return (attention_mask is not None and query.device.type == "cpu"
+            and query.dtype in (torch.bfloat16, torch.float16) and query.shape[0] == 1)
+
+
+def aligned_sdpa_mask(*args, **kwargs):
+    """transformers' sdpa mask, except that it is never skipped when the keys reach past the last
+    query position (an aligned read of asymagent/kv/growing_cache.py: the tail must be masked;
+    skipping would let a single-token decode attend to it). Otherwise exactly `sdpa_mask`."""
+    from transformers.masking_utils import sdpa_mask
+
+    bound = inspect.signature(sdpa_mask).bind_partial(*args, **kwargs).arguments
+    q_end = bound.get("q_offset", 0) + bound["q_length"]
+    if bound.get("kv_offset", 0) + bound["kv_length"] > q_end:
+        kwargs["allow_is_causal_skip"] = False
+        if len(args) > 8:  # passed positionally (transformers passes keywords)
+            args = args[:8] + (False,) + args[9:]
+    return sdpa_mask(*args, **kwargs)
 
 
 def register() -> None:
@@ -45,12 +79,12 @@ def register() -> None:
     global _registered
     if not _registered:
         from transformers import AttentionInterface
-        from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
+        from transformers.masking_utils import AttentionMaskInterface
 
         AttentionInterface.register(ATTN_NAME, gqa_sdpa_forward)
-        # masks exactly as for sdpa: without this entry transformers builds NO mask for an
-        # unknown implementation, and a multi-token forward on a cache would attend wrongly
-        AttentionMaskInterface.register(ATTN_NAME, sdpa_mask)
+        # masks as for sdpa: without this entry transformers builds NO mask for an unknown
+        # implementation, and a multi-token forward on a cache would attend wrongly
+        AttentionMaskInterface.register(ATTN_NAME, aligned_sdpa_mask)
         _registered = True
 
 

@@ -83,6 +83,10 @@ class ModelCache:
     def device(self) -> torch.device:
         return next(self.model.parameters()).device
 
+    @property
+    def dtype(self) -> torch.dtype:
+        return next(self.model.parameters()).dtype
+
     def reset(self) -> None:
         self.cache, self.tokens = None, []
 
@@ -92,9 +96,14 @@ class ModelCache:
 
             return StaticKV(self.model, self.static)
         if GROWING_KV:
-            from asymagent.kv.growing_cache import GrowingCache
+            from asymagent.kv.attention import ATTN_NAME
+            from asymagent.kv.growing_cache import ATTEND_ALIGN, GrowingCache
 
-            return GrowingCache(config=self.model.config)
+            # in bf16 on the CPU under our GQA sdpa, attention reads a multiple of 64 positions: a row's
+            # logits then do not depend on how many tokens the forward feeds (growing_cache.py)
+            aligned = (self.device.type == "cpu" and self.dtype in (torch.bfloat16, torch.float16)
+                       and getattr(self.model.config, "_attn_implementation", None) == ATTN_NAME)
+            return GrowingCache(config=self.model.config, attend_align=ATTEND_ALIGN if aligned else 1)
         from transformers import DynamicCache
 
         return DynamicCache(config=self.model.config)

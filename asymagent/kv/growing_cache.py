@@ -13,6 +13,19 @@ The values, and therefore every logit, are the same as the stock cache's: the sa
 read through a strided view instead of a fresh contiguous one (tests/test_growing_cache.py).
 Memory is at most x GROWTH (+ HEADROOM) of the stock cache's and is given back on `reset` only.
 
+**Aligned attention reads** (`attend_align`, on the CPU under our GQA sdpa, asymagent/kv/cache.py):
+PyTorch's CPU attention gives a query row a result that depends on how many keys it reads when
+that count is not a multiple of 64 (measured in bf16 and float32: a row over 700 keys differs
+with 1, 2 or 5 query rows in the forward; over 704, 768, 1024 or 2048 keys, masked past the
+cached length, every row is bit-identical whatever the query count and key count, in bf16). So
+a decode step (1 row) and a speculative verify (K+1 rows) scored the same position differently,
+and mode full and mode spec could pick different tokens at a near tie (seen on a parcels step in
+bf16). With `attend_align = 64` the layer hands attention the buffer up to the next multiple of
+64 past the cached length (at least one position past it; buffers zero-initialised, so the tail is finite; stale rows past a crop are finite too) and
+`get_mask_sizes` reports that length, so the causal mask masks the tail; the mask function
+(asymagent/kv/attention.py) never skips a mask whose keys reach past the last query. The cached
+keys/values (`layer.keys`) keep their exact length.
+
 `GrowingCache(config=...)` is `DynamicCache(config=...)` with every plain `DynamicLayer` replaced
 by a `GrowingLayer`; sliding-window, chunked, hybrid, indexed and dummy layers stay stock (a
 sliding layer keeps at most `sliding_window - 1` positions, so its cat is bounded anyway).
@@ -24,6 +37,8 @@ embedded default, stock vs growing cache, interleaved A/B.
 
 from __future__ import annotations
 
+import functools
+
 import torch
 from transformers import DynamicCache
 from transformers.cache_utils import DynamicLayer
@@ -31,6 +46,7 @@ from transformers.cache_utils import DynamicLayer
 GROWTH = 1.5  # a full buffer is reallocated at this multiple of its capacity...
 HEADROOM = 256  # ...and with at least this many free positions (the first allocation too)
 ALIGN = 64  # capacities are rounded up to a multiple of this many positions
+ATTEND_ALIGN = 64  # attention reads a multiple of this many positions (`attend_align`)
 
 
 def _capacity(needed: int, old: int) -> int:
@@ -41,10 +57,23 @@ def _capacity(needed: int, old: int) -> int:
 class GrowingLayer(DynamicLayer):
     """A full-attention layer cache over a preallocated buffer; `keys`/`values` are length views."""
 
-    def __init__(self, **kwargs) -> None:
+    def __init__(self, attend_align: int = 1, **kwargs) -> None:
         super().__init__(**kwargs)
         self._k = self._v = None  # buffers [B, H_kv, capacity, D]
         self._len = 0  # cached positions: keys == self._k[:, :, :self._len]
+        # attention reads the buffer up to a multiple of this (1: exactly the cached length)
+        self.attend_align = attend_align
+
+    def _attended(self, length: int) -> int:
+        """How many positions attention reads when `length` are cached."""
+        a = self.attend_align
+        # past the length by at least one position: the mask is then never skipped (a skipped
+        # mask sends a one-row decode down another attention path), see the module doc
+        return length if a <= 1 else -(-(length + 1) // a) * a
+
+    def get_mask_sizes(self, query_length: int) -> tuple[int, int]:
+        """(kv length, offset) of the mask: the attended length (see the module doc)."""
+        return self._attended(self.get_seq_length() + query_length), 0
 
     def lazy_initialization(self, key_states: torch.Tensor, value_states: torch.Tensor) -> None:
         super().lazy_initialization(key_states, value_states)  # device; keys/values = empty
@@ -60,9 +89,11 @@ class GrowingLayer(DynamicLayer):
         old = 0 if self._k is None else self._k.shape[-2]
         cap = _capacity(needed, old)
         b, h, _, d = key_states.shape
-        k = torch.empty((b, h, cap, d), dtype=key_states.dtype, device=key_states.device)
-        v = torch.empty((b, h, cap, value_states.shape[-1]), dtype=value_states.dtype,
-                        device=value_states.device)
+        # zeros: an aligned read (attend_align) may reach positions never written; masked, finite
+        new = torch.zeros if self.attend_align > 1 else torch.empty
+        k = new((b, h, cap, d), dtype=key_states.dtype, device=key_states.device)
+        v = new((b, h, cap, value_states.shape[-1]), dtype=value_states.dtype,
+                device=value_states.device)
         if self._len:
             k[:, :, : self._len].copy_(self._k[:, :, : self._len])
             v[:, :, : self._len].copy_(self._v[:, :, : self._len])
@@ -89,17 +120,25 @@ class GrowingLayer(DynamicLayer):
             return self.keys, self.values
         start = self._len
         end = start + key_states.shape[-2]
-        if not self._fits(key_states, value_states, end):
-            self._grow(key_states, value_states, end)
+        read = self._attended(end)  # <= capacity: capacities are multiples of ALIGN
+        if not self._fits(key_states, value_states, read):
+            self._grow(key_states, value_states, read)
         self._k[:, :, start:end].copy_(key_states)
         self._v[:, :, start:end].copy_(value_states)
         self._len = end
         self._view()
-        return self.keys, self.values
+        if read == end:
+            return self.keys, self.values
+        return self._k[:, :, :read], self._v[:, :, :read]  # [B, H_kv, read, D], tail masked
 
     def _adopt(self, keys: torch.Tensor, values: torch.Tensor) -> None:
         """Make `keys`/`values` [B, H_kv, L, D] the (full) buffers, e.g. after a batch reorder."""
         self._k, self._v, self._len = keys, values, keys.shape[-2]
+        read = self._attended(self._len)
+        if read > self._len:  # an aligned read needs room past the length: copy into zeros
+            self._k = torch.cat([keys, keys.new_zeros(*keys.shape[:2], read - self._len, keys.shape[-1])], -2)
+            self._v = torch.cat([values, values.new_zeros(*values.shape[:2], read - self._len,
+                                                          values.shape[-1])], -2)
         self._view()
 
     def get_seq_length(self) -> int:
@@ -156,9 +195,9 @@ class GrowingLayer(DynamicLayer):
 class GrowingCache(DynamicCache):
     """`DynamicCache(config=...)` with GrowingLayer for every plain full-attention layer."""
 
-    def __init__(self, config=None) -> None:
+    def __init__(self, config=None, attend_align: int = 1) -> None:
         super().__init__(config=config)
         if self.layer_class_to_replicate is DynamicLayer:  # no config: layers made on first use
-            self.layer_class_to_replicate = GrowingLayer
-        self.layers = [GrowingLayer() if type(layer) is DynamicLayer else layer
+            self.layer_class_to_replicate = functools.partial(GrowingLayer, attend_align=attend_align)
+        self.layers = [GrowingLayer(attend_align=attend_align) if type(layer) is DynamicLayer else layer
                        for layer in self.layers]

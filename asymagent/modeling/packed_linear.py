@@ -9,7 +9,8 @@ bit-identical to `F.linear`'s for those rows (checked on every layer at pack tim
 greedy tokens do not change. At 64+ rows (prefill chunks) F.linear is as fast or faster and the
 two may differ by an ulp, so those forwards keep F.linear.
 
-- `PackedLinear` is `nn.Linear` with that forward: rows <= `max_rows` (decode, the K+1 verify,
+- `PackedLinear` is `nn.Linear` with that forward: rows <= `max_rows` (32: decode, the K+1 verify
+  with jump-forward tokens before it,
   drafter steps) through the packed kernel, more rows, autograd, other devices or dtypes through
   `F.linear`. The original `weight` Parameter stays where it was (state_dict, tied embeddings and
   the drafter's shared head are untouched); the packed copy sits beside it and is re-made when the
@@ -36,14 +37,17 @@ from dataclasses import dataclass, field
 import torch
 import torch.nn.functional as F
 
-MAX_PACKED_ROWS = 16  # forwards of up to this many rows use the packed weight (K+1 <= 16)
-CHECK_ROWS = (1, 3, 16)  # row counts compared bit for bit with F.linear at pack time
+MAX_PACKED_ROWS = 32  # forwards of up to this many rows use the packed weight (forced tokens + K+1)
+CHECK_ROWS = (1, 3, 16, 32)  # row counts compared bit for bit with F.linear at pack time
 _DISABLED = {"why": None}  # set once when the kernel fails at run time
 
 
 def _key(weight: torch.Tensor) -> tuple:
     """What the packed copy was made from: storage, in-place version counter, dtype, device."""
-    version = torch.Tensor._version.__get__(weight)  # moves on every in-place write
+    try:
+        version = torch.Tensor._version.__get__(weight)  # moves on every in-place write
+    except RuntimeError:  # an inference tensor (made under inference_mode) has no counter
+        version = -1
     return (weight.data_ptr(), version, weight.dtype, weight.device)
 
 
@@ -102,6 +106,13 @@ class PackedLinear(torch.nn.Linear):
         if self.packed_key != key:
             self.packed_weight, self.packed_key = _pack(w), key
         return self.packed_weight
+
+    def __getstate__(self) -> dict:
+        """Copies and pickles leave the packed copy out (an opaque oneDNN tensor cannot be
+        copied or saved); it is re-made on the copy's first packed forward."""
+        state = dict(self.__dict__)
+        state["packed_weight"], state["packed_key"] = None, None
+        return state
 
     def forward(self, input: torch.Tensor) -> torch.Tensor:  # [..., in] -> [..., out]
         w = self.weight

