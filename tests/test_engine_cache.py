@@ -122,3 +122,44 @@ def test_view_and_prefix_helpers():
     gen.append(9)  # views share the generated list
     assert view.ids() == [1, 2, 3, 7, 8, 9]
     assert common_prefix_len([1, 2, 3], [1, 2, 4]) == 2 and common_prefix_len([], [1]) == 0
+
+
+@pytest.mark.parametrize("mode", ["full", "spec", "asym"])
+def test_the_verifier_cache_ends_a_request_as_a_one_token_decode_does(pair, mode):
+    """After any request the verifier's cache holds the view's prompt and every emitted token but
+    the last, whichever mode decoded it. Here an end token is emitted inside a speculative round
+    (a perfect drafter's accepted draft, fed to the verifier with the round's other drafts): the
+    next request's prefill must still start where mode full's does, so that it cuts the same
+    rows into the same chunks (bf16 F.linear rounds a row by the chunk's size)."""
+    verifier = pair[0]
+    engine = Engine(verifier=verifier, drafter=noisy_copy(verifier, 0.0), spec=SpecConfig(k=4))
+    prompt = random_prompts(1, length=24, seed=5)[0]
+    plain = engine.generate(prompt, mode="full", max_new_tokens=16).token_ids
+    stop_at = next(i for i in range(5, len(plain)) if plain[i] not in plain[:i])  # mid-output
+    engine.caches.clear()
+    engine.eos_ids = [plain[stop_at]]  # that token now ends the response (EOS kept)
+    r = engine.generate(prompt, mode=mode, max_new_tokens=16)
+    assert r.token_ids == plain[: stop_at + 1]
+    role = "verifier_compressed" if mode == "asym" else "verifier_full"  # asym reads its view's cache
+    cache = engine.caches.session("default").get(role)
+    assert cache.tokens == (prompt + r.token_ids)[: len(prompt) + len(r.token_ids) - 1]
+    assert cache.cache.get_seq_length() == len(cache.tokens)
+
+
+@pytest.mark.slow
+def test_full_and_spec_leave_the_verifier_cache_at_the_same_length_on_the_bench():
+    """On the embedded default in its default dtype (bf16 on a CPU with bf16 matrix units), the
+    bench's first steps leave mode full's and mode spec's verifier caches at the same length
+    after every step (before, spec's held the constrained call's last token: its next prefill
+    started one position later)."""
+    from asymagent.evals.running.frontier import bench_conversation
+
+    engine = Engine.from_default()
+    steps = bench_conversation(4).steps
+    lengths = {}
+    for mode in ("full", "spec"):
+        for step in steps:
+            engine.chat(step.history, tools=step.tools, mode=mode, max_new_tokens=32,
+                        temperature=0.0, tool_choice=step.tool_choice, cache_key=mode)
+            lengths.setdefault(mode, []).append(len(engine.caches.session(mode).get("verifier_full")))
+    assert lengths["full"] == lengths["spec"]
