@@ -19,6 +19,17 @@ MATMUL_N = 2048  # the square matmul's size (2 N^3 FLOPs)
 COPY_MIB = 256  # the copied tensor's size
 
 
+def median_ms(fn, n: int) -> float:
+    """The median wall time of `n` calls of `fn`, in ms (the probes' side-by-side timings)."""
+    times = []
+    for _ in range(n):
+        t0 = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - t0)
+    times.sort()
+    return times[len(times) // 2] * 1e3
+
+
 def _best(fn, runs: int) -> float:
     fn()  # warm-up (allocation, oneDNN kernel selection)
     best = float("inf")

@@ -16,23 +16,12 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import time
-
-
-def _median_ms(fn, n: int) -> float:
-    times = []
-    for _ in range(n):
-        t0 = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - t0)
-    times.sort()
-    return times[len(times) // 2] * 1e3
 
 
 def measure(context: int, repeats: int, rounds: int) -> dict:
     import torch
 
-    from asymagent.evals.bench.machine_limits import copy_gbps, weights_bytes
+    from asymagent.evals.bench.machine_limits import copy_gbps, median_ms, weights_bytes
     from asymagent.kv.attention import use_gqa_attention
     from asymagent.kv.compiled_forward import WARMUP, compile_failed, compiled_step
     from asymagent.kv.static_cache import StaticKV, StaticKVOptions
@@ -66,9 +55,9 @@ def measure(context: int, repeats: int, rounds: int) -> dict:
     for _ in range(rounds):
         row = {}
         for t, ids in ((1, [5]), (3, [5, 6, 7])):
-            row[f"float32_eager_{t}"] = _median_ms(lambda: once(f32, ids), repeats)
-            row[f"bfloat16_eager_{t}"] = _median_ms(lambda: once(bf, ids), repeats)
-            row[f"bfloat16_compiled_{t}"] = _median_ms(lambda: once(bf, ids, compiled), repeats)
+            row[f"float32_eager_{t}"] = median_ms(lambda: once(f32, ids), repeats)
+            row[f"bfloat16_eager_{t}"] = median_ms(lambda: once(bf, ids), repeats)
+            row[f"bfloat16_compiled_{t}"] = median_ms(lambda: once(bf, ids, compiled), repeats)
         row["load_average"] = os.getloadavg()[0]
         rows.append(row)
     gbps = copy_gbps()

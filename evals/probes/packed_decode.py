@@ -25,16 +25,6 @@ import os
 import time
 
 
-def _median_ms(fn, n: int) -> float:
-    times = []
-    for _ in range(n):
-        t0 = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - t0)
-    times.sort()
-    return times[len(times) // 2] * 1e3
-
-
 class _Runner:
     """One model + one cache holding the context; `step(rows)` feeds rows tokens and crops back."""
 
@@ -78,7 +68,7 @@ def measure(context: int, repeats: int, rounds: int, verify_rows: int, prefill: 
             profile: bool) -> dict:
     import torch
 
-    from asymagent.evals.bench.machine_limits import copy_gbps, weights_bytes
+    from asymagent.evals.bench.machine_limits import copy_gbps, median_ms, weights_bytes
     from asymagent.kv.attention import use_gqa_attention
     from asymagent.modeling.loading import load_default_verifier
     from asymagent.modeling.packed_linear import pack_linears
@@ -116,11 +106,11 @@ def measure(context: int, repeats: int, rounds: int, verify_rows: int, prefill: 
                 runner = runners[name]
                 runner.step(rows)  # warm
                 label = name if on is None else f"{name}_{'packed' if on else 'plain'}"
-                row[f"{label}_{rows}"] = _median_ms(lambda: runner.step(rows), repeats)
+                row[f"{label}_{rows}"] = median_ms(lambda: runner.step(rows), repeats)
         long_ids = torch.tensor([list(range(1000, 1000 + prefill))])  # [1, prefill]
         for name, model in (("float32", f32), ("bfloat16", bf)):
             with torch.inference_mode():
-                row[f"prefill_{name}"] = _median_ms(lambda: model.model(long_ids), 1)
+                row[f"prefill_{name}"] = median_ms(lambda: model.model(long_ids), 1)
         row["load_average"] = os.getloadavg()[0]
         out_rounds.append(row)
     packed(True)
