@@ -16,6 +16,7 @@ heads, single-token decode, position bias) goes through transformers' own sdpa u
 
 from __future__ import annotations
 
+import functools
 import inspect
 
 import torch
@@ -65,13 +66,16 @@ def aligned_sdpa_mask(*args, **kwargs):
     skipping would let a single-token decode attend to it). Otherwise exactly `sdpa_mask`."""
     from transformers.masking_utils import sdpa_mask
 
-    bound = inspect.signature(sdpa_mask).bind_partial(*args, **kwargs).arguments
-    q_end = bound.get("q_offset", 0) + bound["q_length"]
-    if bound.get("kv_offset", 0) + bound["kv_length"] > q_end:
-        kwargs["allow_is_causal_skip"] = False
-        if len(args) > 8:  # passed positionally (transformers passes keywords)
-            args = args[:8] + (False,) + args[9:]
-    return sdpa_mask(*args, **kwargs)
+    bound = _signature(sdpa_mask).bind(*args, **kwargs)
+    given = bound.arguments
+    if given.get("kv_offset", 0) + given["kv_length"] > given.get("q_offset", 0) + given["q_length"]:
+        given["allow_is_causal_skip"] = False
+    return sdpa_mask(*bound.args, **bound.kwargs)
+
+
+@functools.cache
+def _signature(fn) -> inspect.Signature:
+    return inspect.signature(fn)  # once: the mask is built on every forward
 
 
 def register() -> None:
