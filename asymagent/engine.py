@@ -48,6 +48,8 @@ from asymagent.fair_lock import FairLock
 from asymagent.kv.attention import use_gqa_attention
 from asymagent.kv.cache import CacheStore, View, ViewCache
 from asymagent.modeling.cpu_dtype import for_device, runtime_info
+from asymagent.kv.lean_forward import LeanReport
+from asymagent.kv.lean_forward import attach as attach_lean
 from asymagent.modeling.packed_linear import pack_linears
 from asymagent.request import GenerationRequest
 from asymagent.results import ChatResult, GenerationResult  # noqa: F401  (old import path)
@@ -101,12 +103,17 @@ class Engine:
         self.verifier = verifier.eval()
         self.drafter = drafter.eval() if drafter is not None else None
         packed = 0
-        for model in (self.verifier, self.drafter):  # verify forwards read grouped KV in place
+        lean = {}
+        for role, model in (("verifier", self.verifier), ("drafter", self.drafter)):
             if model is not None:
-                use_gqa_attention(model)
+                use_gqa_attention(model)  # verify forwards read grouped KV in place
                 # bf16 on the CPU: few-row forwards read prepacked weights (same bits, faster);
                 # not under torch.compile, which traces the plain linears it was measured with
                 packed += 0 if compile else pack_linears(model).packed
+                # CPU: the same forward as straight-line code, checked bit for bit against
+                # transformers' (asymagent/kv/lean_forward.py); not under torch.compile
+                report = LeanReport(why="compile") if compile else attach_lean(model)
+                lean[role] = ("fused" if report.fused else "on") if report.attached else f"off: {report.why}"
         self.tokenizer = tokenizer
         # sha256 of the verifier's weights file when loaded from one (captured traces carry it)
         self.verifier_fingerprint = verifier_fingerprint
@@ -141,7 +148,8 @@ class Engine:
         self.static_roles = static_roles(roles, self.device, static_kv=static_kv,
                                          cuda_graphs=cuda_graphs, compile=compile)
         # dtype, automatic dtype and CPU matrix units (banner, --version, /version)
-        self.runtime = runtime_info(verifier) | {"compile": bool(compile), "packed_linears": packed}
+        self.runtime = runtime_info(verifier) | {"compile": bool(compile), "packed_linears": packed,
+                                               "lean_forward": lean}
         self.caches = CacheStore(roles, max_sessions=max_sessions, static=self.static_roles)
         self._chat_format: ChatFormat | None = None  # built on first use (`chat_format`)
         self._format_lock = threading.Lock()  # builds chat_format once (not the request lock)

@@ -46,3 +46,28 @@ def test_other_implementations_are_left_alone():
     model.set_attn_implementation("eager")
     assert not use_gqa_attention(model)
     assert model.config._attn_implementation == "eager"
+
+
+def test_grouped_rows_same_bits_as_per_head_attention(monkeypatch):
+    """bf16 decode/verify attention with a group's query heads as rows of one head equals the
+    per-head call bit for bit (1..32 tokens over aligned key counts), one token included (which
+    the per-head path runs as two rows)."""
+    from types import SimpleNamespace
+
+    from asymagent.kv import attention
+
+    g = torch.Generator().manual_seed(0)
+    module = SimpleNamespace(num_key_value_groups=3, is_causal=True, training=False)
+    for keys in (128, 704, 2048):
+        k = torch.randn(1, 3, keys, 64, generator=g).to(torch.bfloat16)  # [1, Hkv, L, D]
+        v = torch.randn(1, 3, keys, 64, generator=g).to(torch.bfloat16)
+        for rows in (1, 2, 3, 5, 8, 16, 17, 31, 32):
+            q = torch.randn(1, 9, rows, 64, generator=g).to(torch.bfloat16)  # [1, Hq, T, D]
+            past = keys - 64
+            mask = (torch.arange(keys)[None, :] <= (torch.arange(rows) + past)[:, None])[None, None]
+            got, _ = attention.gqa_sdpa_forward(module, q, k, v, mask, scaling=0.125)
+            monkeypatch.setattr(attention, "GROUP_ROWS", 0)
+            want, _ = attention.gqa_sdpa_forward(module, q, k, v, mask, scaling=0.125)
+            monkeypatch.undo()
+            assert got.shape == want.shape == (1, rows, 9, 64)
+            assert torch.equal(got, want), (keys, rows)

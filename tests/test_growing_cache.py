@@ -180,7 +180,7 @@ def _bf16_gqa_model(seed: int = 3):
 
 @pytest.mark.parametrize("context", [60, 63, 127, 300, 511])
 def test_aligned_reads_score_a_position_the_same_whatever_the_forward_length(context):
-    """The logits of the first fed position are bit-identical for forwards of 1..16 tokens (a
+    """The logits of the first fed position are bit-identical for forwards of 1..32 tokens (a
     decode step vs a K+1 verify) once attention reads a multiple of 64 positions past the cache
     and a one-row forward takes the multi-row path (bf16, CPU)."""
     model = _bf16_gqa_model()
@@ -189,7 +189,7 @@ def test_aligned_reads_score_a_position_the_same_whatever_the_forward_length(con
     with torch.inference_mode():
         model(ids, past_key_values=cache, use_cache=True)
         rows = {}
-        for t in (1, 2, 3, 5, 9, 16):
+        for t in (1, 2, 3, 5, 9, 16, 17, 32):
             feed = torch.arange(7, 7 + t)[None]
             rows[t] = model(feed, past_key_values=cache, use_cache=True).logits[0, 0]  # [V]
             cache.crop(-t)

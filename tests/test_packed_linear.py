@@ -101,7 +101,7 @@ def test_a_failing_kernel_warns_once_and_falls_back(monkeypatch):
     def broken(*args):
         raise RuntimeError("oneDNN says no")
 
-    monkeypatch.setattr(packed_linear, "_packed_forward", broken)
+    monkeypatch.setattr(packed_linear, "packed_forward", broken)
     x = torch.randn(1, 16, dtype=torch.bfloat16)
     with torch.inference_mode(), warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")

@@ -8,6 +8,13 @@ takes `enable_gqa=True` instead and reads the grouped heads in place; the result
 computation (bit-identical to the repeat_kv path on CPU in our checks) at about half the time
 for a 3-token query over 2k cached positions.
 
+Decode and verify forwards (at most GROUP_ROWS tokens) in bf16 on the CPU go one step further:
+the query heads that share a key/value head become rows of that head (`_grouped_rows`, a view:
+[1, Hkv*G, q, D] -> [1, Hkv, G*q, D]), so the kernel reads each key/value head once, in Hkv work
+items instead of Hq. Same bits as the per-head call (checked for 1..32 tokens, 1 and 2 threads),
+and no duplicated row for a one-token decode (G rows are already the multi-row path). Measured
+(2 threads, 5k cached keys, one layer): 0.68 -> 0.30 ms for one token, 0.79 -> 0.43 ms for five.
+
 `use_gqa_attention(model)` switches a model that uses `sdpa` to this function ("asymagent_sdpa"
 in transformers' AttentionInterface); anything else (eager, flash, a model without grouped
 heads, single-token decode, position bias) goes through transformers' own sdpa unchanged.
@@ -22,6 +29,11 @@ import inspect
 import torch
 
 ATTN_NAME = "asymagent_sdpa"
+# decode and verify forwards of at most this many tokens (bf16/fp16 on the CPU) run with each
+# group's query heads as rows of one head (`_grouped_rows`): measured bit-identical to the
+# per-head path for 1..32 tokens over aligned key counts at 1 and 2 threads, 2.2x faster for one
+# token over 5k keys (0.68 -> 0.30 ms a layer), 1.8x for 5 tokens (2 threads)
+GROUP_ROWS = 32
 _registered = False
 
 
@@ -39,6 +51,10 @@ def gqa_sdpa_forward(module: torch.nn.Module, query: torch.Tensor, key: torch.Te
             or kwargs.get("output_attentions", False)):
         return sdpa_attention_forward(module, query, key, value, attention_mask, dropout=dropout,
                                       scaling=scaling, is_causal=is_causal, **kwargs)
+    if (q_len <= GROUP_ROWS and dropout == 0.0 and query.device.type == "cpu"
+            and _same_rows_as_batched(query, attention_mask) and attention_mask.shape[1] == 1
+            and query.shape[1] == key.shape[1] * groups):
+        return _grouped_rows(query, key, value, attention_mask, scaling, groups)
     if one_row:  # the query twice: the kernel's multi-row path, as a verify forward takes
         query = torch.cat([query, query], dim=2)  # [B, Hq, 2, D] (contiguous, as a verify's rows)
         attention_mask = torch.cat([attention_mask, attention_mask], dim=2)  # [B, 1, 2, L]
@@ -48,6 +64,20 @@ def gqa_sdpa_forward(module: torch.nn.Module, query: torch.Tensor, key: torch.Te
     if one_row:
         out = out[:, :, :1]  # [B, Hq, 1, D]
     return out.transpose(1, 2).contiguous(), None  # [B, q, Hq, D]
+
+
+def _grouped_rows(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
+                  attention_mask: torch.Tensor, scaling: float | None, groups: int) -> torch.Tensor:
+    """Decode / verify attention with the query heads of a group as rows of one head: query
+    [1, Hkv*G, q, D] -> [1, Hkv, G*q, D] over key/value [1, Hkv, L, D], the mask repeated per
+    group member. The kernel then reads each key/value head once (Hkv work items instead of Hq)."""
+    b, hq, q_len, d = query.shape
+    rows = query.reshape(b, hq // groups, groups * q_len, d)  # head h*G+g, row t -> head h, row g*q+t
+    mask = attention_mask[:, :, None].expand(b, 1, groups, q_len, attention_mask.shape[-1])
+    mask = mask.reshape(b, 1, groups * q_len, attention_mask.shape[-1])  # [1, 1, G*q, L]
+    out = torch.nn.functional.scaled_dot_product_attention(rows, key, value, attn_mask=mask,
+                                                           scale=scaling)  # [1, Hkv, G*q, D]
+    return out.view(b, hq, q_len, d).transpose(1, 2).contiguous(), None  # [B, q, Hq, D]
 
 
 def _same_rows_as_batched(query: torch.Tensor, attention_mask: torch.Tensor | None) -> bool:

@@ -12,7 +12,9 @@ raises), and the model forward takes `cache=` (the `past_key_values=` keyword is
 
 A ModelCache made with `static=StaticKVOptions(...)` keeps its K/V in a fixed-capacity StaticKV
 (asymagent/kv/static_cache.py: static shapes, CUDA graphs on CUDA) instead of a DynamicCache;
-tokens, crop and prefix reuse work the same.
+tokens, crop and prefix reuse work the same. A model with a LeanForward attached
+(asymagent/kv/lean_forward.py: the same logits bit for bit, less Python per forward) is run
+through it on a dynamic cache.
 """
 
 from __future__ import annotations
@@ -21,6 +23,8 @@ from collections import OrderedDict
 from dataclasses import dataclass, field
 
 import torch
+
+from asymagent.kv.lean_forward import lean_of
 
 PREFILL_CHUNK = 1024  # prefill longer than this is fed in chunks, with a progress bar
 # New caches append K/V in place into a preallocated buffer (asymagent/kv/growing_cache.py, same
@@ -96,14 +100,11 @@ class ModelCache:
 
             return StaticKV(self.model, self.static)
         if GROWING_KV:
-            from asymagent.kv.attention import ATTN_NAME
-            from asymagent.kv.growing_cache import ATTEND_ALIGN, GrowingCache
+            from asymagent.kv.growing_cache import for_model
 
             # in bf16 on the CPU under our GQA sdpa, attention reads a multiple of 64 positions: a row's
             # logits then do not depend on how many tokens the forward feeds (growing_cache.py)
-            aligned = (self.device.type == "cpu" and self.dtype in (torch.bfloat16, torch.float16)
-                       and getattr(self.model.config, "_attn_implementation", None) == ATTN_NAME)
-            return GrowingCache(config=self.model.config, attend_align=ATTEND_ALIGN if aligned else 1)
+            return for_model(self.model)
         from transformers import DynamicCache
 
         return DynamicCache(config=self.model.config)
@@ -146,8 +147,11 @@ class ModelCache:
         """Feed `ids`; return the logits of the last `keep` positions, [keep, V] (float32)."""
         if self.cache is None:
             self.cache = self._new_cache()
+        lean = None if self.static is not None else lean_of(self.model)
         if self.static is not None:
             logits = self.cache.run(ids, head=True)[-keep:]  # [keep, V] float32
+        elif lean is not None:  # the same bits without transformers' per-call Python
+            logits = lean.logits(self._inputs(ids), self.cache, keep)[0, -keep:].float()  # [keep, V]
         else:
             out = self.model(input_ids=self._inputs(ids), cache=self.cache, use_cache=True,
                              logits_to_keep=keep)
@@ -160,8 +164,11 @@ class ModelCache:
         """Feed `ids` through the decoder body only; final hidden states [T, H] (no head)."""
         if self.cache is None:
             self.cache = self._new_cache()
+        lean = None if self.static is not None else lean_of(self.model)
         if self.static is not None:
             hidden = self.cache.run(ids, head=False)  # [T, H]
+        elif lean is not None:
+            hidden = lean.hidden(self._inputs(ids), self.cache)[0]  # [T, H]
         else:
             out = decoder_of(self.model)(input_ids=self._inputs(ids), cache=self.cache,
                                          use_cache=True)

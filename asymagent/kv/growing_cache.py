@@ -64,7 +64,7 @@ class GrowingLayer(DynamicLayer):
         # attention reads the buffer up to a multiple of this (1: exactly the cached length)
         self.attend_align = attend_align
 
-    def _attended(self, length: int) -> int:
+    def attended(self, length: int) -> int:
         """How many positions attention reads when `length` are cached."""
         a = self.attend_align
         # past the length by at least one position: the mask is then never skipped (a skipped
@@ -73,7 +73,7 @@ class GrowingLayer(DynamicLayer):
 
     def get_mask_sizes(self, query_length: int) -> tuple[int, int]:
         """(kv length, offset) of the mask: the attended length (see the module doc)."""
-        return self._attended(self.get_seq_length() + query_length), 0
+        return self.attended(self.get_seq_length() + query_length), 0
 
     def lazy_initialization(self, key_states: torch.Tensor, value_states: torch.Tensor) -> None:
         super().lazy_initialization(key_states, value_states)  # device; keys/values = empty
@@ -120,7 +120,7 @@ class GrowingLayer(DynamicLayer):
             return self.keys, self.values
         start = self._len
         end = start + key_states.shape[-2]
-        read = self._attended(end)  # <= capacity: capacities are multiples of ALIGN
+        read = self.attended(end)  # <= capacity: capacities are multiples of ALIGN
         if not self._fits(key_states, value_states, read):
             self._grow(key_states, value_states, read)
         self._k[:, :, start:end].copy_(key_states)
@@ -134,7 +134,7 @@ class GrowingLayer(DynamicLayer):
     def _adopt(self, keys: torch.Tensor, values: torch.Tensor) -> None:
         """Make `keys`/`values` [B, H_kv, L, D] the (full) buffers, e.g. after a batch reorder."""
         self._k, self._v, self._len = keys, values, keys.shape[-2]
-        read = self._attended(self._len)
+        read = self.attended(self._len)
         if read > self._len:  # an aligned read needs room past the length: copy into zeros
             self._k = torch.cat([keys, keys.new_zeros(*keys.shape[:2], read - self._len, keys.shape[-1])], -2)
             self._v = torch.cat([values, values.new_zeros(*values.shape[:2], read - self._len,
@@ -201,3 +201,15 @@ class GrowingCache(DynamicCache):
             self.layer_class_to_replicate = functools.partial(GrowingLayer, attend_align=attend_align)
         self.layers = [GrowingLayer(attend_align=attend_align) if type(layer) is DynamicLayer else layer
                        for layer in self.layers]
+
+
+def for_model(model: torch.nn.Module) -> GrowingCache:
+    """The growing cache the engine gives `model` (asymagent/kv/cache.py ModelCache): aligned
+    reads (`ATTEND_ALIGN`) in bf16/fp16 on the CPU under our GQA sdpa, exact reads otherwise."""
+    from asymagent.kv.attention import ATTN_NAME
+
+    p = next(model.parameters())
+    aligned = (p.device.type == "cpu" and p.dtype in (torch.bfloat16, torch.float16)
+               and getattr(model.config, "_attn_implementation", None) == ATTN_NAME)
+    return GrowingCache(config=model.config, attend_align=ATTEND_ALIGN if aligned else 1)
+

@@ -75,20 +75,21 @@ def kernel_available() -> str | None:
     return None
 
 
-def _disable(exc: BaseException) -> None:
+def disable(exc: BaseException) -> None:
     if _DISABLED["why"] is None:
         _DISABLED["why"] = f"{type(exc).__name__}: {exc}"
         warnings.warn(f"packed bf16 linear failed ({_DISABLED['why']}); using F.linear from now on",
                       RuntimeWarning, stacklevel=3)
 
 
-def _pack(weight: torch.Tensor) -> torch.Tensor:
+def pack_weight(weight: torch.Tensor) -> torch.Tensor:
     """[out, in] bf16 weight -> oneDNN's blocked layout (an opaque mkldnn tensor, same bytes)."""
     return torch.ops.mkldnn._reorder_linear_weight(weight.detach(), 1)
 
 
-def _packed_forward(x: torch.Tensor, packed: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
-    return torch.ops.mkldnn._linear_pointwise(x, packed, bias, "none", [], "")  # [..., out]
+def packed_forward(x: torch.Tensor, packed: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
+    """x [..., in] through a `pack_weight` copy -> [..., out] (bf16, CPU)."""
+    return torch.ops.mkldnn._linear_pointwise(x, packed, bias, "none", [], "")
 
 
 class PackedLinear(torch.nn.Linear):
@@ -104,7 +105,7 @@ class PackedLinear(torch.nn.Linear):
         w = self.weight
         key = _key(w)
         if self.packed_key != key:
-            self.packed_weight, self.packed_key = _pack(w), key
+            self.packed_weight, self.packed_key = pack_weight(w), key
         return self.packed_weight
 
     def __getstate__(self) -> dict:
@@ -121,9 +122,9 @@ class PackedLinear(torch.nn.Linear):
                 and _DISABLED["why"] is None
                 and not (torch.is_grad_enabled() and (input.requires_grad or w.requires_grad))):
             try:
-                return _packed_forward(input, self._current_packed(), self.bias)
+                return packed_forward(input, self._current_packed(), self.bias)
             except Exception as exc:  # noqa: BLE001 - fall back for good, once
-                _disable(exc)
+                disable(exc)
         return F.linear(input, w, self.bias)
 
 
@@ -143,7 +144,7 @@ def _identical(module: torch.nn.Linear, packed: torch.Tensor, seed: int) -> bool
     n_in = module.in_features
     for rows in CHECK_ROWS:
         x = torch.randn(rows, n_in, generator=g).to(torch.bfloat16)  # [rows, in]
-        if not torch.equal(_packed_forward(x, packed, module.bias),
+        if not torch.equal(packed_forward(x, packed, module.bias),
                            F.linear(x, module.weight, module.bias)):
             return False
     return True
@@ -171,7 +172,7 @@ def pack_linears(model: torch.nn.Module, max_rows: int = MAX_PACKED_ROWS,
         if isinstance(module, PackedLinear):
             module.max_rows = max_rows
             continue
-        packed = _pack(w)
+        packed = pack_weight(w)
         if check and not _identical(module, packed, seed=len(seen)):
             report.not_identical.append(name)
             continue

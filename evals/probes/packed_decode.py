@@ -1,4 +1,4 @@
-"""Decode and verify forwards of the embedded verifier: bf16 with / without packed linears, fp32.
+"""Decode and verify forwards of the embedded verifier: bf16 packed / plain / lean, fp32.
 
     python -m asymagent.evals.probes.packed_decode [--context 1000] [--repeats 10] [--rounds 3]
         [--verify-rows 4] [--prefill 1024] [--profile] [--json PATH]
@@ -6,11 +6,14 @@
 One process, one bf16 model (its linears packed once, asymagent/modeling/packed_linear.py; the
 unpacked runs set every PackedLinear's `max_rows` to 0, i.e. plain F.linear) and one float32
 model. Each holds `--context` tokens in a GrowingCache (asymagent/kv/growing_cache.py: the
-engine's default CPU cache, a DynamicCache without the per-token cat) and in a StaticKV
-(asymagent/kv/static_cache.py). Per round, interleaved, the median ms of a
-one-token forward (decode) and a `--verify-rows`-token forward (a K+1 verify) for:
-float32 growing, bf16 growing plain, bf16 growing packed, bf16 static plain, bf16 static packed;
-and the median ms of a `--prefill`-token forward of the decoder body (no cache), float32 vs bf16.
+engine's default CPU cache, a DynamicCache without the per-token cat; aligned reads in bf16, as
+the engine makes it) and in a StaticKV (asymagent/kv/static_cache.py). Per round, interleaved,
+the median ms of a one-token forward (decode) and a `--verify-rows`-token forward (a K+1 verify)
+for: float32 growing; bf16 growing through transformers' forward, plain and packed, with the
+per-head attention call (`_perhead`: asymagent/kv/attention.py GROUP_ROWS = 0, the path before
+grouped attention) and packed with grouped attention; bf16 static plain and packed; and the bf16
+LeanForward (asymagent/kv/lean_forward.py: fused packed q|k|v and gate|up, no transformers
+Python), per-head and grouped (`bfloat16_lean`: what the engine runs); and the median ms of a `--prefill`-token forward of the decoder body (no cache), float32 vs bf16.
 Checks that the packed logits equal the plain ones bit for bit (1..16 rows, both caches), and
 reports the weights' bytes and this machine's copy bandwidth (evals/bench/machine_limits.py):
 the decode bound is bytes / bandwidth. `--profile`: the top operators of 5 packed one-token
@@ -28,20 +31,23 @@ import time
 class _Runner:
     """One model + one cache holding the context; `step(rows)` feeds rows tokens and crops back."""
 
-    def __init__(self, model, context: list, static: bool) -> None:
+    def __init__(self, model, context: list, static: bool, lean: bool = False) -> None:
         import torch
 
-        from asymagent.kv.growing_cache import GrowingCache
+        from asymagent.kv.growing_cache import ATTEND_ALIGN, GrowingCache
         from asymagent.kv.static_cache import StaticKV, StaticKVOptions
+        from asymagent.kv.lean_forward import lean_of
 
         self.model, self.static = model, static
+        self.lean = lean_of(model) if lean else None
         with torch.inference_mode():
             if static:
                 self.kv = StaticKV(model, StaticKVOptions())
                 self.kv.reserve(len(context) + 64)
                 self.kv.run(context, head=False)
-            else:
-                self.kv = GrowingCache(config=model.config)
+            else:  # as the engine makes it (ModelCache): aligned reads in bf16
+                align = ATTEND_ALIGN if next(model.parameters()).dtype == torch.bfloat16 else 1
+                self.kv = GrowingCache(config=model.config, attend_align=align)
                 model(torch.tensor([context]), cache=self.kv, use_cache=True)
 
     def step(self, rows: int):
@@ -51,6 +57,9 @@ class _Runner:
         with torch.inference_mode():
             if self.static:
                 out = self.kv.run(ids, head=True)  # [rows, V] float32
+                self.kv.crop(-rows)
+            elif self.lean is not None:
+                out = self.lean.logits(torch.tensor([ids]), self.kv, rows)[0]
                 self.kv.crop(-rows)
             else:
                 out = self.model(torch.tensor([ids]), cache=self.kv, use_cache=True).logits[0]
@@ -69,7 +78,9 @@ def measure(context: int, repeats: int, rounds: int, verify_rows: int, prefill: 
     import torch
 
     from asymagent.evals.bench.machine_limits import copy_gbps, median_ms, weights_bytes
+    from asymagent.kv import attention
     from asymagent.kv.attention import use_gqa_attention
+    from asymagent.kv.lean_forward import attach as attach_lean
     from asymagent.modeling.loading import load_default_verifier
     from asymagent.modeling.packed_linear import pack_linears
 
@@ -85,8 +96,10 @@ def measure(context: int, repeats: int, rounds: int, verify_rows: int, prefill: 
     def packed(on: bool) -> None:
         pack_linears(bf, max_rows=16 if on else 0)  # already packed: only the row limit changes
 
+    lean = attach_lean(bf)  # after packing: fuses q|k|v and gate|up
     runners = {"float32_growing": _Runner(f32, ctx, False), "bfloat16_growing": _Runner(bf, ctx, False),
-               "bfloat16_static": _Runner(bf, ctx, True)}
+               "bfloat16_static": _Runner(bf, ctx, True),
+               "bfloat16_lean": _Runner(bf, ctx, False, lean=True)}
     identical = {}
     for name in ("bfloat16_growing", "bfloat16_static"):
         for rows in range(1, 17):
@@ -94,19 +107,28 @@ def measure(context: int, repeats: int, rounds: int, verify_rows: int, prefill: 
             a = runners[name].step(rows)
             packed(True)
             identical[f"{name}_{rows}"] = bool(torch.equal(a, runners[name].step(rows)))
-    cases = [("float32_growing", None), ("bfloat16_growing", False), ("bfloat16_growing", True),
-             ("bfloat16_static", False), ("bfloat16_static", True)]
+    # (label, runner, packed linears on, grouped attention rows: attention.GROUP_ROWS)
+    grouped = attention.GROUP_ROWS
+    cases = [("float32_growing", "float32_growing", None, grouped),
+             ("bfloat16_growing_plain_perhead", "bfloat16_growing", False, 0),
+             ("bfloat16_growing_packed_perhead", "bfloat16_growing", True, 0),
+             ("bfloat16_growing_packed", "bfloat16_growing", True, grouped),
+             ("bfloat16_static_plain", "bfloat16_static", False, grouped),
+             ("bfloat16_static_packed", "bfloat16_static", True, grouped),
+             ("bfloat16_lean_perhead", "bfloat16_lean", True, 0),
+             ("bfloat16_lean", "bfloat16_lean", True, grouped)]
     out_rounds = []
     for _ in range(rounds):
         row = {}
         for rows in (1, verify_rows):
-            for name, on in cases:
+            for label, name, on, group_rows in cases:
                 if on is not None:
                     packed(on)
+                attention.GROUP_ROWS = group_rows
                 runner = runners[name]
                 runner.step(rows)  # warm
-                label = name if on is None else f"{name}_{'packed' if on else 'plain'}"
                 row[f"{label}_{rows}"] = median_ms(lambda: runner.step(rows), repeats)
+            attention.GROUP_ROWS = grouped
         long_ids = torch.tensor([list(range(1000, 1000 + prefill))])  # [1, prefill]
         for name, model in (("float32", f32), ("bfloat16", bf)):
             with torch.inference_mode():
@@ -121,6 +143,7 @@ def measure(context: int, repeats: int, rounds: int, verify_rows: int, prefill: 
     doc = {"context": context, "threads": torch.get_num_threads(), "verify_rows": verify_rows,
            "prefill_tokens": prefill,
            "prefill_tok_s": {k: prefill / (med[f"prefill_{k}"] / 1e3) for k in ("float32", "bfloat16")},
+           "lean_forward": {"attached": lean.attached, "fused": lean.fused, "why": lean.why},
            "packed_layers": report.packed, "packed_extra_bytes": report.extra_bytes,
            "pack_s": pack_s, "not_identical_layers": report.not_identical,
            "packed_equals_plain": all(identical.values()),

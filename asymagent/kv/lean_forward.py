@@ -1,0 +1,324 @@
+"""LeanForward: the Llama decoder forward as straight-line code, bit-identical to transformers'.
+
+Why (issue 30, "take the Python out of decoding"; embedded verifier, bf16, 2 threads, 1000
+cached tokens, `python -m asymagent.evals.probes.packed_decode`): a one-token forward through
+transformers takes ~38 ms, of which the linear kernels are ~18 ms and attention ~3 ms. The rest
+is per-call Python and small ops: five decorated module calls per layer, keyword plumbing, the
+attention-interface lookup, a mask built through transformers' mask functions, and three q/k/v
+plus two gate/up kernel calls where one each would do. LeanForward runs the same computation
+over the same weights as one loop: the mask, the rotary tables and the attention function once
+per forward, q|k|v and gate|up as one packed kernel call each (bf16 on the CPU, forwards of at
+most `PackedLinear.max_rows` rows), rotary embedding on q and k together. Measured: ~28 ms
+instead of ~38 ms for one token and for a 4-token verify (docs/kernels.md).
+
+Bit-identical to the transformers forward, by construction and by check:
+- every op is transformers' own, in the same order and dtypes (RMSNorm in float32, rotary as
+  `x*cos + rotate_half(x)*sin`, the attention function the model is configured with, the
+  causal mask); `rotate_half(x)*sin` is computed as `cat(x2, x1) * cat(-sin1, sin2)`, the same
+  products (negation is exact);
+- the fused q|k|v and gate|up kernels give every output column the bits the separate kernels
+  give (oneDNN reduces over the input dimension the same way whatever the output width;
+  checked per model, below); forwards of more rows than the packed limit (prefill chunks) call
+  the separate layers exactly as transformers does;
+- `attach` runs the model both ways on a fresh cache (a prefill, then 1-, 4- and 40-token
+  forwards) and compares the logits bit for bit; a model that differs stays on the transformers
+  forward and the reason is reported (`LeanReport.why`).
+
+Scope: `LlamaForCausalLM` bodies (the embedded verifier, the drafter) without biases, with a SiLU
+MLP and full attention in every layer, on the CPU, over a DynamicCache or GrowingCache (the
+StaticKV / CUDA-graph path, asymagent/kv/static_cache.py, is separate). Used by
+`ModelCache.forward_logits/forward_hidden` (asymagent/kv/cache.py) when attached; the model's own
+`forward` is untouched, and a model (or its body) with forward hooks registered, or global forward
+hooks, is run through it so that the hooks see every forward (hooks on inner modules, layers or
+projections, are not called by LeanForward: detach it, or set the switch below, to use those). `ASYMAGENT_LEAN_FORWARD=0` turns it off. The fused packed weights replace
+the per-layer packed copies of q/k/v/gate/up (those are dropped; a transformers forward re-makes
+them on first use), so memory stays as with packed linears alone; a weight changed in place (its
+version counter moves) is re-fused on the next forward.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+
+from asymagent.modeling import packed_linear
+
+ATTR = "asymagent_lean"  # the attached LeanForward on the *ForCausalLM
+CHECK_ROWS = (1, 4, 40)  # forward sizes compared with transformers at attach time (after a prefill)
+
+
+@dataclass
+class LeanReport:
+    """What `attach` did: attached or why not, and whether the fused packed kernels are in use."""
+
+    attached: bool = False
+    fused: bool = False  # q|k|v and gate|up through one packed kernel each
+    why: str | None = None  # not attached: the reason
+
+
+def _rms(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    """transformers' LlamaRMSNorm, op for op (float32 inside, weight applied in the input dtype)."""
+    dtype = x.dtype
+    x = x.to(torch.float32)
+    variance = x.pow(2).mean(-1, keepdim=True)
+    x = x * torch.rsqrt(variance + eps)
+    return weight * x.to(dtype)
+
+
+def _rope(x: torch.Tensor, cos: torch.Tensor, sin_signed: torch.Tensor) -> torch.Tensor:
+    """`x*cos + rotate_half(x)*sin` with rotate_half's negation moved into `sin_signed`."""
+    half = x.shape[-1] // 2
+    return (x * cos) + (torch.cat((x[..., half:], x[..., :half]), dim=-1) * sin_signed)
+
+
+def _fused(x: torch.Tensor, packed: torch.Tensor, parts: tuple) -> torch.Tensor:
+    """x [1, T, H] through one fused packed kernel -> [1, T, sum of the parts' outputs]; if the
+    kernel fails, packing is switched off (one warning) and the parts run one by one (same bits)."""
+    try:
+        return packed_linear.packed_forward(x, packed)
+    except Exception as exc:  # noqa: BLE001 - as PackedLinear: fall back for good, once
+        packed_linear.disable(exc)
+    return torch.cat([m.forward(x) for m in parts], dim=-1)
+
+
+def _version(t: torch.Tensor) -> tuple:
+    try:
+        version = torch.Tensor._version.__get__(t)
+    except RuntimeError:  # an inference tensor has no version counter
+        version = -1
+    return (t.data_ptr(), version)
+
+
+class _Layer:
+    """One decoder layer's weights and modules, with its fused packed q|k|v and gate|up kernels."""
+
+    __slots__ = ("norm1", "q", "k", "v", "o", "norm2", "gate", "up", "down", "attn",
+                 "qkv_packed", "gu_packed", "sources")
+
+    def __init__(self, layer: torch.nn.Module) -> None:
+        a, mlp = layer.self_attn, layer.mlp
+        self.norm1, self.norm2 = layer.input_layernorm, layer.post_attention_layernorm
+        self.q, self.k, self.v, self.o = a.q_proj, a.k_proj, a.v_proj, a.o_proj
+        self.gate, self.up, self.down = mlp.gate_proj, mlp.up_proj, mlp.down_proj
+        self.attn = a
+        self.qkv_packed = self.gu_packed = None
+        self.sources = None
+
+    def refuse(self) -> None:
+        """(Re)make the fused packed kernels from the current weights; drop the per-layer copies."""
+        parts = (self.q, self.k, self.v, self.gate, self.up)
+        # [Hq*D + 2*Hkv*D, H] and [2*I, H]
+        self.qkv_packed = packed_linear.pack_weight(torch.cat([self.q.weight, self.k.weight, self.v.weight]))
+        self.gu_packed = packed_linear.pack_weight(torch.cat([self.gate.weight, self.up.weight]))
+        self.sources = tuple(_version(m.weight) for m in parts)
+        for m in parts:  # the fused copies replace them (re-made by PackedLinear if ever used)
+            m.packed_weight, m.packed_key = None, None
+
+    def current(self) -> None:
+        if self.sources != tuple(_version(m.weight) for m in (self.q, self.k, self.v, self.gate, self.up)):
+            self.refuse()
+
+
+def why_not(model: torch.nn.Module) -> str | None:
+    """None if LeanForward can run `model`, else why not."""
+    if os.environ.get("ASYMAGENT_LEAN_FORWARD", "").strip().lower() in ("0", "false", "off", "no"):
+        return "ASYMAGENT_LEAN_FORWARD=0"
+    cfg = getattr(model, "config", None)
+    if type(model).__name__ != "LlamaForCausalLM" or getattr(cfg, "model_type", None) != "llama":
+        return f"{type(model).__name__} is not a LlamaForCausalLM"
+    if getattr(cfg, "attention_bias", False) or getattr(cfg, "mlp_bias", False):
+        return "biased attention or MLP"
+    if getattr(cfg, "hidden_act", "silu") != "silu":
+        return f"hidden_act {cfg.hidden_act!r} (SiLU only)"
+    kinds = set(getattr(cfg, "layer_types", None) or ["full_attention"])
+    if kinds != {"full_attention"} or getattr(cfg, "sliding_window", None):
+        return "not every layer is full attention"
+    p = next(model.parameters())
+    if p.device.type != "cpu":
+        return f"device {p.device.type} (CPU only: CUDA decodes through static caches and graphs)"
+    return None
+
+
+class LeanForward:
+    """The decoder forward of one LlamaForCausalLM (see the module doc); `attach` makes one."""
+
+    def __init__(self, model: torch.nn.Module, fuse: bool) -> None:
+        from asymagent.modeling.packed_linear import PackedLinear
+
+        self.model = model
+        self.body = model.model
+        cfg = model.config
+        self.config = cfg
+        self.head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
+        self.heads, self.kv_heads = cfg.num_attention_heads, cfg.num_key_value_heads
+        self.intermediate = cfg.intermediate_size
+        self.layers = [_Layer(layer) for layer in self.body.layers[: cfg.num_hidden_layers]]
+        # fused packed kernels: every projection a PackedLinear (bf16 CPU, pack_linears ran)
+        self.fused = fuse and all(type(m) is PackedLinear for lay in self.layers
+                                  for m in (lay.q, lay.k, lay.v, lay.gate, lay.up))
+        if self.fused:
+            for lay in self.layers:
+                lay.refuse()
+
+    def __reduce__(self):
+        """A copied or pickled model gets no LeanForward (its packed kernels are opaque oneDNN
+        tensors bound to this model's weights); `attach` the copy again if wanted."""
+        return (_none, ())
+
+    # ------------------------------------------------------------------ pieces
+    def _mask(self, cache, x: torch.Tensor, positions: torch.Tensor, past: int, rows: int):
+        """The causal mask transformers would build for this forward ([1, 1, T, L] bool, or None)."""
+        from asymagent.kv.growing_cache import GrowingLayer
+
+        first = cache.layers[0] if getattr(cache, "layers", None) else None
+        if isinstance(first, GrowingLayer) and first.attend_align > 1:
+            # an aligned read (growing_cache.py): the mask is never skipped; key j is seen by the
+            # query at position p iff j <= p, over the attended length
+            keys = first.attended(past + rows)
+            return (torch.arange(keys, device=x.device)[None, :] <= positions[0][:, None])[None, None]
+        from transformers.masking_utils import create_causal_mask
+
+        return create_causal_mask(config=self.config, inputs_embeds=x, attention_mask=None,
+                                  cache=cache, position_ids=positions)
+
+    # ------------------------------------------------------------------ forward
+    def body_forward(self, input_ids: torch.Tensor, cache) -> torch.Tensor:
+        """input_ids [1, T] -> the body's last hidden states [1, T, H] BEFORE the final norm;
+        the cache grows by T positions (as `model.model(input_ids, cache=cache, use_cache=True)`)."""
+        from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
+        from transformers.models.llama.modeling_llama import eager_attention_forward
+
+        body = self.body
+        x = body.embed_tokens(input_ids)  # [1, T, H]
+        rows = input_ids.shape[1]
+        past = cache.get_seq_length()
+        positions = (torch.arange(rows, device=x.device) + past).unsqueeze(0)  # [1, T]
+        mask = self._mask(cache, x, positions, past, rows)
+        cos, sin = body.rotary_emb(x, position_ids=positions)  # [1, T, D] each
+        cos, sin = cos.unsqueeze(1), sin.unsqueeze(1)  # [1, 1, T, D]
+        half = self.head_dim // 2
+        sin_signed = torch.cat((-sin[..., :half], sin[..., half:]), dim=-1)  # rotate_half's sign
+        attention = ALL_ATTENTION_FUNCTIONS.get_interface(getattr(self.config, "_attn_implementation", "sdpa"),
+                                                          eager_attention_forward)
+        hq, hkv, d = self.heads, self.kv_heads, self.head_dim
+        # the fused kernels: bf16 on the CPU, while PackedLinear's kernel works (packed_linear.py)
+        packed = (self.fused and x.dtype == torch.bfloat16 and x.device.type == "cpu"
+                  and packed_linear.enabled())
+        for i, lay in enumerate(self.layers):
+            fused = packed and rows <= getattr(lay.q, "max_rows", 0)
+            h = _rms(x, lay.norm1.weight, lay.norm1.variance_epsilon)  # [1, T, H]
+            if fused:
+                lay.current()
+                qkv = _fused(h, lay.qkv_packed, (lay.q, lay.k, lay.v))
+                qkv = qkv.view(1, rows, hq + 2 * hkv, d).transpose(1, 2)  # [1, Hq+2Hkv, T, D]
+                qk = _rope(qkv[:, : hq + hkv], cos, sin_signed)  # [1, Hq+Hkv, T, D]
+                q, k, v = qk[:, :hq], qk[:, hq:], qkv[:, hq + hkv:]
+            else:
+                q = _rope(lay.q.forward(h).view(1, rows, hq, d).transpose(1, 2), cos, sin_signed)
+                k = _rope(lay.k.forward(h).view(1, rows, hkv, d).transpose(1, 2), cos, sin_signed)
+                v = lay.v.forward(h).view(1, rows, hkv, d).transpose(1, 2)  # [1, Hkv, T, D]
+            k, v = cache.update(k, v, i)  # [1, Hkv, L, D]
+            out, _ = attention(lay.attn, q, k, v, mask, dropout=0.0, scaling=lay.attn.scaling)
+            x = x + lay.o.forward(out.reshape(1, rows, -1).contiguous())  # [1, T, H]
+            h = _rms(x, lay.norm2.weight, lay.norm2.variance_epsilon)
+            if fused:
+                gu = _fused(h, lay.gu_packed, (lay.gate, lay.up))  # [1, T, 2*I]
+                act = F.silu(gu[..., : self.intermediate]) * gu[..., self.intermediate:]  # [1, T, I]
+            else:
+                act = F.silu(lay.gate.forward(h)) * lay.up.forward(h)
+            x = x + lay.down.forward(act)
+        return x
+
+    def hidden(self, input_ids: torch.Tensor, cache) -> torch.Tensor:
+        """[1, T] -> final (normed) hidden states [1, T, H], as `model.model(...).last_hidden_state`."""
+        norm = self.body.norm
+        return _rms(self.body_forward(input_ids, cache), norm.weight, norm.variance_epsilon)
+
+    def logits(self, input_ids: torch.Tensor, cache, keep: int) -> torch.Tensor:
+        """[1, T] -> logits of the last `keep` positions [1, keep, V] in the model dtype, as
+        `model(..., logits_to_keep=keep).logits`."""
+        norm = self.body.norm
+        x = self.body_forward(input_ids, cache)[:, -keep:]  # [1, keep, H]
+        return self.model.lm_head(_rms(x, norm.weight, norm.variance_epsilon))
+
+
+def _none() -> None:
+    return None
+
+
+def lean_of(model: torch.nn.Module) -> LeanForward | None:
+    """The LeanForward attached to `model`, if any (and not turned off since)."""
+    lean = getattr(model, ATTR, None)
+    if lean is None:
+        return None
+    if os.environ.get("ASYMAGENT_LEAN_FORWARD", "").strip().lower() in ("0", "false", "off", "no"):
+        return None
+    if lean.body.embed_tokens.weight.device.type != "cpu":  # moved since: transformers' forward
+        return None
+    if _hooked(model) or _hooked(lean.body):  # hooks see every forward: transformers' forward
+        return None
+    return lean
+
+
+_HOOK_DICTS = ("_forward_hooks", "_forward_pre_hooks")
+
+
+def _hooked(module: torch.nn.Module) -> bool:
+    """Whether forward hooks are registered on `module` or globally (torch.nn.modules.module)."""
+    from torch.nn.modules import module as torch_module
+
+    return any(getattr(module, name, None) or getattr(torch_module, "_global" + name, None)
+               for name in _HOOK_DICTS)
+
+
+@torch.inference_mode()
+def _same_as_transformers(model: torch.nn.Module, lean: LeanForward) -> str | None:
+    """Prefill + CHECK_ROWS forwards both ways on fresh caches; None if every logit is equal."""
+    from asymagent.kv.growing_cache import for_model
+
+    vocab = int(model.config.vocab_size)
+    g = torch.Generator().manual_seed(0)
+    prompt = torch.randint(0, vocab, (1, 70), generator=g)  # [1, 70]
+    plain, fast = for_model(model), for_model(model)  # the caches the engine gives the model
+    model(input_ids=prompt, cache=plain, use_cache=True)
+    lean.body_forward(prompt, fast)
+    for rows in CHECK_ROWS:
+        ids = torch.randint(0, vocab, (1, rows), generator=g)  # [1, rows]
+        a = model(input_ids=ids, cache=plain, use_cache=True, logits_to_keep=rows).logits
+        b = lean.logits(ids, fast, rows)
+        if not torch.equal(a, b):
+            return f"logits of a {rows}-token forward differ from transformers' (max |diff| " \
+                   f"{(a.float() - b.float()).abs().max().item():.3g})"
+        h_plain = model.model(input_ids=ids, cache=plain, use_cache=True).last_hidden_state
+        if not torch.equal(h_plain, lean.hidden(ids, fast)):
+            return f"hidden states of a {rows}-token forward differ from transformers'"
+    return None
+
+
+def attach(model: torch.nn.Module, check: bool = True) -> LeanReport:
+    """Give `model` a LeanForward (attribute ATTR) when it can run it and, with `check`, when its
+    logits equal transformers' bit for bit; idempotent. Call after `pack_linears` and
+    `use_gqa_attention` (the kernels and attention it must match are the model's current ones)."""
+    why = why_not(model)
+    if why is not None:
+        return LeanReport(why=why)
+    lean = getattr(model, ATTR, None) or LeanForward(model, fuse=True)
+    if check:
+        why = _same_as_transformers(model, lean)
+        if why is not None and lean.fused:  # try again without the fused kernels
+            lean = LeanForward(model, fuse=False)
+            why = _same_as_transformers(model, lean)
+        if why is not None:
+            setattr(model, ATTR, None)
+            return LeanReport(why=why)
+    setattr(model, ATTR, lean)
+    return LeanReport(attached=True, fused=lean.fused)
+
+
+def detach(model: torch.nn.Module) -> None:
+    """Back to the transformers forward for `model` (the per-layer packed copies come back on use)."""
+    if getattr(model, ATTR, None) is not None:
+        setattr(model, ATTR, None)

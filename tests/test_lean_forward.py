@@ -1,0 +1,188 @@
+"""LeanForward (asymagent/kv/lean_forward.py): transformers' Llama forward as straight-line
+code, the same logits and hidden states bit for bit, attached by the engine."""
+
+import copy
+
+import pytest
+import torch
+
+from asymagent.kv import growing_cache
+from asymagent.kv.attention import use_gqa_attention
+from asymagent.kv.cache import ModelCache
+from asymagent.kv.growing_cache import GrowingCache
+from asymagent.kv import lean_forward
+from asymagent.kv.lean_forward import ATTR, attach, lean_of, why_not
+from asymagent.modeling.packed_linear import kernel_available, pack_linears
+from conftest import make_tiny_llama
+
+needs_packed = pytest.mark.skipif(kernel_available() is not None,
+                                  reason=f"no packed bf16 linear kernel: {kernel_available()}")
+
+
+def _model(dtype=torch.float32, seed: int = 0, pack: bool = False):
+    model = make_tiny_llama(hidden=128, heads=4, kv_heads=2, layers=2, seed=seed).to(dtype)
+    use_gqa_attention(model)
+    if pack:
+        assert pack_linears(model).packed > 0
+    return model
+
+
+def _run_both(model, lengths, seed: int = 0):
+    """Feed the same chunks through transformers and through the lean forward (each on its own
+    ModelCache); returns the pairs of logits [keep, V] and hidden states [T, H]."""
+    g = torch.Generator().manual_seed(seed)
+    plain, lean = ModelCache(model), ModelCache(model)
+    pairs = []
+    for n in lengths:
+        ids = torch.randint(0, 256, (n,), generator=g).tolist()
+        saved = getattr(model, ATTR)
+        setattr(model, ATTR, None)  # transformers' forward
+        a = plain.forward_logits(ids, keep=n)
+        ha = plain.forward_hidden(ids[:1])
+        setattr(model, ATTR, saved)
+        b = lean.forward_logits(ids, keep=n)
+        hb = lean.forward_hidden(ids[:1])
+        pairs.append((n, a, b, ha, hb))
+    assert lean_of(model) is not None
+    return pairs
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_same_logits_and_hidden_states_as_transformers(dtype):
+    """Prefill, decode steps and verify forwards: every logit and hidden state bit-identical."""
+    model = _model(dtype)
+    report = attach(model)
+    assert report.attached and report.why is None
+    for n, a, b, ha, hb in _run_both(model, [70, 1, 1, 5, 2, 33, 1, 100, 3]):
+        assert torch.equal(a, b), f"{n}-token forward: logits differ"
+        assert torch.equal(ha, hb), f"{n}-token forward: hidden states differ"
+
+
+@needs_packed
+def test_fused_packed_kernels_same_bits_as_the_separate_layers():
+    """bf16 with packed linears: q|k|v and gate|up run as one kernel each, same bits."""
+    model = _model(torch.bfloat16, pack=True)
+    report = attach(model)
+    assert report.attached and report.fused
+    for n, a, b, ha, hb in _run_both(model, [70, 1, 4, 1, 32, 33, 2]):
+        assert torch.equal(a, b), f"{n}-token forward: logits differ"
+        assert torch.equal(ha, hb)
+
+
+@needs_packed
+def test_a_weight_changed_in_place_is_fused_again():
+    model = _model(torch.bfloat16, pack=True)
+    assert attach(model).fused
+    with torch.no_grad():
+        model.model.layers[0].self_attn.k_proj.weight.mul_(1.5)
+        model.model.layers[1].mlp.up_proj.weight.add_(0.01)
+    for n, a, b, _, _ in _run_both(model, [40, 1, 3]):
+        assert torch.equal(a, b), f"{n}-token forward after an in-place change: logits differ"
+
+
+def test_position_scored_the_same_whatever_the_forward_length():
+    """bf16 on the CPU (aligned reads, grouped attention): a position's logits are the same in
+    a 1..32-token forward through the lean forward, as through transformers'."""
+    model = _model(torch.bfloat16, pack=kernel_available() is None)
+    assert attach(model).attached
+    lean = lean_of(model)
+    ids = torch.randint(0, 256, (1, 300), generator=torch.Generator().manual_seed(5))
+    cache = GrowingCache(config=model.config, attend_align=growing_cache.ATTEND_ALIGN)
+    rows = {}
+    with torch.inference_mode():
+        lean.body_forward(ids, cache)
+        for t in (1, 2, 3, 5, 9, 16, 17, 24, 32):
+            rows[t] = lean.logits(torch.arange(7, 7 + t)[None], cache, t)[0, 0]  # [V]
+            cache.crop(-t)
+    for t, row in rows.items():
+        assert torch.equal(row, rows[1]), f"position scored differently in a {t}-token forward"
+
+
+def test_mask_equals_transformers_mask_on_aligned_reads():
+    from transformers.masking_utils import create_causal_mask
+
+    model = _model(torch.bfloat16)
+    lean = lean_forward.LeanForward(model, fuse=False)
+    cache = GrowingCache(config=model.config, attend_align=growing_cache.ATTEND_ALIGN)
+    with torch.inference_mode():
+        for past, rows in ((0, 70), (70, 1), (71, 5), (76, 32), (108, 1), (109, 64)):
+            x = torch.zeros(1, rows, model.config.hidden_size, dtype=torch.bfloat16)
+            pos = (torch.arange(rows) + past)[None]
+            want = create_causal_mask(config=model.config, inputs_embeds=x, attention_mask=None,
+                                      cache=cache, position_ids=pos)
+            got = lean._mask(cache, x, pos, past, rows)
+            assert want is not None and torch.equal(got, want), (past, rows)
+            lean.body_forward(torch.zeros(1, rows, dtype=torch.long), cache)  # advance the cache
+
+
+def test_refused_models_and_switches(monkeypatch):
+    model = _model()
+    monkeypatch.setenv("ASYMAGENT_LEAN_FORWARD", "0")
+    assert why_not(model) == "ASYMAGENT_LEAN_FORWARD=0"
+    assert not attach(model).attached and getattr(model, ATTR, None) is None
+    monkeypatch.delenv("ASYMAGENT_LEAN_FORWARD")
+    assert attach(model).attached and lean_of(model) is not None
+    monkeypatch.setenv("ASYMAGENT_LEAN_FORWARD", "off")  # turned off after attaching: not used
+    assert lean_of(model) is None
+    monkeypatch.delenv("ASYMAGENT_LEAN_FORWARD")
+    biased = make_tiny_llama()
+    biased.config.attention_bias = True
+    assert "bias" in why_not(biased)
+    assert "LlamaForCausalLM" in why_not(torch.nn.Linear(2, 2))
+    # a copy carries no LeanForward (its fused kernels belong to the original's weights)
+    twin = copy.deepcopy(model)
+    assert getattr(twin, ATTR) is None and lean_of(model) is not None
+
+
+def test_a_model_that_differs_is_left_on_transformers(monkeypatch):
+    """The attach-time check: a lean forward whose logits differ is not attached."""
+    model = _model()
+    real = lean_forward.LeanForward.logits
+
+    def off_by_one_ulp(self, input_ids, cache, keep):
+        out = real(self, input_ids, cache, keep)
+        return torch.nextafter(out, torch.full_like(out, float("inf")))
+
+    monkeypatch.setattr(lean_forward.LeanForward, "logits", off_by_one_ulp)
+    report = attach(model)
+    assert not report.attached and "differ" in report.why and lean_of(model) is None
+
+
+def test_engine_attaches_and_reports(monkeypatch):
+    from asymagent.engine import Engine
+
+    engine = Engine(_model(seed=1), _model(seed=2))
+    assert engine.runtime["lean_forward"] == {"verifier": "on", "drafter": "on"}
+    assert lean_of(engine.verifier) is not None
+    monkeypatch.setenv("ASYMAGENT_LEAN_FORWARD", "0")
+    off = Engine(_model(seed=1))
+    assert off.runtime["lean_forward"] == {"verifier": "off: ASYMAGENT_LEAN_FORWARD=0"}
+
+
+@pytest.mark.parametrize("mode", ["full", "spec", "asym"])
+def test_engine_greedy_tokens_equal_with_and_without(monkeypatch, mode):
+    from asymagent.engine import Engine
+
+    prompt = torch.randint(3, 256, (120,), generator=torch.Generator().manual_seed(9)).tolist()
+    outs = []
+    for off in ("0", "1"):
+        monkeypatch.setenv("ASYMAGENT_LEAN_FORWARD", off)
+        engine = Engine(_model(torch.bfloat16, seed=1), _model(torch.bfloat16, seed=2))
+        outs.append(engine.generate(prompt, mode=mode, max_new_tokens=24, temperature=0.0).token_ids)
+    assert outs[0] == outs[1]
+
+
+def test_a_hooked_model_runs_through_transformers():
+    """Forward hooks on the model see every forward: with one registered, ModelCache calls the
+    model's own forward (a hook's observations are the same either way)."""
+    model = _model()
+    assert attach(model).attached
+    seen = []
+    handle = model.register_forward_pre_hook(lambda m, args, kwargs: seen.append(kwargs["input_ids"].shape[1]),
+                                             with_kwargs=True)
+    try:
+        assert lean_of(model) is None
+        ModelCache(model).forward_logits([5, 6, 7], keep=1)
+    finally:
+        handle.remove()
+    assert seen == [3] and lean_of(model) is not None
