@@ -1,14 +1,15 @@
 """A/B of the CPU decode path on the bench workload: lean forward + grouped attention vs before.
 
     python -m asymagent.evals.probes.lean_ab [--modes full,spec,asym] [--steps 12] [--threads 2]
-        [--json PATH]
+        [--dtype auto|float32|bfloat16] [--json PATH]
 
-One engine on the embedded default (the engine's dtype: bf16 where the CPU has bf16 units), the
+One engine on the embedded default (`--dtype`, auto: bf16 where the CPU has bf16 units), the
 bench workload's teacher-forced steps (records dev seed 0, as `asymagent bench`), each mode run
 twice per step, interleaved and in alternating order: "new" = the engine as shipped (LeanForward,
 asymagent/kv/lean_forward.py, and grouped attention rows, asymagent/kv/attention.py GROUP_ROWS),
 "old" = transformers' forward (`ASYMAGENT_LEAN_FORWARD=0`) with the per-head attention call
-(GROUP_ROWS = 0), i.e. the path before both. Each (mode, path) has its own cache session and
+(GROUP_ROWS = 0), i.e. the path before both (in float32 only the lean forward differs: grouped
+rows are a bf16 path). Each (mode, path) has its own cache session and
 store of earlier responses. Reports per mode the wall seconds of each path, the ratio of the
 sums and the median per-step ratio, prefill and decode seconds, and whether the output token ids
 are identical on every step (they must be: both changes are bit-identical).
@@ -23,7 +24,7 @@ import statistics
 import time
 
 
-def measure(modes: list, steps: int, max_new_tokens: int) -> dict:
+def measure(modes: list, steps: int, max_new_tokens: int, dtype: str = "auto") -> dict:
     import torch
     from tqdm.auto import tqdm
 
@@ -32,7 +33,7 @@ def measure(modes: list, steps: int, max_new_tokens: int) -> dict:
     from asymagent.kv import attention
 
     conv = bench_conversation(steps)
-    setup = build_engine("default")
+    setup = build_engine("default", dtype=dtype)
     engine = setup.engine
     reset_suffix_stores(engine)
     grouped = attention.GROUP_ROWS
@@ -91,13 +92,15 @@ def main(argv=None) -> int:
     p.add_argument("--steps", type=int, default=12)
     p.add_argument("--max-new-tokens", type=int, default=32)
     p.add_argument("--threads", type=int, default=0, help="torch threads (0: leave as is)")
+    p.add_argument("--dtype", default="auto", help="the verifier's dtype (asymagent --dtype names)")
     p.add_argument("--json", metavar="PATH")
     args = p.parse_args(argv)
     if args.threads:
         import torch
 
         torch.set_num_threads(args.threads)
-    doc = measure([m.strip() for m in args.modes.split(",") if m.strip()], args.steps, args.max_new_tokens)
+    doc = measure([m.strip() for m in args.modes.split(",") if m.strip()], args.steps, args.max_new_tokens,
+                  args.dtype)
     doc["command"] = "python -m asymagent.evals.probes.lean_ab " + " ".join(argv if argv is not None else __import__("sys").argv[1:])
     doc["date"] = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())
     for mode, r in doc["results"].items():

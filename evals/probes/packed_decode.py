@@ -17,7 +17,8 @@ Python), per-head and grouped (`bfloat16_lean`: what the engine runs); and the m
 Checks that the packed logits equal the plain ones bit for bit (1..16 rows, both caches), and
 reports the weights' bytes and this machine's copy bandwidth (evals/bench/machine_limits.py):
 the decode bound is bytes / bandwidth. `--profile`: the top operators of 5 packed one-token
-forwards (growing cache) and of one bf16 prefill, torch.profiler's self CPU time.
+forwards (growing cache; transformers' forward, then the lean forward) and of one bf16 prefill,
+torch.profiler's self CPU time.
 """
 
 from __future__ import annotations
@@ -159,6 +160,11 @@ def measure(context: int, repeats: int, rounds: int, verify_rows: int, prefill: 
             for _ in range(5):
                 runner.step(1)
         doc["profile_decode_top"] = _top_ops(prof, 5)
+        runner = runners["bfloat16_lean"]
+        with torch_profile() as prof:
+            for _ in range(5):
+                runner.step(1)
+        doc["profile_decode_lean_top"] = _top_ops(prof, 5)
         with torch.inference_mode(), torch_profile() as prof:
             bf.model(torch.tensor([list(range(1000, 1000 + prefill))]))
         doc["profile_prefill_bfloat16_top"] = _top_ops(prof, 1)
