@@ -45,16 +45,24 @@ from asymagent.decoding.stopping import StopChecker, eos_ids
 from asymagent.decoding.suffix_drafter import SuffixDrafter
 from asymagent.decoding.suffix_store import SuffixStore
 from asymagent.fair_lock import FairLock
-from asymagent.kv.attention import use_gqa_attention
+from asymagent.kv.attention import grouped_rows_exact, use_gqa_attention
 from asymagent.kv.cache import CacheStore, View, ViewCache
-from asymagent.modeling.cpu_dtype import for_device, runtime_info
 from asymagent.kv.lean_forward import LeanReport
 from asymagent.kv.lean_forward import attach as attach_lean
+from asymagent.modeling.cpu_dtype import for_device, runtime_info
 from asymagent.modeling.packed_linear import pack_linears
 from asymagent.request import GenerationRequest
 from asymagent.results import ChatResult, GenerationResult  # noqa: F401  (old import path)
 from asymagent.spec_config import SpecConfig, mode_of
 from asymagent.stats import StepStats
+
+
+def _grouped_attention(model: torch.nn.Module) -> bool:
+    """Whether bf16 decode/verify forwards of `model` read each key/value head once (grouped
+    rows, asymagent/kv/attention.py): a bf16 model on a CPU whose kernel gives the same bits."""
+    weight = next(model.parameters())
+    return (weight.device.type == "cpu" and weight.dtype == torch.bfloat16
+            and grouped_rows_exact())
 
 
 def _vocab_size(model) -> int:
@@ -149,7 +157,8 @@ class Engine:
                                          cuda_graphs=cuda_graphs, compile=compile)
         # dtype, automatic dtype and CPU matrix units (banner, --version, /version)
         self.runtime = runtime_info(verifier) | {"compile": bool(compile), "packed_linears": packed,
-                                               "lean_forward": lean}
+                                               "lean_forward": lean,
+                                               "grouped_attention": _grouped_attention(verifier)}
         self.caches = CacheStore(roles, max_sessions=max_sessions, static=self.static_roles)
         self._chat_format: ChatFormat | None = None  # built on first use (`chat_format`)
         self._format_lock = threading.Lock()  # builds chat_format once (not the request lock)

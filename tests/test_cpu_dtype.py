@@ -64,6 +64,9 @@ def test_engine_reports_its_dtype():
     engine = Engine(verifier=_bf16(make_model(seed=0)))
     assert engine.runtime["dtype"] == "bfloat16"
     assert set(engine.runtime) >= {"auto_dtype", "cpu_bf16", "cpu_capability", "compile"}
+    from asymagent.kv.attention import grouped_rows_exact
+    assert engine.runtime["grouped_attention"] is grouped_rows_exact()  # bf16 on the CPU
+    assert Engine(verifier=make_model(seed=0)).runtime["grouped_attention"] is False  # float32
     assert "bfloat16" in cpu_dtype.describe(engine.runtime)
 
 

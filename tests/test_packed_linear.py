@@ -15,12 +15,14 @@ import torch.nn.functional as F
 
 from asymagent.engine import Engine
 from asymagent.modeling import packed_linear
+from asymagent.modeling.cpu_dtype import cpu_bf16_support
 from asymagent.modeling.packed_linear import (MAX_PACKED_ROWS, PackedLinear, pack_linears,
                                               packed_count, unpack_linears)
 from asymagent.spec_config import SpecConfig
 from test_engine_models import make_model, noisy_copy, random_prompts
 
 HAVE_KERNEL = packed_linear.kernel_available() is None
+AMX = cpu_bf16_support() == "amx_bf16"
 needs_kernel = pytest.mark.skipif(not HAVE_KERNEL, reason="no oneDNN packed bf16 linear here")
 
 
@@ -43,7 +45,13 @@ def test_packed_rows_equal_f_linear_bit_for_bit(shape, bias):
             assert torch.equal(seq(x), F.linear(x, *ref)), rows
             # a batched [1, rows, in] input (what the decoder layers pass) and row 0 alone
             assert torch.equal(seq(x[None])[0], F.linear(x, *ref)), rows
-            assert torch.equal(seq(x[:1])[0], seq(x)[0]), rows
+            # row 0 alone scores as inside the batch wherever F.linear's kernel does so: always on
+            # an AMX CPU (bf16 tiles), not on every CPU (an AMD EPYC without AMX differs in the
+            # last bits at some row counts, F.linear and the packed kernel alike); packing never
+            # loses it
+            plain_invariant = torch.equal(F.linear(x[:1], *ref)[0], F.linear(x, *ref)[0])
+            if plain_invariant or AMX:
+                assert torch.equal(seq(x[:1])[0], seq(x)[0]), rows
 
 
 @needs_kernel

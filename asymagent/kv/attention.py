@@ -11,9 +11,12 @@ for a 3-token query over 2k cached positions.
 Decode and verify forwards (at most GROUP_ROWS tokens) in bf16 on the CPU go one step further:
 the query heads that share a key/value head become rows of that head (`_grouped_rows`, a view:
 [1, Hkv*G, q, D] -> [1, Hkv, G*q, D]), so the kernel reads each key/value head once, in Hkv work
-items instead of Hq. Same bits as the per-head call (checked for 1..32 tokens, 1 and 2 threads),
-and no duplicated row for a one-token decode (G rows are already the multi-row path). Measured
-(2 threads, 5k cached keys, one layer): 0.68 -> 0.30 ms for one token, 0.79 -> 0.43 ms for five.
+items instead of Hq. Same bits as the per-head call (checked for 1..32 tokens, 1 and 2 threads,
+on an Intel CPU with AMX), and no duplicated row for a one-token decode (G rows are already the
+multi-row path). Measured there (2 threads, 5k cached keys, one layer): 0.68 -> 0.30 ms for one
+token, 0.79 -> 0.43 ms for five. Not every CPU's kernel gives the same bits (an AMD EPYC with
+AVX512-BF16 and no AMX does not), so `grouped_rows_exact()` checks it once per thread count on
+the machine itself and the grouped path is taken only where it holds.
 
 `use_gqa_attention(model)` switches a model that uses `sdpa` to this function ("asymagent_sdpa"
 in transformers' AttentionInterface); anything else (eager, flash, a model without grouped
@@ -29,7 +32,7 @@ import inspect
 import torch
 
 ATTN_NAME = "asymagent_sdpa"
-# decode and verify forwards of at most this many tokens (bf16/fp16 on the CPU) run with each
+# decode and verify forwards of at most this many tokens (bf16 on the CPU) run with each
 # group's query heads as rows of one head (`_grouped_rows`): measured bit-identical to the
 # per-head path for 1..32 tokens over aligned key counts at 1 and 2 threads, 2.2x faster for one
 # token over 5k keys (0.68 -> 0.30 ms a layer), 1.8x for 5 tokens (2 threads)
@@ -51,9 +54,9 @@ def gqa_sdpa_forward(module: torch.nn.Module, query: torch.Tensor, key: torch.Te
             or kwargs.get("output_attentions", False)):
         return sdpa_attention_forward(module, query, key, value, attention_mask, dropout=dropout,
                                       scaling=scaling, is_causal=is_causal, **kwargs)
-    if (q_len <= GROUP_ROWS and dropout == 0.0 and query.device.type == "cpu"
+    if (q_len <= GROUP_ROWS and dropout == 0.0 and query.dtype == torch.bfloat16
             and _same_rows_as_batched(query, attention_mask) and attention_mask.shape[1] == 1
-            and query.shape[1] == key.shape[1] * groups):
+            and query.shape[1] == key.shape[1] * groups and grouped_rows_exact()):
         return _grouped_rows(query, key, value, attention_mask, scaling, groups)
     if one_row:  # the query twice: the kernel's multi-row path, as a verify forward takes
         query = torch.cat([query, query], dim=2)  # [B, Hq, 2, D] (contiguous, as a verify's rows)
@@ -67,7 +70,7 @@ def gqa_sdpa_forward(module: torch.nn.Module, query: torch.Tensor, key: torch.Te
 
 
 def _grouped_rows(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
-                  attention_mask: torch.Tensor, scaling: float | None, groups: int) -> torch.Tensor:
+                  attention_mask: torch.Tensor, scaling: float | None, groups: int) -> tuple:
     """Decode / verify attention with the query heads of a group as rows of one head: query
     [1, Hkv*G, q, D] -> [1, Hkv, G*q, D] over key/value [1, Hkv, L, D], the mask repeated per
     group member. The kernel then reads each key/value head once (Hkv work items instead of Hq)."""
@@ -78,6 +81,38 @@ def _grouped_rows(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
     out = torch.nn.functional.scaled_dot_product_attention(rows, key, value, attn_mask=mask,
                                                            scale=scaling)  # [1, Hkv, G*q, D]
     return out.view(b, hq, q_len, d).transpose(1, 2).contiguous(), None  # [B, q, Hq, D]
+
+
+def grouped_rows_exact(threads: int | None = None) -> bool:
+    """Whether `_grouped_rows` gives the per-head call's bits on this CPU at this thread count;
+    probed once per thread count (27 small attention calls, a few ms).
+
+    On Intel CPUs with AMX the two are bit-identical (the kernel's tile rows are independent);
+    on an AMD EPYC with AVX512-BF16 and no AMX they differ in the last bits for some shapes
+    (measured: 2 query rows over 704 keys), so there the per-head call is kept and decode and
+    verify forwards compute exactly what they computed before grouped rows existed."""
+    return _grouped_rows_exact(torch.get_num_threads() if threads is None else threads)
+
+
+@functools.cache
+def _grouped_rows_exact(threads: int) -> bool:
+    g = torch.Generator().manual_seed(0)
+    groups, heads, dim = 3, 3, 64
+    for keys in (128, 704, 2048):
+        key = torch.randn(1, heads, keys, dim, generator=g).to(torch.bfloat16)  # [1, Hkv, L, D]
+        value = torch.randn(1, heads, keys, dim, generator=g).to(torch.bfloat16)
+        for rows in (1, 2, 3, 5, 8, 16, 17, 31, 32):
+            query = torch.randn(1, heads * groups, rows, dim, generator=g).to(torch.bfloat16)
+            past = keys - 64
+            mask = (torch.arange(keys)[None, :] <= (torch.arange(rows) + past)[:, None])[None, None]
+            got, _ = _grouped_rows(query, key, value, mask, 0.125, groups)
+            if rows == 1:  # the per-head path runs one row as two (`_same_rows_as_batched`)
+                query, mask = torch.cat([query, query], dim=2), torch.cat([mask, mask], dim=2)
+            want = torch.nn.functional.scaled_dot_product_attention(
+                query, key, value, attn_mask=mask, scale=0.125, enable_gqa=True)[:, :, :rows]
+            if not torch.equal(got, want.transpose(1, 2).contiguous()):
+                return False
+    return True
 
 
 def _same_rows_as_batched(query: torch.Tensor, attention_mask: torch.Tensor | None) -> bool:

@@ -107,7 +107,7 @@ class _Layer:
         self.qkv_packed = self.gu_packed = None
         self.sources = None
 
-    def refuse(self) -> None:
+    def fuse(self) -> None:
         """(Re)make the fused packed kernels from the current weights; drop the per-layer copies."""
         parts = (self.q, self.k, self.v, self.gate, self.up)
         # [Hq*D + 2*Hkv*D, H] and [2*I, H]
@@ -119,7 +119,7 @@ class _Layer:
 
     def current(self) -> None:
         if self.sources != tuple(_version(m.weight) for m in (self.q, self.k, self.v, self.gate, self.up)):
-            self.refuse()
+            self.fuse()
 
 
 def why_not(model: torch.nn.Module) -> str | None:
@@ -161,7 +161,7 @@ class LeanForward:
                                   for m in (lay.q, lay.k, lay.v, lay.gate, lay.up))
         if self.fused:
             for lay in self.layers:
-                lay.refuse()
+                lay.fuse()
 
     def __reduce__(self):
         """A copied or pickled model gets no LeanForward (its packed kernels are opaque oneDNN

@@ -7,7 +7,11 @@ once (`torch.ops.mkldnn._reorder_linear_weight`) reads it at the machine's copy 
 (~27 GB/s): 57-63 us instead of 89-112 us for a [1536, 576] layer at 1-16 rows. Its outputs are
 bit-identical to `F.linear`'s for those rows (checked on every layer at pack time, below), so
 greedy tokens do not change. At 64+ rows (prefill chunks) F.linear is as fast or faster and the
-two may differ by an ulp, so those forwards keep F.linear.
+two may differ by an ulp, so those forwards keep F.linear. Whether a row scores the same alone as
+inside a batch of rows is the CPU kernel's property, kept as it is: on AMX it does for 1..40 rows;
+on an AMD EPYC with AVX512-BF16 and no AMX, F.linear and the packed kernel alike differ in the
+last bits at some row counts (6, 10, 14 rows over 1536 inputs), as float32's F.linear does at
+every row count > 1 on any CPU.
 
 - `PackedLinear` is `nn.Linear` with that forward: rows <= `max_rows` (32: decode, the K+1 verify
   with jump-forward tokens before it,
