@@ -1,7 +1,7 @@
 """Decode and verify forwards of the embedded verifier: bf16 packed / plain / lean, fp32.
 
     python -m asymagent.evals.probes.packed_decode [--context 1000] [--repeats 10] [--rounds 3]
-        [--verify-rows 4] [--prefill 1024] [--profile] [--json PATH]
+        [--verify-rows 4] [--prefill 1024] [--profile] [--time-grouped] [--json PATH]
 
 One process, one bf16 model (its linears packed once, asymagent/modeling/packed_linear.py; the
 unpacked runs set every PackedLinear's `max_rows` to 0, i.e. plain F.linear) and one float32
@@ -18,7 +18,9 @@ Checks that the packed logits equal the plain ones bit for bit (1..16 rows, both
 reports the weights' bytes and this machine's copy bandwidth (evals/bench/machine_limits.py):
 the decode bound is bytes / bandwidth. `--profile`: the top operators of 5 packed one-token
 forwards (growing cache; transformers' forward, then the lean forward) and of one bf16 prefill,
-torch.profiler's self CPU time.
+torch.profiler's self CPU time. On a CPU whose kernel does not give grouped rows the per-head
+bits (`attention.grouped_rows_exact()`, recorded in the JSON), the "grouped" cases run per-head
+like the engine, unless `--time-grouped` forces grouped rows to time them (`grouped_forced`).
 """
 
 from __future__ import annotations
@@ -75,7 +77,7 @@ def _top_ops(prof, per: int) -> list:
 
 
 def measure(context: int, repeats: int, rounds: int, verify_rows: int, prefill: int,
-            profile: bool) -> dict:
+            profile: bool, time_grouped: bool = False) -> dict:
     import torch
 
     from asymagent.evals.bench.machine_limits import copy_gbps, median_ms, weights_bytes
@@ -83,6 +85,7 @@ def measure(context: int, repeats: int, rounds: int, verify_rows: int, prefill: 
     from asymagent.kv.attention import use_gqa_attention
     from asymagent.kv.lean_forward import attach as attach_lean
     from asymagent.modeling.loading import load_default_verifier
+    from asymagent.modeling.cpu_dtype import runtime_info
     from asymagent.modeling.packed_linear import pack_linears
 
     ctx = list(range(1000, 1000 + context))
@@ -110,6 +113,10 @@ def measure(context: int, repeats: int, rounds: int, verify_rows: int, prefill: 
             identical[f"{name}_{rows}"] = bool(torch.equal(a, runners[name].step(rows)))
     # (label, runner, packed linears on, grouped attention rows: attention.GROUP_ROWS)
     grouped = attention.GROUP_ROWS
+    exact_grouped = attention.grouped_rows_exact()
+    probe = attention.grouped_rows_exact
+    if time_grouped:  # timing only: the bits may differ from the per-head call on this CPU
+        attention.grouped_rows_exact = lambda threads=None: True
     cases = [("float32_growing", "float32_growing", None, grouped),
              ("bfloat16_growing_plain_perhead", "bfloat16_growing", False, 0),
              ("bfloat16_growing_packed_perhead", "bfloat16_growing", True, 0),
@@ -137,11 +144,13 @@ def measure(context: int, repeats: int, rounds: int, verify_rows: int, prefill: 
         row["load_average"] = os.getloadavg()[0]
         out_rounds.append(row)
     packed(True)
+    attention.grouped_rows_exact = probe
     gbps = copy_gbps()
     sizes = {"float32": weights_bytes(f32), "bfloat16": weights_bytes(bf)}
     med = {k: sorted(r[k] for r in out_rounds)[len(out_rounds) // 2]
            for k in out_rounds[0] if k != "load_average"}
     doc = {"context": context, "threads": torch.get_num_threads(), "verify_rows": verify_rows,
+           "cpu": runtime_info(), "grouped_rows_exact": exact_grouped, "grouped_forced": time_grouped,
            "prefill_tokens": prefill,
            "prefill_tok_s": {k: prefill / (med[f"prefill_{k}"] / 1e3) for k in ("float32", "bfloat16")},
            "lean_forward": {"attached": lean.attached, "fused": lean.fused, "why": lean.why},
@@ -179,9 +188,12 @@ def main(argv=None) -> int:
     p.add_argument("--verify-rows", type=int, default=4)
     p.add_argument("--prefill", type=int, default=1024, help="tokens of the prefill forward")
     p.add_argument("--profile", action="store_true")
+    p.add_argument("--time-grouped", action="store_true",
+                   help="time grouped attention rows even where they are not the per-head bits")
     p.add_argument("--json", metavar="PATH")
     args = p.parse_args(argv)
-    doc = measure(args.context, args.repeats, args.rounds, args.verify_rows, args.prefill, args.profile)
+    doc = measure(args.context, args.repeats, args.rounds, args.verify_rows, args.prefill, args.profile,
+                  args.time_grouped)
     print(json.dumps({k: v for k, v in doc.items() if k != "packed_equals_plain_by_rows"}, indent=2))
     if args.json:
         with open(args.json, "w") as f:
