@@ -45,12 +45,12 @@ from asymagent.decoding.stopping import StopChecker, eos_ids
 from asymagent.decoding.suffix_drafter import SuffixDrafter
 from asymagent.decoding.suffix_store import SuffixStore
 from asymagent.fair_lock import FairLock
-from asymagent.kv.attention import grouped_rows_exact, use_gqa_attention
+from asymagent.kv.attention import attention_floor, grouped_rows_exact, use_gqa_attention
 from asymagent.kv.cache import CacheStore, View, ViewCache
 from asymagent.kv.lean_forward import LeanReport
 from asymagent.kv.lean_forward import attach as attach_lean
 from asymagent.modeling.cpu_dtype import for_device, runtime_info
-from asymagent.modeling.packed_linear import pack_linears
+from asymagent.modeling.packed_linear import linear_floor, pack_linears
 from asymagent.request import GenerationRequest
 from asymagent.results import ChatResult, GenerationResult  # noqa: F401  (old import path)
 from asymagent.spec_config import SpecConfig, mode_of
@@ -63,6 +63,14 @@ def _grouped_attention(model: torch.nn.Module) -> bool:
     weight = next(model.parameters())
     return (weight.device.type == "cpu" and weight.dtype == torch.bfloat16
             and grouped_rows_exact())
+
+
+def _row_floors(model: torch.nn.Module) -> dict | None:
+    """The rows bf16 few-row CPU forwards are padded to (asymagent/modeling/row_floor.py), or None."""
+    weight = next(model.parameters())
+    if weight.device.type != "cpu" or weight.dtype != torch.bfloat16:
+        return None
+    return {"attention": attention_floor(weight.dtype), "linear": linear_floor(weight.dtype)}
 
 
 def _vocab_size(model) -> int:
@@ -158,7 +166,8 @@ class Engine:
         # dtype, automatic dtype and CPU matrix units (banner, --version, /version)
         self.runtime = runtime_info(verifier) | {"compile": bool(compile), "packed_linears": packed,
                                                "lean_forward": lean,
-                                               "grouped_attention": _grouped_attention(verifier)}
+                                               "grouped_attention": _grouped_attention(verifier),
+                                               "row_floors": _row_floors(verifier)}
         self.caches = CacheStore(roles, max_sessions=max_sessions, static=self.static_roles)
         self._chat_format: ChatFormat | None = None  # built on first use (`chat_format`)
         self._format_lock = threading.Lock()  # builds chat_format once (not the request lock)

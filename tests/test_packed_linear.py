@@ -15,14 +15,13 @@ import torch.nn.functional as F
 
 from asymagent.engine import Engine
 from asymagent.modeling import packed_linear
-from asymagent.modeling.cpu_dtype import cpu_bf16_support
-from asymagent.modeling.packed_linear import (MAX_PACKED_ROWS, PackedLinear, pack_linears,
+from asymagent.modeling.row_floor import pad_rows
+from asymagent.modeling.packed_linear import (MAX_PACKED_ROWS, linear_floor, PackedLinear, pack_linears,
                                               packed_count, unpack_linears)
 from asymagent.spec_config import SpecConfig
 from test_engine_models import make_model, noisy_copy, random_prompts
 
 HAVE_KERNEL = packed_linear.kernel_available() is None
-AMX = cpu_bf16_support() == "amx_bf16"
 needs_kernel = pytest.mark.skipif(not HAVE_KERNEL, reason="no oneDNN packed bf16 linear here")
 
 
@@ -39,19 +38,16 @@ def test_packed_rows_equal_f_linear_bit_for_bit(shape, bias):
     ref = seq[0].weight.detach().clone(), None if seq[0].bias is None else seq[0].bias.detach().clone()
     assert pack_linears(seq).packed == 1 and type(seq[0]) is PackedLinear
     gen = torch.Generator().manual_seed(1)
+    floor = linear_floor(torch.bfloat16)  # one row runs as `floor` rows (asymagent/modeling/row_floor.py)
     with torch.inference_mode():
         for rows in list(range(1, MAX_PACKED_ROWS + 1)) + [17, 40]:
             x = torch.randn(rows, shape[1], generator=gen).to(torch.bfloat16)  # [rows, in]
-            assert torch.equal(seq(x), F.linear(x, *ref)), rows
-            # a batched [1, rows, in] input (what the decoder layers pass) and row 0 alone
-            assert torch.equal(seq(x[None])[0], F.linear(x, *ref)), rows
-            # row 0 alone scores as inside the batch wherever F.linear's kernel does so: always on
-            # an AMX CPU (bf16 tiles), not on every CPU (an AMD EPYC without AMX differs in the
-            # last bits at some row counts, F.linear and the packed kernel alike); packing never
-            # loses it
-            plain_invariant = torch.equal(F.linear(x[:1], *ref)[0], F.linear(x, *ref)[0])
-            if plain_invariant or AMX:
-                assert torch.equal(seq(x[:1])[0], seq(x)[0]), rows
+            want = F.linear(pad_rows(x, floor, 0) if rows <= MAX_PACKED_ROWS else x, *ref)[:rows]
+            assert torch.equal(seq(x), want), rows
+            # a batched [1, rows, in] input (what the decoder layers pass) and row 0 alone: one
+            # position, one score, whatever the row count (the reason for the floor)
+            assert torch.equal(seq(x[None])[0], want), rows
+            assert torch.equal(seq(x[:1])[0], seq(x)[0]), rows
 
 
 @needs_kernel

@@ -31,6 +31,8 @@ import inspect
 
 import torch
 
+from asymagent.modeling.row_floor import floors_off, pad_rows, rows_agree
+
 ATTN_NAME = "asymagent_sdpa"
 # decode and verify forwards of at most this many tokens (bf16 on the CPU) run with each
 # group's query heads as rows of one head (`_grouped_rows`): measured bit-identical to the
@@ -38,6 +40,44 @@ ATTN_NAME = "asymagent_sdpa"
 # token over 5k keys (0.68 -> 0.30 ms a layer), 1.8x for 5 tokens (2 threads)
 GROUP_ROWS = 32
 _registered = False
+
+
+ATTENTION_CANDIDATES = (2, 4, 8)  # row floors the probe tries, smallest first
+
+
+def attention_floor(dtype: torch.dtype, threads: int | None = None) -> int:
+    """Query rows a masked attention call on the CPU needs so that each row gets the bits it gets
+    in any few-row call (asymagent/modeling/row_floor.py): the smallest of ATTENTION_CANDIDATES
+    for which rows padded to it agree, probed once per (dtype, threads) on random data of the
+    embedded verifier's head shapes over aligned key counts with a causal mask.
+    `ASYMAGENT_ROW_FLOORS=0`: 2, the one duplicated row used before floors were probed."""
+    if floors_off():
+        return 2
+    return _attention_floor(dtype, torch.get_num_threads() if threads is None else threads)
+
+
+@functools.cache
+def _attention_floor(dtype: torch.dtype, threads: int) -> int:
+    sdpa = torch.nn.functional.scaled_dot_product_attention
+    g = torch.Generator().manual_seed(0)
+    draws = []
+    for keys in (704, 2560):  # aligned key counts (asymagent/kv/growing_cache.py)
+        k = torch.randn(1, 3, keys, 64, generator=g).to(dtype)  # [1, Hkv, L, D]
+        v = torch.randn(1, 3, keys, 64, generator=g).to(dtype)
+        q = torch.randn(1, 9, 32, 64, generator=g).to(dtype)  # [1, Hq, 32, D]
+        past = keys - 64
+        mask = (torch.arange(keys)[None, :] <= (torch.arange(32) + past)[:, None])[None, None]
+        draws.append((q, k, v, mask))
+
+    def call(q, k, v, mask, floor, rows, lo):  # rows lo.. of q padded to the floor -> [1, Hq, rows, D]
+        out = sdpa(pad_rows(q[:, :, lo:lo + rows], floor, 2), k, v,
+                   attn_mask=pad_rows(mask[:, :, lo:lo + rows], floor, 2), scale=0.125, enable_gqa=True)
+        return out[:, :, :rows]
+
+    for floor in ATTENTION_CANDIDATES:
+        if all(rows_agree(lambda rows, lo, d=d: call(*d, floor, rows, lo), dim=2) for d in draws):
+            return floor
+    return ATTENTION_CANDIDATES[-1]
 
 
 def gqa_sdpa_forward(module: torch.nn.Module, query: torch.Tensor, key: torch.Tensor,
@@ -58,14 +98,16 @@ def gqa_sdpa_forward(module: torch.nn.Module, query: torch.Tensor, key: torch.Te
             and _same_rows_as_batched(query, attention_mask) and attention_mask.shape[1] == 1
             and query.shape[1] == key.shape[1] * groups and grouped_rows_exact()):
         return _grouped_rows(query, key, value, attention_mask, scaling, groups)
-    if one_row:  # the query twice: the kernel's multi-row path, as a verify forward takes
-        query = torch.cat([query, query], dim=2)  # [B, Hq, 2, D] (contiguous, as a verify's rows)
-        attention_mask = torch.cat([attention_mask, attention_mask], dim=2)  # [B, 1, 2, L]
+    floor = attention_floor(query.dtype) if _same_rows_as_batched(query, attention_mask) else 1
+    if q_len < floor:  # the rows repeated up to the kernel's row floor (row_floor.py): the code
+        # path a verify forward takes, so a position scores as it does there
+        query = pad_rows(query, floor, 2)  # [B, Hq, floor, D]
+        attention_mask = pad_rows(attention_mask, floor, 2)  # [B, 1, floor, L]
     out = torch.nn.functional.scaled_dot_product_attention(
         query, key, value, attn_mask=attention_mask, dropout_p=dropout, scale=scaling,
-        enable_gqa=True)  # [B, Hq, q, D]
-    if one_row:
-        out = out[:, :, :1]  # [B, Hq, 1, D]
+        enable_gqa=True)  # [B, Hq, max(q, floor), D]
+    if q_len < floor:
+        out = out[:, :, :q_len]  # [B, Hq, q, D]
     return out.transpose(1, 2).contiguous(), None  # [B, q, Hq, D]
 
 
@@ -74,6 +116,13 @@ def _grouped_rows(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
     """Decode / verify attention with the query heads of a group as rows of one head: query
     [1, Hkv*G, q, D] -> [1, Hkv, G*q, D] over key/value [1, Hkv, L, D], the mask repeated per
     group member. The kernel then reads each key/value head once (Hkv work items instead of Hq)."""
+    q_len = query.shape[2]
+    floor = attention_floor(query.dtype)
+    if groups * q_len < floor:  # the kernel's row floor (row_floor.py), as the per-head path
+        padded = -(-floor // groups)
+        out, _ = _grouped_rows(pad_rows(query, padded, 2), key, value,
+                               pad_rows(attention_mask, padded, 2), scaling, groups)
+        return out[:, :q_len], None
     b, hq, q_len, d = query.shape
     rows = query.reshape(b, hq // groups, groups * q_len, d)  # head h*G+g, row t -> head h, row g*q+t
     mask = attention_mask[:, :, None].expand(b, 1, groups, q_len, attention_mask.shape[-1])
@@ -106,21 +155,22 @@ def _grouped_rows_exact(threads: int) -> bool:
             past = keys - 64
             mask = (torch.arange(keys)[None, :] <= (torch.arange(rows) + past)[:, None])[None, None]
             got, _ = _grouped_rows(query, key, value, mask, 0.125, groups)
-            if rows == 1:  # the per-head path runs one row as two (`_same_rows_as_batched`)
-                query, mask = torch.cat([query, query], dim=2), torch.cat([mask, mask], dim=2)
+            floor = attention_floor(torch.bfloat16, threads)  # the per-head path's row floor
             want = torch.nn.functional.scaled_dot_product_attention(
-                query, key, value, attn_mask=mask, scale=0.125, enable_gqa=True)[:, :, :rows]
+                pad_rows(query, floor, 2), key, value, attn_mask=pad_rows(mask, floor, 2),
+                scale=0.125, enable_gqa=True)[:, :, :rows]
             if not torch.equal(got, want.transpose(1, 2).contiguous()):
                 return False
     return True
 
 
 def _same_rows_as_batched(query: torch.Tensor, attention_mask: torch.Tensor | None) -> bool:
-    """Whether a single-row (decode) forward should run as two rows, so that a position scores
-    exactly as it does inside a multi-row (verify) forward: on the CPU in bf16/fp16 under a mask
-    (an aligned read, asymagent/kv/growing_cache.py, or StaticKV). PyTorch's CPU attention takes a
-    different path for one query row than for several, and in bf16 the row's result differs
-    (measured: bit-identical for 2..40 rows over key counts that are multiples of 64, not for 1)."""
+    """Whether a forward of few rows (a decode) runs with its rows repeated up to the kernel's row
+    floor (asymagent/modeling/row_floor.py), so that a position scores exactly as it does inside a
+    multi-row (verify) forward: on the CPU in bf16/fp16 under a mask (an aligned read,
+    asymagent/kv/growing_cache.py, or StaticKV). PyTorch's CPU attention takes different code
+    paths by the number of query rows, and in bf16 the rows' results differ across them
+    (measured: on AMX one row vs 2..40 rows; on an AMD EPYC without AMX 1, 2-3 and 4+ rows)."""
     return (attention_mask is not None and query.device.type == "cpu"
             and query.dtype in (torch.bfloat16, torch.float16) and query.shape[0] == 1)
 

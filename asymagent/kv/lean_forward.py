@@ -78,7 +78,7 @@ def _fused(x: torch.Tensor, packed: torch.Tensor, parts: tuple) -> torch.Tensor:
     """x [1, T, H] through one fused packed kernel -> [1, T, sum of the parts' outputs]; if the
     kernel fails, packing is switched off (one warning) and the parts run one by one (same bits)."""
     try:
-        return packed_linear.packed_forward(x, packed)
+        return packed_linear.packed_rows_forward(x, packed)
     except Exception as exc:  # noqa: BLE001 - as PackedLinear: fall back for good, once
         packed_linear.disable(exc)
     return torch.cat([m.forward(x) for m in parts], dim=-1)

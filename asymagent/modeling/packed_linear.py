@@ -8,10 +8,11 @@ once (`torch.ops.mkldnn._reorder_linear_weight`) reads it at the machine's copy 
 bit-identical to `F.linear`'s for those rows (checked on every layer at pack time, below), so
 greedy tokens do not change. At 64+ rows (prefill chunks) F.linear is as fast or faster and the
 two may differ by an ulp, so those forwards keep F.linear. Whether a row scores the same alone as
-inside a batch of rows is the CPU kernel's property, kept as it is: on AMX it does for 1..40 rows;
-on an AMD EPYC with AVX512-BF16 and no AMX, F.linear and the packed kernel alike differ in the
-last bits at some row counts (6, 10, 14 rows over 1536 inputs), as float32's F.linear does at
-every row count > 1 on any CPU.
+inside a batch of rows is the CPU kernel's property: on AMX it does for 1..40 rows; on an AMD EPYC
+with AVX512-BF16 and no AMX, one row over 1536 inputs gets other bits than the same row among 2+
+rows (F.linear and the packed kernel alike). So a forward of fewer rows than this CPU's linear
+row floor (asymagent/modeling/row_floor.py: 1 on AMX, 2 there) runs with its rows repeated up to it
+(`packed_rows_forward`), and a position scores alike in a decode and a verify.
 
 - `PackedLinear` is `nn.Linear` with that forward: rows <= `max_rows` (32: decode, the K+1 verify
   with jump-forward tokens before it,
@@ -40,6 +41,8 @@ from dataclasses import dataclass, field
 
 import torch
 import torch.nn.functional as F
+
+from asymagent.modeling.row_floor import floors_off, pad_rows, rows_agree
 
 MAX_PACKED_ROWS = 32  # forwards of up to this many rows use the packed weight (forced tokens + K+1)
 CHECK_ROWS = (1, 3, 16, 32)  # row counts compared bit for bit with F.linear at pack time
@@ -96,6 +99,54 @@ def packed_forward(x: torch.Tensor, packed: torch.Tensor, bias: torch.Tensor | N
     return torch.ops.mkldnn._linear_pointwise(x, packed, bias, "none", [], "")
 
 
+def packed_rows_forward(x: torch.Tensor, packed: torch.Tensor,
+                        bias: torch.Tensor | None = None) -> torch.Tensor:
+    """`packed_forward` with fewer rows than this CPU's linear row floor (asymagent/modeling/row_floor.py)
+    repeated up to it: a row then gets the bits it gets inside a multi-row (verify) forward."""
+    rows = x.numel() // x.shape[-1]
+    floor = linear_floor(x.dtype)
+    if rows >= floor:
+        return packed_forward(x, packed, bias)
+    flat = pad_rows(x.reshape(rows, x.shape[-1]), floor, 0)  # [floor, in]
+    out = packed_forward(flat, packed, bias)[:rows]  # [rows, out]
+    return out.reshape(*x.shape[:-1], out.shape[-1])
+
+
+LINEAR_CANDIDATES = (1, 2, 4)  # row floors the probe tries, smallest first
+
+
+def linear_floor(dtype: torch.dtype, threads: int | None = None) -> int:
+    """Input rows a few-row linear forward on the CPU needs so that each row gets the bits it gets
+    in any few-row forward (asymagent/modeling/row_floor.py): the smallest of LINEAR_CANDIDATES
+    for which rows padded to it agree, probed once per (dtype, threads) on random weights of the
+    embedded verifier's shapes through the kernel that runs them (packed in bf16, else F.linear).
+    `ASYMAGENT_ROW_FLOORS=0`: 1 (no padding)."""
+    if floors_off():
+        return 1
+    return _linear_floor(dtype, torch.get_num_threads() if threads is None else threads)
+
+
+@functools.cache
+def _linear_floor(dtype: torch.dtype, threads: int) -> int:
+    g = torch.Generator().manual_seed(0)
+    weights = [(torch.randn(n_out, n_in, generator=g) / n_in ** 0.5).to(dtype)
+               for n_out, n_in in ((576, 1536), (576, 576), (1536, 576))]  # [out, in]
+    inputs = [[torch.randn(32, w.shape[1], generator=g).to(dtype) for _ in range(2)] for w in weights]
+    packed = dtype == torch.bfloat16 and enabled()
+    kernels = [pack_weight(w) if packed else w for w in weights]
+
+    def linear(x: torch.Tensor, kernel: torch.Tensor) -> torch.Tensor:  # [rows, in] -> [rows, out]
+        return packed_forward(x, kernel) if packed else F.linear(x, kernel)
+
+    with torch.inference_mode():
+        for floor in LINEAR_CANDIDATES:
+            if all(rows_agree(lambda rows, lo, x=x, k=k: linear(pad_rows(x[lo:lo + rows], floor, 0), k)[:rows],
+                              dim=0)
+                   for k, xs in zip(kernels, inputs) for x in xs):
+                return floor
+    return LINEAR_CANDIDATES[-1]
+
+
 class PackedLinear(torch.nn.Linear):
     """nn.Linear whose CPU bf16 forwards of <= `max_rows` rows read a prepacked weight.
 
@@ -126,7 +177,7 @@ class PackedLinear(torch.nn.Linear):
                 and _DISABLED["why"] is None
                 and not (torch.is_grad_enabled() and (input.requires_grad or w.requires_grad))):
             try:
-                return packed_forward(input, self._current_packed(), self.bias)
+                return packed_rows_forward(input, self._current_packed(), self.bias)
             except Exception as exc:  # noqa: BLE001 - fall back for good, once
                 disable(exc)
         return F.linear(input, w, self.bias)

@@ -13,7 +13,8 @@ for: float32 growing; bf16 growing through transformers' forward, plain and pack
 per-head attention call (`_perhead`: asymagent/kv/attention.py GROUP_ROWS = 0, the path before
 grouped attention) and packed with grouped attention; bf16 static plain and packed; and the bf16
 LeanForward (asymagent/kv/lean_forward.py: fused packed q|k|v and gate|up, no transformers
-Python), per-head and grouped (`bfloat16_lean`: what the engine runs); and the median ms of a `--prefill`-token forward of the decoder body (no cache), float32 vs bf16.
+Python), per-head and grouped (`bfloat16_lean`: what the engine runs) and without row floors
+(`_nofloors`: ASYMAGENT_ROW_FLOORS=0, asymagent/modeling/row_floor.py); and the median ms of a `--prefill`-token forward of the decoder body (no cache), float32 vs bf16.
 Checks that the packed logits equal the plain ones bit for bit (1..16 rows, both caches), and
 reports the weights' bytes and this machine's copy bandwidth (evals/bench/machine_limits.py):
 the decode bound is bytes / bandwidth. `--profile`: the top operators of 5 packed one-token
@@ -124,7 +125,8 @@ def measure(context: int, repeats: int, rounds: int, verify_rows: int, prefill: 
              ("bfloat16_static_plain", "bfloat16_static", False, grouped),
              ("bfloat16_static_packed", "bfloat16_static", True, grouped),
              ("bfloat16_lean_perhead", "bfloat16_lean", True, 0),
-             ("bfloat16_lean", "bfloat16_lean", True, grouped)]
+             ("bfloat16_lean", "bfloat16_lean", True, grouped),
+             ("bfloat16_lean_nofloors", "bfloat16_lean", True, grouped)]  # ASYMAGENT_ROW_FLOORS=0
     out_rounds = []
     for _ in range(rounds):
         row = {}
@@ -134,8 +136,14 @@ def measure(context: int, repeats: int, rounds: int, verify_rows: int, prefill: 
                     packed(on)
                 attention.GROUP_ROWS = group_rows
                 runner = runners[name]
+                saved = os.environ.pop("ASYMAGENT_ROW_FLOORS", None)
+                if label.endswith("_nofloors"):  # no row floors (asymagent/modeling/row_floor.py)
+                    os.environ["ASYMAGENT_ROW_FLOORS"] = "0"
                 runner.step(rows)  # warm
                 row[f"{label}_{rows}"] = median_ms(lambda: runner.step(rows), repeats)
+                os.environ.pop("ASYMAGENT_ROW_FLOORS", None)
+                if saved is not None:
+                    os.environ["ASYMAGENT_ROW_FLOORS"] = saved
             attention.GROUP_ROWS = grouped
         long_ids = torch.tensor([list(range(1000, 1000 + prefill))])  # [1, prefill]
         for name, model in (("float32", f32), ("bfloat16", bf)):

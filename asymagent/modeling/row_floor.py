@@ -1,0 +1,64 @@
+"""Row floors: the fewest query rows a CPU kernel must be given so a row's bits do not depend on the call.
+
+Lossless speculation needs "one position, one score": the verifier must give a position the same
+logits whether it comes alone (mode full's one-token decode) or inside a K+1-token verify. The
+arithmetic is the same; the bits are the kernel's, and CPU kernels pick their code path by the
+number of rows (query rows for attention, input rows for a linear layer). Measured, bf16:
+- an Intel CPU with AMX: attention gives one row other bits than 2..40 rows, which all agree
+  (floor 2); linear layers give every row count the same bits (floor 1);
+- an AMD EPYC with AVX512-BF16 and no AMX: attention agrees within 1, within 2-3 and within 4+
+  rows, not across (floor 4); a linear layer over 1536 inputs gives one row other bits than 2+
+  rows (floor 2). (float32, measured there, agrees from 4 rows on; float32 forwards are not
+  padded: its decode and verify agree to rounding, as before.)
+So decode and verify forwards of fewer rows than the floor run with their rows repeated up to the
+floor (the extra rows are discarded): every position then takes the same code path. The cost is
+small where it applies: attention and these linears are memory-bound at a few rows.
+
+`attention_floor(dtype)` (asymagent/kv/attention.py) and `linear_floor(dtype)`
+(asymagent/modeling/packed_linear.py) probe this machine once per (dtype, thread count) with random
+data, with the helpers here: for each candidate floor (attention 2, 4, 8; linear 1, 2, 4), every row
+of calls of 1..32 rows, each padded to the floor, must equal the same row computed alone (padded
+to the floor). The smallest candidate that holds is the floor; if none holds, the largest
+candidate (the closest this machine gets). The end result is checked on the model itself
+(`tests/test_row_floor.py`; `python -m asymagent.evals.probes.position_bits` on any machine).
+`ASYMAGENT_ROW_FLOORS=0` turns the probes off (the behaviour before them, to measure the cost).
+"""
+
+from __future__ import annotations
+
+import os
+
+import torch
+
+ROW_COUNTS = (1, 2, 3, 4, 5, 6, 8, 14, 17, 32)  # row counts of the calls a probe compares
+
+
+def pad_rows(x: torch.Tensor, floor: int, dim: int) -> torch.Tensor:
+    """`x` with its `dim` repeated cyclically up to `floor` entries (unchanged when it has as many)."""
+    n = x.shape[dim]
+    if n >= floor:
+        return x
+    reps = [1] * x.dim()
+    reps[dim] = -(-floor // n)
+    return x.repeat(*reps).narrow(dim, 0, floor)
+
+
+def floors_off() -> bool:
+    """`ASYMAGENT_ROW_FLOORS=0`: no probing, the behaviour before floors (to measure their cost)."""
+    return os.environ.get("ASYMAGENT_ROW_FLOORS", "").strip().lower() in ("0", "false", "off", "no")
+
+
+def rows_agree(call, dim: int) -> bool:
+    """call(rows, lo) computes rows lo..lo+rows-1 (of 32) in one call; each row must equal the row
+    computed alone, for every row count in ROW_COUNTS (blocks at the start and at the end)."""
+    alone = {}
+    for rows in ROW_COUNTS:
+        lo = 32 - rows if rows % 2 else 0
+        out = call(rows, lo)
+        for i in range(rows):
+            r = lo + i
+            if r not in alone:
+                alone[r] = call(1, r).select(dim, 0)
+            if not torch.equal(out.select(dim, i), alone[r]):
+                return False
+    return True
