@@ -70,7 +70,9 @@ def _row_floors(model: torch.nn.Module) -> dict | None:
     weight = next(model.parameters())
     if weight.device.type != "cpu" or weight.dtype != torch.bfloat16:
         return None
-    return {"attention": attention_floor(weight.dtype), "linear": linear_floor(weight.dtype)}
+    shapes = sorted({tuple(m.weight.shape) for m in model.modules() if isinstance(m, torch.nn.Linear)})
+    return {"attention": attention_floor(weight.dtype),
+            "linear": {f"{o}x{i}": linear_floor(weight.dtype, (o, i)) for o, i in shapes}}
 
 
 def _vocab_size(model) -> int:

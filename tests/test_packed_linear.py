@@ -38,7 +38,7 @@ def test_packed_rows_equal_f_linear_bit_for_bit(shape, bias):
     ref = seq[0].weight.detach().clone(), None if seq[0].bias is None else seq[0].bias.detach().clone()
     assert pack_linears(seq).packed == 1 and type(seq[0]) is PackedLinear
     gen = torch.Generator().manual_seed(1)
-    floor = linear_floor(torch.bfloat16)  # one row runs as `floor` rows (asymagent/modeling/row_floor.py)
+    floor = linear_floor(torch.bfloat16, shape)  # one row runs as `floor` rows (asymagent/modeling/row_floor.py)
     with torch.inference_mode():
         for rows in list(range(1, MAX_PACKED_ROWS + 1)) + [17, 40]:
             x = torch.randn(rows, shape[1], generator=gen).to(torch.bfloat16)  # [rows, in]

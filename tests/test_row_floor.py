@@ -28,10 +28,11 @@ def test_pad_rows_repeats_cyclically_up_to_the_floor():
 
 def test_floors_are_candidates_and_amx_needs_no_more_than_measured():
     assert attention_floor(torch.bfloat16) in ATTENTION_CANDIDATES
-    assert linear_floor(torch.bfloat16) in LINEAR_CANDIDATES
+    assert linear_floor(torch.bfloat16, (576, 1536)) in LINEAR_CANDIDATES
     assert attention_floor(torch.bfloat16) is attention_floor(torch.bfloat16)  # probed once
     if cpu_bf16_support() == "amx_bf16":  # measured there: one row vs 2+ rows; linears all alike
-        assert (attention_floor(torch.bfloat16), linear_floor(torch.bfloat16)) == (2, 1)
+        assert attention_floor(torch.bfloat16) == 2
+        assert all(linear_floor(torch.bfloat16, s) == 1 for s in ((576, 1536), (1536, 576)))
 
 
 @pytest.mark.parametrize("grouped", [False, True])
@@ -68,7 +69,9 @@ def test_embedded_verifier_scores_a_position_alike_in_decode_and_verify():
     engine = build_engine("default").engine
     if next(engine.verifier.parameters()).dtype != torch.bfloat16:
         pytest.skip("float32 on this CPU: positions agree to rounding only (docs/kernels.md)")
-    assert engine.runtime["row_floors"] == {"attention": attention_floor(torch.bfloat16),
-                                           "linear": linear_floor(torch.bfloat16)}
+    floors = engine.runtime["row_floors"]
+    assert floors["attention"] == attention_floor(torch.bfloat16)
+    assert floors["linear"]["576x1536"] == linear_floor(torch.bfloat16, (576, 1536))  # down_proj
+    assert set(floors["linear"]) >= {"576x576", "192x576", "1536x576", "49152x576"}
     result = model_positions(engine.verifier, trials=2, context=120, rows=8, seed=3)
     assert result["identical"] == result["positions"] == 16, result

@@ -99,12 +99,17 @@ def packed_forward(x: torch.Tensor, packed: torch.Tensor, bias: torch.Tensor | N
     return torch.ops.mkldnn._linear_pointwise(x, packed, bias, "none", [], "")
 
 
+def _shape(packed: torch.Tensor, n_in: int) -> tuple:
+    """[out, in] of a `pack_weight` copy (oneDNN's opaque tensor keeps the logical sizes)."""
+    return (int(packed.shape[0]), n_in)
+
+
 def packed_rows_forward(x: torch.Tensor, packed: torch.Tensor,
                         bias: torch.Tensor | None = None) -> torch.Tensor:
     """`packed_forward` with fewer rows than this CPU's linear row floor (asymagent/modeling/row_floor.py)
     repeated up to it: a row then gets the bits it gets inside a multi-row (verify) forward."""
     rows = x.numel() // x.shape[-1]
-    floor = linear_floor(x.dtype)
+    floor = linear_floor(x.dtype, _shape(packed, x.shape[-1]))
     if rows >= floor:
         return packed_forward(x, packed, bias)
     flat = pad_rows(x.reshape(rows, x.shape[-1]), floor, 0)  # [floor, in]
@@ -115,34 +120,36 @@ def packed_rows_forward(x: torch.Tensor, packed: torch.Tensor,
 LINEAR_CANDIDATES = (1, 2, 4)  # row floors the probe tries, smallest first
 
 
-def linear_floor(dtype: torch.dtype, threads: int | None = None) -> int:
-    """Input rows a few-row linear forward on the CPU needs so that each row gets the bits it gets
-    in any few-row forward (asymagent/modeling/row_floor.py): the smallest of LINEAR_CANDIDATES
-    for which rows padded to it agree, probed once per (dtype, threads) on random weights of the
-    embedded verifier's shapes through the kernel that runs them (packed in bf16, else F.linear).
-    `ASYMAGENT_ROW_FLOORS=0`: 1 (no padding)."""
+def linear_floor(dtype: torch.dtype, shape: tuple = (576, 1536), threads: int | None = None) -> int:
+    """Input rows a few-row forward of a linear layer of `shape` [out, in] needs on the CPU so that
+    each row gets the bits it gets in any few-row forward (asymagent/modeling/row_floor.py): the
+    smallest of LINEAR_CANDIDATES for which rows padded to it agree, probed once per (dtype,
+    shape, threads) on random weights of that shape through the kernel that runs them (packed in
+    bf16, else F.linear). Per shape, because the kernels' row classes are: on an AMD EPYC without
+    AMX a layer over 1536 inputs needs 2 rows, one over 576 inputs none (and 2 rows there cost
+    3x one row for the 1536-input layer). `ASYMAGENT_ROW_FLOORS=0`: 1 (no padding)."""
     if floors_off():
         return 1
-    return _linear_floor(dtype, torch.get_num_threads() if threads is None else threads)
+    return _linear_floor(dtype, tuple(int(n) for n in shape),
+                         torch.get_num_threads() if threads is None else threads)
 
 
 @functools.cache
-def _linear_floor(dtype: torch.dtype, threads: int) -> int:
+def _linear_floor(dtype: torch.dtype, shape: tuple, threads: int) -> int:
     g = torch.Generator().manual_seed(0)
-    weights = [(torch.randn(n_out, n_in, generator=g) / n_in ** 0.5).to(dtype)
-               for n_out, n_in in ((576, 1536), (576, 576), (1536, 576))]  # [out, in]
-    inputs = [[torch.randn(32, w.shape[1], generator=g).to(dtype) for _ in range(2)] for w in weights]
+    n_out, n_in = shape
+    weight = (torch.randn(n_out, n_in, generator=g) / n_in ** 0.5).to(dtype)  # [out, in]
+    inputs = [torch.randn(32, n_in, generator=g).to(dtype) for _ in range(3)]  # [32, in]
     packed = dtype == torch.bfloat16 and enabled()
-    kernels = [pack_weight(w) if packed else w for w in weights]
+    kernel = pack_weight(weight) if packed else weight
 
-    def linear(x: torch.Tensor, kernel: torch.Tensor) -> torch.Tensor:  # [rows, in] -> [rows, out]
+    def linear(x: torch.Tensor) -> torch.Tensor:  # [rows, in] -> [rows, out]
         return packed_forward(x, kernel) if packed else F.linear(x, kernel)
 
     with torch.inference_mode():
         for floor in LINEAR_CANDIDATES:
-            if all(rows_agree(lambda rows, lo, x=x, k=k: linear(pad_rows(x[lo:lo + rows], floor, 0), k)[:rows],
-                              dim=0)
-                   for k, xs in zip(kernels, inputs) for x in xs):
+            if all(rows_agree(lambda rows, lo, x=x: linear(pad_rows(x[lo:lo + rows], floor, 0))[:rows],
+                              dim=0) for x in inputs):
                 return floor
     return LINEAR_CANDIDATES[-1]
 

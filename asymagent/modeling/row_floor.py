@@ -15,8 +15,8 @@ floor (the extra rows are discarded): every position then takes the same code pa
 small where it applies: attention and these linears are memory-bound at a few rows.
 
 `attention_floor(dtype)` (asymagent/kv/attention.py) and `linear_floor(dtype)`
-(asymagent/modeling/packed_linear.py) probe this machine once per (dtype, thread count) with random
-data, with the helpers here: for each candidate floor (attention 2, 4, 8; linear 1, 2, 4), every row
+(asymagent/modeling/packed_linear.py, per layer shape) probe this machine once per (dtype, thread
+count) with random data, with the helpers here: for each candidate floor (attention 2, 4, 8; linear 1, 2, 4), every row
 of calls of 1..32 rows, each padded to the floor, must equal the same row computed alone (padded
 to the floor). The smallest candidate that holds is the floor; if none holds, the largest
 candidate (the closest this machine gets). The end result is checked on the model itself

@@ -16,14 +16,17 @@ at the engine's cache (asymagent/kv/growing_cache.py `for_model`):
 for each trial, a random `--context`-token prompt is prefilled into two caches; cache A then
 decodes `--rows` random tokens one at a time, cache B takes the same tokens as one forward; the
 logits of each position are compared: bit-identical share, max |difference|, argmax agreement.
-Plus the same comparison per kernel (one attention layer's shapes, per-head and grouped rows; the
-verifier's linear shapes through F.linear) with random data, so a mismatch can be placed.
+Plus the same comparison per kernel, with random data, so a mismatch can be placed: one attention
+layer's shapes through the engine's attention function (per-head and grouped rows, each padded to
+its row floor), the verifier's linear shapes through F.linear padded to the linear row floor
+(asymagent/modeling/row_floor.py; `ASYMAGENT_ROW_FLOORS=0` measures the kernels without floors).
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import time
 
 
@@ -76,6 +79,8 @@ def kernel_positions(dtype, trials: int, seed: int = 0) -> dict:
     from types import SimpleNamespace
 
     from asymagent.kv import attention
+    from asymagent.modeling.packed_linear import linear_floor
+    from asymagent.modeling.row_floor import pad_rows
 
     g = torch.Generator().manual_seed(seed)
     out = {}
@@ -107,18 +112,20 @@ def kernel_positions(dtype, trials: int, seed: int = 0) -> dict:
             out[name] = {"positions": total, "identical": same}
     finally:
         attention.GROUP_ROWS, attention.grouped_rows_exact = saved_rows, saved_probe
-    # linears: the verifier's shapes [out, in], one row alone vs row 0 of 2..32 rows
+    # linears: the verifier's shapes [out, in], one row alone vs row 0 of 2..32 rows, F.linear
+    # with fewer rows than the linear row floor padded to it, as the engine's bf16 linears are
     for n_out, n_in in ((576, 576), (192, 576), (1536, 576), (576, 1536)):
+        floor = linear_floor(dtype, (n_out, n_in)) if dtype == torch.bfloat16 else 1
         w = (torch.randn(n_out, n_in, generator=g) / n_in ** 0.5).to(dtype)
         same = total = 0
         with torch.inference_mode():
             for _ in range(trials):
                 x = torch.randn(32, n_in, generator=g).to(dtype)  # [32, in]
-                alone = F.linear(x[:1], w)[0]
+                alone = F.linear(pad_rows(x[:1], floor, 0), w)[0]
                 for m in range(2, 33):
-                    same += bool(torch.equal(F.linear(x[:m], w)[0], alone))
+                    same += bool(torch.equal(F.linear(pad_rows(x[:m], floor, 0), w)[0], alone))
                     total += 1
-        out[f"linear_{n_out}x{n_in}"] = {"positions": total, "identical": same}
+        out[f"linear_{n_out}x{n_in}"] = {"positions": total, "identical": same, "floor": floor}
     return out
 
 
@@ -131,6 +138,7 @@ def measure(trials: int, context: int, rows: int, dtype: str = "auto") -> dict:
     start = time.perf_counter()
     engine = build_engine("default", dtype=dtype).engine  # packs, attaches as the engine does
     doc = {"trials": trials, "context": context, "rows": rows, "threads": torch.get_num_threads(),
+           "row_floors_off": os.environ.get("ASYMAGENT_ROW_FLOORS", "") in ("0", "false", "off", "no"),
            "runtime": engine.runtime, "grouped_rows_exact": grouped_rows_exact(),
            "verifier": model_positions(engine.verifier, trials, context, rows),
            "kernels": kernel_positions(next(engine.verifier.parameters()).dtype, trials),
@@ -153,7 +161,8 @@ def main(argv=None) -> int:
           f"{v['identical']}/{v['positions']} positions bit-identical, argmax agree "
           f"{v['argmax_agree']}/{v['positions']}, max |diff| {v['max_abs_diff']:.3g}")
     for name, k in doc["kernels"].items():
-        print(f"  {name}: {k['identical']}/{k['positions']} identical")
+        if isinstance(k, dict):
+            print(f"  {name}: {k['identical']}/{k['positions']} identical")
     if args.json:
         with open(args.json, "w") as f:
             json.dump(doc, f, indent=1)
