@@ -14,9 +14,10 @@ the query heads that share a key/value head become rows of that head (`_grouped_
 items instead of Hq. Same bits as the per-head call (checked for 1..32 tokens, 1 and 2 threads,
 on an Intel CPU with AMX), and no duplicated row for a one-token decode (G rows are already the
 multi-row path). Measured there (2 threads, 5k cached keys, one layer): 0.68 -> 0.30 ms for one
-token, 0.79 -> 0.43 ms for five. Not every CPU's kernel gives the same bits (an AMD EPYC with
-AVX512-BF16 and no AMX does not), so `grouped_rows_exact()` checks it once per thread count on
-the machine itself and the grouped path is taken only where it holds.
+token, 0.79 -> 0.43 ms for five. Whether the two give the same bits is the CPU kernel's
+property (an AMD EPYC with AVX512-BF16 and no AMX gave other bits until both paths padded their
+rows to the kernel's row floor, `attention_floor`), so `grouped_rows_exact()` checks it once per
+thread count on the machine itself and the grouped path is taken only where it holds.
 
 `use_gqa_attention(model)` switches a model that uses `sdpa` to this function ("asymagent_sdpa"
 in transformers' AttentionInterface); anything else (eager, flash, a model without grouped
@@ -56,18 +57,23 @@ def attention_floor(dtype: torch.dtype, threads: int | None = None) -> int:
     return _attention_floor(dtype, torch.get_num_threads() if threads is None else threads)
 
 
+def _causal_draw(g: torch.Generator, keys: int, rows: int, dtype: torch.dtype) -> tuple:
+    """Random attention inputs of the embedded verifier's head shapes (9 query heads over 3
+    key/value heads of 64) for `rows` new positions at the end of `keys` (an aligned key count,
+    asymagent/kv/growing_cache.py): q [1, 9, rows, 64], k, v [1, 3, keys, 64], causal mask."""
+    k = torch.randn(1, 3, keys, 64, generator=g).to(dtype)
+    v = torch.randn(1, 3, keys, 64, generator=g).to(dtype)
+    q = torch.randn(1, 9, rows, 64, generator=g).to(dtype)
+    past = keys - 64
+    mask = (torch.arange(keys)[None, :] <= (torch.arange(rows) + past)[:, None])[None, None]
+    return q, k, v, mask  # mask [1, 1, rows, keys]
+
+
 @functools.cache
 def _attention_floor(dtype: torch.dtype, threads: int) -> int:
     sdpa = torch.nn.functional.scaled_dot_product_attention
     g = torch.Generator().manual_seed(0)
-    draws = []
-    for keys in (704, 2560):  # aligned key counts (asymagent/kv/growing_cache.py)
-        k = torch.randn(1, 3, keys, 64, generator=g).to(dtype)  # [1, Hkv, L, D]
-        v = torch.randn(1, 3, keys, 64, generator=g).to(dtype)
-        q = torch.randn(1, 9, 32, 64, generator=g).to(dtype)  # [1, Hq, 32, D]
-        past = keys - 64
-        mask = (torch.arange(keys)[None, :] <= (torch.arange(32) + past)[:, None])[None, None]
-        draws.append((q, k, v, mask))
+    draws = [_causal_draw(g, keys, 32, dtype) for keys in (704, 2560)]
 
     def call(q, k, v, mask, floor, rows, lo):  # rows lo.. of q padded to the floor -> [1, Hq, rows, D]
         out = sdpa(pad_rows(q[:, :, lo:lo + rows], floor, 2), k, v,
@@ -136,26 +142,20 @@ def grouped_rows_exact(threads: int | None = None) -> bool:
     """Whether `_grouped_rows` gives the per-head call's bits on this CPU at this thread count;
     probed once per thread count (27 small attention calls, a few ms).
 
-    On Intel CPUs with AMX the two are bit-identical (the kernel's tile rows are independent);
-    on an AMD EPYC with AVX512-BF16 and no AMX they differ in the last bits for some shapes
-    (measured: 2 query rows over 704 keys), so there the per-head call is kept and decode and
-    verify forwards compute exactly what they computed before grouped rows existed."""
+    Both sides are padded to the row floor (`attention_floor`). Measured: equal on an Intel CPU
+    with AMX and, with the floors, on an AMD EPYC without AMX (without them it differed there: 2
+    query rows over 704 keys). Where they differ, the per-head call is kept."""
     return _grouped_rows_exact(torch.get_num_threads() if threads is None else threads)
 
 
 @functools.cache
 def _grouped_rows_exact(threads: int) -> bool:
     g = torch.Generator().manual_seed(0)
-    groups, heads, dim = 3, 3, 64
+    floor = attention_floor(torch.bfloat16, threads)  # the per-head path's row floor
     for keys in (128, 704, 2048):
-        key = torch.randn(1, heads, keys, dim, generator=g).to(torch.bfloat16)  # [1, Hkv, L, D]
-        value = torch.randn(1, heads, keys, dim, generator=g).to(torch.bfloat16)
         for rows in (1, 2, 3, 5, 8, 16, 17, 31, 32):
-            query = torch.randn(1, heads * groups, rows, dim, generator=g).to(torch.bfloat16)
-            past = keys - 64
-            mask = (torch.arange(keys)[None, :] <= (torch.arange(rows) + past)[:, None])[None, None]
-            got, _ = _grouped_rows(query, key, value, mask, 0.125, groups)
-            floor = attention_floor(torch.bfloat16, threads)  # the per-head path's row floor
+            query, key, value, mask = _causal_draw(g, keys, rows, torch.bfloat16)
+            got, _ = _grouped_rows(query, key, value, mask, 0.125, 3)
             want = torch.nn.functional.scaled_dot_product_attention(
                 pad_rows(query, floor, 2), key, value, attn_mask=pad_rows(mask, floor, 2),
                 scale=0.125, enable_gqa=True)[:, :, :rows]

@@ -120,18 +120,18 @@ def packed_rows_forward(x: torch.Tensor, packed: torch.Tensor,
 LINEAR_CANDIDATES = (1, 2, 4)  # row floors the probe tries, smallest first
 
 
-def linear_floor(dtype: torch.dtype, shape: tuple = (576, 1536), threads: int | None = None) -> int:
+def linear_floor(dtype: torch.dtype, shape: tuple, threads: int | None = None) -> int:
     """Input rows a few-row forward of a linear layer of `shape` [out, in] needs on the CPU so that
     each row gets the bits it gets in any few-row forward (asymagent/modeling/row_floor.py): the
     smallest of LINEAR_CANDIDATES for which rows padded to it agree, probed once per (dtype,
     shape, threads) on random weights of that shape through the kernel that runs them (packed in
     bf16, else F.linear). Per shape, because the kernels' row classes are: on an AMD EPYC without
     AMX a layer over 1536 inputs needs 2 rows, one over 576 inputs none (and 2 rows there cost
-    3x one row for the 1536-input layer). `ASYMAGENT_ROW_FLOORS=0`: 1 (no padding)."""
+    3x one row for the 1536-input layer). `shape`: a tuple of ints (it keys the probe's cache; on
+    the hot path, once per few-row forward). `ASYMAGENT_ROW_FLOORS=0`: 1 (no padding)."""
     if floors_off():
         return 1
-    return _linear_floor(dtype, tuple(int(n) for n in shape),
-                         torch.get_num_threads() if threads is None else threads)
+    return _linear_floor(dtype, shape, torch.get_num_threads() if threads is None else threads)
 
 
 @functools.cache

@@ -12,13 +12,15 @@ number of rows (query rows for attention, input rows for a linear layer). Measur
   padded: its decode and verify agree to rounding, as before.)
 So decode and verify forwards of fewer rows than the floor run with their rows repeated up to the
 floor (the extra rows are discarded): every position then takes the same code path. The cost is
-small where it applies: attention and these linears are memory-bound at a few rows.
+the kernels' multi-row path where one row had a faster one: nothing on AMX (the floors are the
+behaviour before them), on that AMD +17% for a one-token forward of the embedded verifier and +3%
+for a 4-token one (docs/results.md, "The same on a second CPU").
 
-`attention_floor(dtype)` (asymagent/kv/attention.py) and `linear_floor(dtype)`
+`attention_floor(dtype)` (asymagent/kv/attention.py) and `linear_floor(dtype, shape)`
 (asymagent/modeling/packed_linear.py, per layer shape) probe this machine once per (dtype, thread
-count) with random data, with the helpers here: for each candidate floor (attention 2, 4, 8; linear 1, 2, 4), every row
-of calls of 1..32 rows, each padded to the floor, must equal the same row computed alone (padded
-to the floor). The smallest candidate that holds is the floor; if none holds, the largest
+count) with random data, with the helpers here: for each candidate floor (attention 2, 4, 8;
+linear 1, 2, 4), every row of calls of 1..32 rows, each padded to the floor, must equal the same
+row computed alone (padded to the floor). The smallest candidate that holds is the floor; if none holds, the largest
 candidate (the closest this machine gets). The end result is checked on the model itself
 (`tests/test_row_floor.py`; `python -m asymagent.evals.probes.position_bits` on any machine).
 `ASYMAGENT_ROW_FLOORS=0` turns the probes off (the behaviour before them, to measure the cost).
