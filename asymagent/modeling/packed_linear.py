@@ -11,8 +11,8 @@ two may differ by an ulp, so those forwards keep F.linear. Whether a row scores 
 inside a batch of rows is the CPU kernel's property: on AMX it does for 1..40 rows; on an AMD EPYC
 with AVX512-BF16 and no AMX, one row over 1536 inputs gets other bits than the same row among 2+
 rows (F.linear and the packed kernel alike). So a forward of fewer rows than this CPU's linear
-row floor for its shape (asymagent/modeling/row_floor.py: 1 on AMX, 2 there) runs with its rows repeated up to it
-(`packed_rows_forward`), and a position scores alike in a decode and a verify.
+row floor for its shape (asymagent/modeling/row_floor.py: 1 on AMX, 2 there) runs with its rows
+repeated up to it (`packed_rows_forward`), and a position scores alike in a decode and a verify.
 
 - `PackedLinear` is `nn.Linear` with that forward: rows <= `max_rows` (32: decode, the K+1 verify
   with jump-forward tokens before it,

@@ -20,8 +20,8 @@ for a 4-token one (docs/results.md, "The same on a second CPU").
 (asymagent/modeling/packed_linear.py, per layer shape) probe this machine once per (dtype, thread
 count) with random data, with the helpers here: for each candidate floor (attention 2, 4, 8;
 linear 1, 2, 4), every row of calls of 1..32 rows, each padded to the floor, must equal the same
-row computed alone (padded to the floor). The smallest candidate that holds is the floor; if none holds, the largest
-candidate (the closest this machine gets). The end result is checked on the model itself
+row computed alone (padded to the floor). The smallest candidate that holds is the floor; if none
+holds, the largest candidate (the closest this machine gets). The end result is checked on the model itself
 (`tests/test_row_floor.py`; `python -m asymagent.evals.probes.position_bits` on any machine).
 `ASYMAGENT_ROW_FLOORS=0` turns the probes off (the behaviour before them, to measure the cost).
 """
