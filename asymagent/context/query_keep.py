@@ -42,8 +42,8 @@ same both too nor may might must shall should would could does did doing done be
 here per via use used using one two three get set now new let see yes true false null none
 """.split())
 MARKER_TOKENS = 12  # about what `[... N tokens omitted ...]` and its newlines cost
-RARE_SHARE = 0.25
-_CALL_FORMAT = re.compile(r'"name"\s*:\s*"[^"]*"\s*,\s*"(arguments|parameters)"\s*:|<tool_call>|</tool_call>')  # a candidate must hold a query word at most this share of the units contain
+RARE_SHARE = 0.25  # a candidate must hold a query word that at most this share of the units contain
+_CALL_FORMAT = re.compile(r'"name"\s*:\s*"[^"]*"\s*,\s*"(arguments|parameters)"\s*:|<tool_call>|</tool_call>')
 
 
 def has_call_format(text: str) -> bool:
