@@ -419,8 +419,8 @@ class Engine:
             drafting = Drafting(drafters=self._drafters(plan, full_view, drafter, sampling, noise,
                                                         constraint),
                                 drafter=drafter, base=base, head=self.head, fused=plan.mode.fused)
-        copy = CopyDelta(full_view, ver_view, self.spec.copy_weight,
-                         min_len=self.spec.copy_min_len) if plan.copy_delta else None
+        copy = CopyDelta(full_view, ver_view, self.spec.copy_weight, min_len=self.spec.copy_min_len,
+                         rule=self.spec.copy_rule) if plan.copy_delta else None
         recorder = request.logprobs if isinstance(request.logprobs, LogprobRecorder) \
             or request.logprobs is None else LogprobRecorder(request.logprobs)
         decoder = Decoder(verifier, self.flops, sampling, noise=noise, constraint=constraint,

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass
 
+from asymagent.decoding.copy_delta import RULES as COPY_RULES
 from asymagent.kernels import ACCEPTANCE_RULES as GATE_RULES
 
 # The gate's rules plus "coupled" (Gumbel-max coupling: the gate's greedy rule on rows perturbed
@@ -81,6 +82,10 @@ class SpecConfig:
     # (`asymagent eval fusion --split dev`, docs/evals.md)
     copy_weight: float = 6.0
     copy_min_len: int = 3  # shortest repeated suffix the copy delta counts continuations of
+    # when the copy delta applies (copy_delta.RULES): "removed" wherever the full view's match has
+    # continuations only its removed text holds; "unseen" only where the compressed view holds
+    # no occurrence of the match (the verifier has no copy source of its own there)
+    copy_rule: str = "removed"
     gamma: float = 0.5  # accept d iff p_v(d) > gamma*exp(-JSD)*p_base(d)  (cda)
     # "cda" (paper, relaxed), "exact" (rejection sampling), "coupled" (Gumbel-max coupling: the
     # draft is accepted iff it equals the target's Gumbel-max sample at its position), "greedy"
@@ -137,6 +142,8 @@ class SpecConfig:
             raise ValueError(f"SpecConfig.beta must be >= 0, got {self.beta!r}")
         if not self.copy_weight >= 0:
             raise ValueError(f"SpecConfig.copy_weight must be >= 0, got {self.copy_weight!r}")
+        if self.copy_rule not in COPY_RULES:
+            raise ValueError(f"SpecConfig.copy_rule must be one of {COPY_RULES}, got {self.copy_rule!r}")
         if not isinstance(self.copy_min_len, int) or self.copy_min_len < 1:
             raise ValueError(f"SpecConfig.copy_min_len must be an integer >= 1, got {self.copy_min_len!r}")
         if self.strict_prefix < 0:

@@ -7,6 +7,7 @@ import random
 from collections import Counter
 
 import numpy as np
+import pytest
 import torch
 
 from asymagent.decoding.copy_delta import copy_counts, copy_delta_entries, copy_delta_rows
@@ -50,6 +51,23 @@ def test_delta_is_positive_only_on_what_the_removed_text_holds():
     # a continuation both views hold is not boosted
     ids, _ = copy_delta_entries(full[:-1], compressed[:-1])  # suffix "1": next 2 in both views
     assert ids.tolist() == []
+
+
+def test_unseen_rule_boosts_only_where_the_compressed_view_has_no_copy_source():
+    # the match "1 2" is followed by 3 in the removed middle and by 4 in text both views hold
+    full = [1, 2, 3, 9, 9, 1, 2, 4, 8, 1, 2]
+    compressed = [9, 9, 1, 2, 4, 8, 1, 2]
+    ids, _ = copy_delta_entries(full, compressed)  # "removed": 3 is boosted over the visible 4
+    assert ids.tolist() == [3]
+    ids, _ = copy_delta_entries(full, compressed, rule="unseen")  # the verifier reads 1 2 -> 4 itself
+    assert ids.tolist() == []
+    # nowhere in the compressed view: both rules boost the removed continuation alike
+    blind = [9, 9, 8, 1, 2]
+    for rule in ("removed", "unseen"):
+        ids, vals = copy_delta_entries(full, blind, rule=rule)
+        assert sorted(ids.tolist()) == [3, 4] and np.allclose(vals, math.log(2.0))
+    with pytest.raises(ValueError, match="rule"):
+        copy_delta_entries(full, compressed, rule="sometimes")
 
 
 def test_no_compression_no_delta():

@@ -13,6 +13,13 @@ on the two token arrays, like suffix drafting does (asymagent/decoding/suffix_ma
 - the copy delta is log((1 + c_F(x)) / (1 + c_C(x))) on the tokens with c_F(x) > c_C(x), 0
   elsewhere: positive exactly on continuations that only the removed text holds.
 
+Two rules say when it applies (`RULES`, SpecConfig.copy_rule):
+- "removed" (the default): whenever the full view has such continuations;
+- "unseen": only where the compressed view holds no occurrence of the match at all (c_C empty).
+  Where it holds some, the verifier already reads a copy source for this suffix and picks among
+  its continuations; a removed-only alternative boosted by weight x log 2 (4 nats at weight 6)
+  can override that pick. "unseen" leaves the delta to positions where the verifier is blind.
+
 The gate adds `copy_weight` x this delta to the fused row (`fuse(..., copy=...)`): with no
 compression the two views are equal and the delta is 0, so every lossless property of the
 engine is untouched; with compression it moves the compressed verifier toward what the full view
@@ -22,6 +29,8 @@ would copy. Measured in `asymagent eval fusion` (variants `copy=W`, docs/evals.m
 from __future__ import annotations
 
 import numpy as np
+
+RULES = ("removed", "unseen")
 
 
 def _match_sets(arr: np.ndarray, suffix: np.ndarray, max_len: int) -> list:
@@ -58,10 +67,15 @@ def copy_counts(full: np.ndarray, compressed: np.ndarray, *, min_len: int = 2,
     return count(full, ends_f), count(compressed, ends_c), length
 
 
-def copy_delta_entries(full, compressed, **kw) -> tuple[np.ndarray, np.ndarray]:
-    """(token ids, delta values): log((1 + c_F) / (1 + c_C)) where c_F > c_C (float32)."""
+def copy_delta_entries(full, compressed, *, rule: str = "removed", **kw) -> tuple[np.ndarray, np.ndarray]:
+    """(token ids, delta values): log((1 + c_F) / (1 + c_C)) where c_F > c_C (float32); under
+    rule "unseen" nothing where the compressed view holds the match too (module docstring)."""
+    if rule not in RULES:
+        raise ValueError(f"copy delta rule must be one of {RULES}, got {rule!r}")
     c_f, c_c, _ = copy_counts(full, compressed, **kw)
     ids, vals = [], []
+    if rule == "unseen" and c_c:
+        return np.asarray(ids, dtype=np.int64), np.asarray(vals, dtype=np.float32)
     for tok, cf in c_f.items():
         cc = c_c.get(tok, 0)
         if cf > cc:
@@ -93,9 +107,10 @@ class CopyDelta:
     round's drafts. `weight` is SpecConfig.copy_weight.
     """
 
-    def __init__(self, full, compressed, weight: float, *, min_len: int = 2, max_len: int = 32) -> None:
+    def __init__(self, full, compressed, weight: float, *, min_len: int = 2, max_len: int = 32,
+                 rule: str = "removed") -> None:
         self.full, self.compressed, self.weight = full, compressed, float(weight)
-        self.options = dict(min_len=min_len, max_len=max_len)
+        self.options = dict(min_len=min_len, max_len=max_len, rule=rule)
         self._prompts = (np.asarray(full.prompt, dtype=np.int64), np.asarray(compressed.prompt, dtype=np.int64))
 
     def rows(self, drafts: list, like):

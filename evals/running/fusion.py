@@ -54,6 +54,12 @@ class Variant:
     jsd_scale: float = 0.0
     copy: float = 0.0
     copy_min: float = 2  # shortest repeated suffix the copy delta counts from
+    copy_unseen: float = 0  # 1: the copy delta's rule "unseen" (copy_delta.RULES), else "removed"
+
+    @property
+    def copy_key(self) -> tuple:
+        """(min length, rule): which copy delta rows this variant adds."""
+        return (int(self.copy_min), "unseen" if self.copy_unseen else "removed")
 
     @property
     def name(self) -> str:
@@ -66,6 +72,8 @@ class Variant:
             parts.append(f"copy={self.copy:g}")
         if self.copy_min != 2:
             parts.append(f"copy_min={self.copy_min:g}")
+        if self.copy_unseen:
+            parts.append("copy_unseen=1")
         return ",".join(parts)
 
     @classmethod
@@ -74,9 +82,9 @@ class Variant:
         kw = {}
         for part in filter(None, (p.strip() for p in spec.split(","))):
             key, sep, value = part.partition("=")
-            if not sep or key not in ("beta", "jsd_min", "jsd_scale", "copy", "copy_min"):
+            if not sep or key not in ("beta", "jsd_min", "jsd_scale", "copy", "copy_min", "copy_unseen"):
                 raise ValueError(f"bad variant part {part!r} in {spec!r}: expected beta=, jsd_min=, "
-                                 "jsd_scale=, copy= or copy_min=")
+                                 "jsd_scale=, copy=, copy_min= or copy_unseen=")
             kw[key] = float(value)
         return cls(**kw)
 
@@ -97,7 +105,7 @@ def fused_logprobs(lc, la, lb, jsd, variant: Variant, copy_rows: dict | None = N
         beta = beta * (jsd / variant.jsd_scale).clamp(max=1.0)
     target = lc + beta[:, None] * (la - lb)
     if variant.copy and copy_rows is not None:
-        target = target + variant.copy * copy_rows[variant.copy_min]
+        target = target + variant.copy * copy_rows[variant.copy_key]
     return torch.log_softmax(target, dim=-1)  # [T, V]
 
 
@@ -242,9 +250,9 @@ def measure_conversation(engine, conv: Conversation, variants: list, *, max_new_
             top_f = lf.argmax(-1)  # [T]
             kl = lambda q: (lf.exp() * (lf - q)).sum(-1)  # noqa: E731  [T] KL(v_f || q)
             kl_c, top1_c = kl(lc), lc.argmax(-1) == top_f
-            copy_rows = {m: copy_delta_rows(pair.full_ids, pair.compressed_ids, response, lc.shape[-1],
-                                            min_len=int(m))
-                         for m in {v.copy_min for v in variants if v.copy}}  # {min length: [T, V]}
+            copy_rows = {key: copy_delta_rows(pair.full_ids, pair.compressed_ids, response, lc.shape[-1],
+                                              min_len=key[0], rule=key[1])
+                         for key in {v.copy_key for v in variants if v.copy}}  # {(min length, rule): [T, V]}
             fused = [fused_logprobs(lc, la, lb, jsd, v, copy_rows) for v in variants]
             kl_fs = [kl(f) for f in fused]
             top1_fs = [f.argmax(-1) == top_f for f in fused]
@@ -380,7 +388,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--suites", default=DEFAULT_SUITES,
                    help="comma list: records, fs_audit, tickets, injection, domain:NAME (a synthetic domain)")
     p.add_argument("--variants", default="beta=1",
-                   help="';'-separated fusion variants, each 'beta=B[,jsd_min=X][,jsd_scale=S][,copy=W][,copy_min=L]'")
+                   help="';'-separated fusion variants, each 'beta=B[,jsd_min=X][,jsd_scale=S][,copy=W][,copy_min=L][,copy_unseen=1]'")
     p.add_argument("--episodes", type=int, default=2, help="conversations (seeds) per suite")
     p.add_argument("--split", choices=("dev", "test"), default="dev")
     p.add_argument("--seeds", default=None, help="comma list of exact seeds (overrides --split/--episodes)")
