@@ -7,13 +7,13 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass
 
-from asymagent.decoding.copy_delta import RULES as COPY_RULES
 from asymagent.kernels import ACCEPTANCE_RULES as GATE_RULES
 
 # The gate's rules plus "coupled" (Gumbel-max coupling: the gate's greedy rule on rows perturbed
 # with position-keyed Gumbel noise; asymagent/decoding/round.py).
 ACCEPTANCE_RULES = GATE_RULES + ("coupled",)
 SPEC_RULES = ("greedy", "exact", "coupled")  # lossless against the verifier (mode spec)
+COPY_RULES = ("removed", "unseen")  # when the copy delta applies (asymagent/decoding/copy_delta.py)
 # What "greedy" ("the target decides") runs as at temperature > 0. Coupled: the output is the
 # verifier's (fused target's) Gumbel-max sample at every position, identical to mode full under
 # the same seed whatever K, adaptive K or the drafts do; its acceptance cost against "exact" on

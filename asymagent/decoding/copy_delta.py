@@ -30,7 +30,7 @@ from __future__ import annotations
 
 import numpy as np
 
-RULES = ("removed", "unseen")
+from asymagent.spec_config import COPY_RULES as RULES
 
 
 def _match_sets(arr: np.ndarray, suffix: np.ndarray, max_len: int) -> list:
