@@ -93,14 +93,16 @@ class PreparedRun:
     escalate: Callable[[], None]  # finish on the full context (SpecConfig.escalate_jsd)
 
 
-def _settle(verifier: ViewCache) -> None:
-    """Leave the verifier's cache as a one-token decode leaves it: the view's prompt and every
-    emitted token but the last. A speculative round may have fed the last one as an accepted
-    draft; the next request's prefill would then start one position later than mode full's, cut
-    the same rows into other chunks, and bf16 `F.linear` rounds a row differently with the
-    forward's row count (from 33 rows on), so spec could differ from full at a near tie."""
-    view = verifier.view
-    keep = len(view.prompt) + max(len(view.generated) - 1, 0)
+def _settle(verifier: ViewCache, last_free: int) -> None:
+    """Leave the verifier's cache as a one-token decode leaves it: the view's prompt and the
+    output before `last_free`, the last token a model chose (LoopResult.last_free; the tokens a
+    constraint forced after it are jump-forwarded there, never fed). A speculative round may have
+    fed them as accepted drafts; the next request's prefill would then start later than mode
+    full's, cut the same rows into other chunks, and bf16 `F.linear` rounds a row differently with
+    the forward's row count (from 33 rows on), so spec could differ from full at a near tie
+    (measured: 1 of 48 fs_audit test steps on an AMD CPU, where a tool call's forced closing
+    tokens had been fed as drafts)."""
+    keep = len(verifier.view.prompt) + last_free
     if len(verifier.cache) > keep:
         verifier.cache.crop(keep)
 
@@ -473,7 +475,7 @@ class Engine:
             stats.k = 0  # the drafter model was switched off for this request
         stats.verifier_flops = run.decoder.verifier_flops
         stats.finish_reason = loop.finish
-        _settle(run.decoder.verifier)
+        _settle(run.decoder.verifier, loop.last_free)
         if loop.finish != "recall":  # an interrupted pass is decoded again; its output is dropped
             self.suffix_store.add(generated)  # later requests may copy from this response
         return GenerationResult(token_ids=list(generated), text=run.checker.text(generated),

@@ -91,3 +91,21 @@ def test_lookup_drafts_under_constraint(engine, smollm_tokenizer, prompt, mode):
         assert lookups > 0
     finally:
         engine.spec = saved
+
+
+def test_spec_leaves_the_verifier_cache_a_one_token_decode_leaves(smollm_tokenizer, prompt):
+    """After a call whose closing tokens the constraint forces, mode spec's verifier cache must
+    hold what mode full's holds (the prompt and the output before the last token a model chose):
+    a drafter equal to the verifier gets those forced tokens accepted as drafts, i.e. fed, where
+    full jump-forwards them unfed; the next request would then prefill from another position."""
+    verifier = make_tiny_llama(vocab_size=V, seed=1)
+    engine = Engine(verifier=verifier, drafter=verifier, tokenizer=smollm_tokenizer, spec=SpecConfig(k=4))
+    cached = {}
+    for mode in ("full", "spec"):
+        c, r = generate(engine, smollm_tokenizer, prompt, mode, 0, 0.0)
+        assert c.is_terminated()
+        cached[mode] = (r.token_ids, engine.caches.session(f"tc-{mode}").get("verifier_full").tokens)
+    (out_full, cache_full), (out_spec, cache_spec) = cached["full"], cached["spec"]
+    assert out_spec == out_full
+    assert len(cache_full) < len(prompt) + len(out_full) - 1  # full left its forced tail unfed
+    assert cache_spec == cache_full

@@ -67,22 +67,28 @@ def allowed_prefix(constraint, tokens: list) -> tuple[list, list | None]:
     return drafts, close_masks(constraint, masks, len(drafts))
 
 
-def advance_constraint(constraint, tokens: list, jumped: bool) -> tuple[int, int]:
-    """Advance `constraint` through `tokens` until it terminates: (tokens kept, forced among them).
+def advance_constraint(constraint, tokens: list, jumped: bool) -> tuple[int, int, int]:
+    """Advance `constraint` through `tokens` until it terminates: (tokens kept, forced among them,
+    index of the last kept token that was not forced, -1 if none).
 
     A token counts as forced when the constraint alone determined it: jump-forwarded tokens, and
     round tokens that were the first of `forced_tokens()` at their position (drafted and accepted
-    under the constraint's singleton mask): no model decision was needed for either.
+    under the constraint's singleton mask): no model decision was needed for either. Which tokens
+    are forced depends on the constraint's states only, not on the mode that emitted them: a
+    one-token decode jump-forwards exactly these.
     """
-    forced = 0
+    forced, free = 0, -1
     for j, t in enumerate(tokens):
         if constraint.is_terminated():  # complete mid-round: whatever follows is dropped
-            return j, forced
+            return j, forced, free
         if jumped:
             forced += 1
         else:
             determined = constraint.forced_tokens()
-            forced += int(bool(determined) and int(determined[0]) == t)
+            if bool(determined) and int(determined[0]) == t:
+                forced += 1
+            else:
+                free = j
         if not constraint.advance(t):
             raise RuntimeError(f"decoded token {t} violates the constraint")
-    return len(tokens), forced
+    return len(tokens), forced, free

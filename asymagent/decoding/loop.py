@@ -34,6 +34,9 @@ class LoopResult:
     ttft_s: float | None  # call start -> first new token, None when nothing was emitted
     tally: Tally = field(default_factory=Tally)
     speculation_off: bool = False  # adaptive K switched the drafter model off during the request
+    # index in the output of the last token a model chose (not forced by the constraint), -1 if
+    # none: a one-token decode's verifier cache holds the prompt and the output before it
+    last_free: int = -1
 
 
 @dataclass
@@ -96,9 +99,14 @@ def decode_loop(decoder: Decoder, generated: list, plan: RequestPlan,
             del generated[keep:]
             result.finish = "stop"
         if constraint is not None:
-            kept, forced = advance_constraint(constraint, generated[start:], jumped)
+            kept, forced, free = advance_constraint(constraint, generated[start:], jumped)
             del generated[start + kept:]
             stats.forced_tokens += forced
+            if free >= 0:
+                result.last_free = start + free
+        elif len(generated) > start:
+            result.last_free = len(generated) - 1
+        result.last_free = min(result.last_free, len(generated) - 1)  # a stop string cut it
         if ctx.interrupt is not None and len(generated) > start and ctx.interrupt(generated, start):
             result.finish = "recall"
             break
