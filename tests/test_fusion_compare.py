@@ -31,3 +31,15 @@ def test_unpaired_steps_are_left_out():
     pairs = fc.pair_positions(old, new)
     assert len(pairs) == 1 and fc.figures(pairs)["positions"] == 1
     assert "suites_only" not in fc.compare({"positions": old}, {"positions": new})
+
+
+def test_another_variant_of_the_new_run():
+    old = [_pos("a", 1, 0, 1.0, 0.5), _pos("a", 2, 0, 1.0, 0.5)]
+    new = [_pos("a", 1, 0, 0.5, 0.4), _pos("a", 2, 0, 0.5, 0.4)]
+    for p in new:  # a second variant: fused KL 0.1, top-1 lost
+        p["kl_f"].append(0.1)
+        p["top1_f"].append(False)
+    first, second = (fc.compare({"positions": old}, {"positions": new}, v)["overall"] for v in (0, 1))
+    assert math.isclose(first["share_new_default"], 0.6) and first["top1_fused_new"] == 1.0
+    assert math.isclose(second["share_new_default"], 0.9) and second["top1_fused_new"] == 0.0
+    assert math.isclose(second["share_old_default"], first["share_old_default"])
