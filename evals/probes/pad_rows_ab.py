@@ -1,0 +1,89 @@
+"""Row-floor padding by `repeat` + `narrow` (before) against one `cat` (now): decode and verify forwards, interleaved.
+
+    python -m asymagent.evals.probes.pad_rows_ab [--context 1000] [--repeats 25] [--threads 2] [--json PATH]
+
+One process, the embedded verifier as the engine loads it (bf16 where the CPU has bf16 units,
+packed linears, lean forward, row floors), `--context` random tokens cached. Per repeat, A B
+interleaved: a one-token forward (a decode) and a 4-token forward (a K+1 verify), with
+asymagent/modeling/row_floor.py `pad_rows` swapped in both modules that pad (kv/attention.py,
+modeling/packed_linear.py). The logits of A and B must be bit-identical (same padded values);
+the medians and their ratio are reported.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import time
+
+
+def pad_rows_repeat(x, floor: int, dim: int):
+    """The padding before: `repeat` the rows, `narrow` to the floor (same values as pad_rows)."""
+    n = x.shape[dim]
+    if n >= floor:
+        return x
+    reps = [1] * x.dim()
+    reps[dim] = -(-floor // n)
+    return x.repeat(*reps).narrow(dim, 0, floor)
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--context", type=int, default=1000)
+    p.add_argument("--repeats", type=int, default=25)
+    p.add_argument("--threads", type=int, default=None)
+    p.add_argument("--json", metavar="PATH")
+    args = p.parse_args(argv)
+
+    import torch
+
+    import asymagent.kv.attention as attention
+    import asymagent.modeling.packed_linear as packed_linear
+    from asymagent.engine import Engine
+    from asymagent.kv.cache import ModelCache
+    from asymagent.modeling.row_floor import pad_rows
+
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    engine = Engine.from_default()
+    ids = torch.randint(100, 40000, (args.context + 8,), generator=torch.Generator().manual_seed(0)).tolist()
+    cache = ModelCache(engine.verifier)
+    cache.prefill(ids[: args.context])
+
+    def forward(pad, rows: int):
+        attention.pad_rows = packed_linear.pad_rows = pad
+        cache.crop(args.context)
+        t0 = time.perf_counter()
+        logits = cache.forward_logits(ids[args.context: args.context + rows], rows)  # [rows, V]
+        return time.perf_counter() - t0, logits
+
+    result = {"command": " ".join(["python -m asymagent.evals.probes.pad_rows_ab"] + (argv or [])),
+              "threads": torch.get_num_threads(), "runtime": engine.runtime, "forwards": {}}
+    try:
+        for rows in (1, 4):
+            for pad in (pad_rows_repeat, pad_rows):  # warm-up
+                forward(pad, rows)
+            before, now = [], []
+            for _ in range(args.repeats):
+                a, logits_a = forward(pad_rows_repeat, rows)
+                b, logits_b = forward(pad_rows, rows)
+                if not torch.equal(logits_a, logits_b):
+                    raise SystemExit(f"{rows}-token forward: the two paddings gave different logits")
+                before.append(a)
+                now.append(b)
+            ms_a, ms_b = 1e3 * statistics.median(before), 1e3 * statistics.median(now)
+            result["forwards"][str(rows)] = {"repeat_ms": ms_a, "cat_ms": ms_b, "ratio": ms_a / ms_b,
+                                             "identical_logits": True}
+            print(f"{rows}-token forward: repeat {ms_a:.2f} ms, cat {ms_b:.2f} ms, "
+                  f"{ms_a / ms_b:.3f}x (identical logits)")
+    finally:
+        attention.pad_rows = packed_linear.pad_rows = pad_rows
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(result, f, indent=1)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
