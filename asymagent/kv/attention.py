@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import functools
 import inspect
+import threading
 
 import torch
 
@@ -117,25 +118,43 @@ def gqa_sdpa_forward(module: torch.nn.Module, query: torch.Tensor, key: torch.Te
     return out.transpose(1, 2).contiguous(), None  # [B, q, Hq, D]
 
 
+_MASKS = threading.local()  # the grouped mask of the forward in progress, per thread
+
+
+def _group_mask(attention_mask: torch.Tensor, groups: int, rows: int, dtype: torch.dtype) -> torch.Tensor:
+    """attention_mask [B, 1, q, L] -> [B, 1, G*rows, L]: its rows padded to `rows`, repeated per
+    group member, as an additive mask in `dtype` (0 / -inf: what SDPA makes of a bool mask, the
+    same bits, measured). Every layer of a forward passes the same mask object, so it is built
+    once per forward (the memo holds the source, whose identity it checks), not once a layer."""
+    memo = getattr(_MASKS, "last", None)
+    if memo is not None and memo[0] is attention_mask and memo[1] == (groups, rows, dtype):
+        return memo[2]
+    b, keys = attention_mask.shape[0], attention_mask.shape[-1]
+    mask = pad_rows(attention_mask, rows, 2)[:, :, None].expand(b, 1, groups, rows, keys)
+    mask = mask.reshape(b, 1, groups * rows, keys)  # [B, 1, G*rows, L]
+    if mask.dtype == torch.bool:
+        mask = torch.zeros(mask.shape, dtype=dtype).masked_fill_(~mask, float("-inf"))
+    _MASKS.last = (attention_mask, (groups, rows, dtype), mask)
+    return mask
+
+
 def _grouped_rows(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
                   attention_mask: torch.Tensor, scaling: float | None, groups: int) -> tuple:
     """Decode / verify attention with the query heads of a group as rows of one head: query
     [1, Hkv*G, q, D] -> [1, Hkv, G*q, D] over key/value [1, Hkv, L, D], the mask repeated per
-    group member. The kernel then reads each key/value head once (Hkv work items instead of Hq)."""
-    q_len = query.shape[2]
-    floor = attention_floor(query.dtype)
-    if groups * q_len < floor:  # the kernel's row floor (row_floor.py), as the per-head path
-        padded = -(-floor // groups)
-        out, _ = _grouped_rows(pad_rows(query, padded, 2), key, value,
-                               pad_rows(attention_mask, padded, 2), scaling, groups)
-        return out[:, :q_len], None
+    group member. The kernel then reads each key/value head once (Hkv work items instead of Hq).
+    Fewer than the kernel's row floor (row_floor.py) in all: the rows are repeated up to it, as
+    on the per-head path."""
     b, hq, q_len, d = query.shape
-    rows = query.reshape(b, hq // groups, groups * q_len, d)  # head h*G+g, row t -> head h, row g*q+t
-    mask = attention_mask[:, :, None].expand(b, 1, groups, q_len, attention_mask.shape[-1])
-    mask = mask.reshape(b, 1, groups * q_len, attention_mask.shape[-1])  # [1, 1, G*q, L]
-    out = torch.nn.functional.scaled_dot_product_attention(rows, key, value, attn_mask=mask,
-                                                           scale=scaling)  # [1, Hkv, G*q, D]
-    return out.view(b, hq, q_len, d).transpose(1, 2).contiguous(), None  # [B, q, Hq, D]
+    rows = q_len
+    if groups * q_len < attention_floor(query.dtype):
+        rows = -(-attention_floor(query.dtype) // groups)
+        query = pad_rows(query, rows, 2)  # [B, Hq, rows, D]
+    grouped = query.reshape(b, hq // groups, groups * rows, d)  # head h*G+g, row t -> head h, row g*rows+t
+    mask = _group_mask(attention_mask, groups, rows, query.dtype)  # [1, 1, G*rows, L]
+    out = torch.nn.functional.scaled_dot_product_attention(grouped, key, value, attn_mask=mask,
+                                                           scale=scaling)  # [1, Hkv, G*rows, D]
+    return out.view(b, hq, rows, d)[:, :, :q_len].transpose(1, 2).contiguous(), None  # [B, q, Hq, D]
 
 
 def grouped_rows_exact(threads: int | None = None) -> bool:
