@@ -1,0 +1,106 @@
+"""Two per-forward overheads of the CPU decode, before and after, interleaved: row-floor padding and the grouped mask.
+
+    python -m asymagent.evals.probes.overhead_ab [--context 1000] [--repeats 25] [--threads 2] [--json PATH]
+
+One process, the embedded verifier as the engine loads it (bf16 where the CPU has bf16 units,
+packed linears, lean forward, row floors, grouped attention rows), `--context` random tokens
+cached. For each change, per repeat, A (before) then B (now): a one-token forward (a decode) and
+a 4-token forward (a K+1 verify); the other change stays as now. The logits of A and B must be
+bit-identical; the medians and their ratio are reported.
+
+- `pad`: asymagent/modeling/row_floor.py `pad_rows` by `repeat` + `narrow` (before) vs one `cat`
+  (now), swapped in both modules that pad (kv/attention.py, modeling/packed_linear.py);
+- `mask`: kv/attention.py's grouped mask (rows padded, repeated per group member, 0/-inf) built
+  in every layer (before: the memo disabled; SDPA converted the bool mask in every layer) vs
+  once per forward (now).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import time
+
+
+def pad_rows_repeat(x, floor: int, dim: int):
+    """The padding before: `repeat` the rows, `narrow` to the floor (same values as pad_rows)."""
+    n = x.shape[dim]
+    if n >= floor:
+        return x
+    reps = [1] * x.dim()
+    reps[dim] = -(-floor // n)
+    return x.repeat(*reps).narrow(dim, 0, floor)
+
+
+class _NoMemo:
+    """A stand-in for attention._MASKS that forgets: the grouped mask is rebuilt in every layer."""
+
+    def __setattr__(self, name, value) -> None:
+        pass
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--context", type=int, default=1000)
+    p.add_argument("--repeats", type=int, default=25)
+    p.add_argument("--threads", type=int, default=None)
+    p.add_argument("--json", metavar="PATH")
+    args = p.parse_args(argv)
+
+    import torch
+
+    import asymagent.kv.attention as attention
+    import asymagent.modeling.packed_linear as packed_linear
+    from asymagent.engine import Engine
+    from asymagent.kv.cache import ModelCache
+    from asymagent.modeling.row_floor import pad_rows
+
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    engine = Engine.from_default()
+    ids = torch.randint(100, 40000, (args.context + 8,), generator=torch.Generator().manual_seed(0)).tolist()
+    cache = ModelCache(engine.verifier)
+    cache.prefill(ids[: args.context])
+    memo = attention._MASKS
+    settings = {"pad": ({"pad": pad_rows_repeat}, {}), "mask": ({"masks": _NoMemo()}, {})}
+
+    def forward(setting: dict, rows: int):
+        attention.pad_rows = packed_linear.pad_rows = setting.get("pad", pad_rows)
+        attention._MASKS = setting.get("masks", memo)
+        cache.crop(args.context)
+        t0 = time.perf_counter()
+        logits = cache.forward_logits(ids[args.context: args.context + rows], rows)  # [rows, V]
+        return time.perf_counter() - t0, logits
+
+    result = {"command": " ".join(["python -m asymagent.evals.probes.overhead_ab"] + (argv or [])),
+              "threads": torch.get_num_threads(), "runtime": engine.runtime, "changes": {}}
+    try:
+        for change, (before_setting, now_setting) in settings.items():
+            for rows in (1, 4):
+                for setting in (before_setting, now_setting):  # warm-up
+                    forward(setting, rows)
+                before, now = [], []
+                for _ in range(args.repeats):
+                    a, logits_a = forward(before_setting, rows)
+                    b, logits_b = forward(now_setting, rows)
+                    if not torch.equal(logits_a, logits_b):
+                        raise SystemExit(f"{change}, {rows}-token forward: before and now gave different logits")
+                    before.append(a)
+                    now.append(b)
+                ms_a, ms_b = 1e3 * statistics.median(before), 1e3 * statistics.median(now)
+                result["changes"].setdefault(change, {})[str(rows)] = {
+                    "before_ms": ms_a, "now_ms": ms_b, "ratio": ms_a / ms_b, "identical_logits": True}
+                print(f"{change}: {rows}-token forward before {ms_a:.2f} ms, now {ms_b:.2f} ms, "
+                      f"{ms_a / ms_b:.3f}x (identical logits)")
+    finally:
+        attention.pad_rows = packed_linear.pad_rows = pad_rows
+        attention._MASKS = memo
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(result, f, indent=1)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
