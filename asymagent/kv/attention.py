@@ -27,6 +27,7 @@ heads, single-token decode, position bias) goes through transformers' own sdpa u
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import inspect
 import threading
@@ -126,7 +127,7 @@ def _group_mask(attention_mask: torch.Tensor, groups: int, rows: int, dtype: tor
     group member, as an additive mask in `dtype` (0 / -inf: what SDPA makes of a bool mask, the
     same bits, measured). Every layer of a forward passes the same mask object, so it is built
     once per forward (the memo holds the source, whose identity it checks), not once a layer."""
-    memo = getattr(_MASKS, "last", None)
+    memo = None if getattr(_MASKS, "per_layer", False) else getattr(_MASKS, "last", None)
     if memo is not None and memo[0] is attention_mask and memo[1] == (groups, rows, dtype):
         return memo[2]
     b, keys = attention_mask.shape[0], attention_mask.shape[-1]
@@ -136,6 +137,18 @@ def _group_mask(attention_mask: torch.Tensor, groups: int, rows: int, dtype: tor
         mask = torch.zeros(mask.shape, dtype=dtype).masked_fill_(~mask, float("-inf"))
     _MASKS.last = (attention_mask, (groups, rows, dtype), mask)
     return mask
+
+
+@contextlib.contextmanager
+def per_layer_masks():
+    """Inside the block (this thread) the grouped mask is built in every layer, as before the
+    once-per-forward memo: what evals/probes/overhead_ab.py times against it."""
+    saved = getattr(_MASKS, "per_layer", False)
+    _MASKS.per_layer = True
+    try:
+        yield
+    finally:
+        _MASKS.per_layer = saved
 
 
 def _grouped_rows(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,

@@ -11,13 +11,14 @@ bit-identical; the medians and their ratio are reported.
 - `pad`: asymagent/modeling/row_floor.py `pad_rows` by `repeat` + `narrow` (before) vs one `cat`
   (now), swapped in both modules that pad (kv/attention.py, modeling/packed_linear.py);
 - `mask`: kv/attention.py's grouped mask (rows padded, repeated per group member, 0/-inf) built
-  in every layer (before: the memo disabled; SDPA converted the bool mask in every layer) vs
-  once per forward (now).
+  in every layer (before: `attention.per_layer_masks()`; SDPA converted the bool mask in every
+  layer) vs once per forward (now).
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import statistics
 import time
@@ -31,13 +32,6 @@ def pad_rows_repeat(x, floor: int, dim: int):
     reps = [1] * x.dim()
     reps[dim] = -(-floor // n)
     return x.repeat(*reps).narrow(dim, 0, floor)
-
-
-class _NoMemo:
-    """A stand-in for attention._MASKS that forgets: the grouped mask is rebuilt in every layer."""
-
-    def __setattr__(self, name, value) -> None:
-        pass
 
 
 def main(argv=None) -> int:
@@ -62,16 +56,16 @@ def main(argv=None) -> int:
     ids = torch.randint(100, 40000, (args.context + 8,), generator=torch.Generator().manual_seed(0)).tolist()
     cache = ModelCache(engine.verifier)
     cache.prefill(ids[: args.context])
-    memo = attention._MASKS
-    settings = {"pad": ({"pad": pad_rows_repeat}, {}), "mask": ({"masks": _NoMemo()}, {})}
+    settings = {"pad": ({"pad": pad_rows_repeat}, {}), "mask": ({"per_layer_masks": True}, {})}
 
     def forward(setting: dict, rows: int):
         attention.pad_rows = packed_linear.pad_rows = setting.get("pad", pad_rows)
-        attention._MASKS = setting.get("masks", memo)
+        masks = attention.per_layer_masks() if setting.get("per_layer_masks") else contextlib.nullcontext()
         cache.crop(args.context)
-        t0 = time.perf_counter()
-        logits = cache.forward_logits(ids[args.context: args.context + rows], rows)  # [rows, V]
-        return time.perf_counter() - t0, logits
+        with masks:
+            t0 = time.perf_counter()
+            logits = cache.forward_logits(ids[args.context: args.context + rows], rows)  # [rows, V]
+            return time.perf_counter() - t0, logits
 
     result = {"command": " ".join(["python -m asymagent.evals.probes.overhead_ab"] + (argv or [])),
               "threads": torch.get_num_threads(), "runtime": engine.runtime, "changes": {}}
@@ -95,7 +89,6 @@ def main(argv=None) -> int:
                       f"{ms_a / ms_b:.3f}x (identical logits)")
     finally:
         attention.pad_rows = packed_linear.pad_rows = pad_rows
-        attention._MASKS = memo
     if args.json:
         with open(args.json, "w") as f:
             json.dump(result, f, indent=1)
