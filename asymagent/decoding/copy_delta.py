@@ -14,8 +14,9 @@ on the two token arrays, like suffix drafting does (asymagent/decoding/suffix_ma
   elsewhere: positive exactly on continuations that only the removed text holds.
 
 Two rules say when it applies (`RULES`, SpecConfig.copy_rule):
-- "removed" (the default): whenever the full view has such continuations;
-- "unseen": only where the compressed view holds no occurrence of the match at all (c_C empty).
+- "removed" (the default before 2026-12-05): whenever the full view has such continuations;
+- "unseen" (SpecConfig's default): only where the compressed view holds no occurrence of the
+  match at all (c_C empty).
   Where it holds some, the verifier already reads a copy source for this suffix and picks among
   its continuations; a removed-only alternative boosted by weight x log 2 (4 nats at weight 6)
   can override that pick. "unseen" leaves the delta to positions where the verifier is blind.

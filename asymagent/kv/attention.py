@@ -159,9 +159,9 @@ def _grouped_rows(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
     Fewer than the kernel's row floor (row_floor.py) in all: the rows are repeated up to it, as
     on the per-head path."""
     b, hq, q_len, d = query.shape
-    rows = q_len
-    if groups * q_len < attention_floor(query.dtype):
-        rows = -(-attention_floor(query.dtype) // groups)
+    rows, floor = q_len, attention_floor(query.dtype)
+    if groups * q_len < floor:
+        rows = -(-floor // groups)
         query = pad_rows(query, rows, 2)  # [B, Hq, rows, D]
     grouped = query.reshape(b, hq // groups, groups * rows, d)  # head h*G+g, row t -> head h, row g*rows+t
     mask = _group_mask(attention_mask, groups, rows, query.dtype)  # [1, 1, G*rows, L]

@@ -26,7 +26,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import time
 
 
@@ -134,11 +133,12 @@ def measure(trials: int, context: int, rows: int, dtype: str = "auto") -> dict:
 
     from asymagent.evals.running.engine_setup import build_engine
     from asymagent.kv.attention import grouped_rows_exact
+    from asymagent.modeling.row_floor import floors_off
 
     start = time.perf_counter()
     engine = build_engine("default", dtype=dtype).engine  # packs, attaches as the engine does
     doc = {"trials": trials, "context": context, "rows": rows, "threads": torch.get_num_threads(),
-           "row_floors_off": os.environ.get("ASYMAGENT_ROW_FLOORS", "") in ("0", "false", "off", "no"),
+           "row_floors_off": floors_off(),
            "runtime": engine.runtime, "grouped_rows_exact": grouped_rows_exact(),
            "verifier": model_positions(engine.verifier, trials, context, rows),
            "kernels": kernel_positions(next(engine.verifier.parameters()).dtype, trials),
