@@ -97,3 +97,54 @@ def test_grouped_rows_probe_decides_the_path(monkeypatch):
         calls.clear()
         attention.gqa_sdpa_forward(module, q, k, k, mask, scaling=0.125)
         assert len(calls) == (1 if exact else 0)
+
+
+def _prefill_draw(dtype, keys=704, rows=70, seed=3):
+    """A prefill-shaped call: `rows` new positions at the end of `keys` (aligned tail masked)."""
+    g = torch.Generator().manual_seed(seed)
+    q = torch.randn(1, 9, rows, 64, generator=g).to(dtype)
+    k = torch.randn(1, 3, keys, 64, generator=g).to(dtype)
+    v = torch.randn(1, 3, keys, 64, generator=g).to(dtype)
+    past = keys - rows - 5  # 5 masked positions past the last query (an aligned read)
+    mask = (torch.arange(keys)[None, :] <= (torch.arange(rows) + past)[:, None])[None, None]
+    return q, k, v, mask
+
+
+def test_additive_mask_gives_sdpa_the_bits_of_its_bool_mask():
+    """The per-head (prefill) path hands SDPA the additive form of the bool mask, built once a
+    forward: what SDPA itself converts it to, so the output bits are those of the bool mask."""
+    from asymagent.kv.attention import _additive
+
+    sdpa = torch.nn.functional.scaled_dot_product_attention
+    for dtype in (torch.bfloat16, torch.float32):
+        q, k, v, mask = _prefill_draw(dtype)
+        want = sdpa(q, k, v, attn_mask=mask, scale=0.125, enable_gqa=True)
+        got = sdpa(q, k, v, attn_mask=_additive(mask, dtype), scale=0.125, enable_gqa=True)
+        assert torch.equal(got, want), dtype
+
+
+def test_prefill_path_builds_its_mask_once_per_forward(monkeypatch):
+    """Every layer of a forward passes the same mask object: the additive mask is built for the
+    first layer and reused by the rest (and rebuilt under per_layer_masks(), the A/B switch);
+    each layer's output equals SDPA's on the bool mask."""
+    import asymagent.kv.attention as attention
+
+    built = []
+    real = attention._additive
+    monkeypatch.setattr(attention, "_additive", lambda m, d: built.append(1) or real(m, d))
+    module = torch.nn.Module()
+    module.num_key_value_groups = 3
+    q, k, v, mask = _prefill_draw(torch.bfloat16)  # 70 rows: over GROUP_ROWS, the per-head path
+    want = torch.nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=0.125,
+                                                            enable_gqa=True).transpose(1, 2)
+    for _ in range(3):  # three layers of one forward
+        out, _ = attention.gqa_sdpa_forward(module, q, k, v, mask, scaling=0.125)
+        assert torch.equal(out, want)
+    assert len(built) == 1
+    with attention.per_layer_masks():
+        for _ in range(2):
+            attention.gqa_sdpa_forward(module, q, k, v, mask, scaling=0.125)
+    assert len(built) == 3
+    _, _, _, other = _prefill_draw(torch.bfloat16, seed=4)  # the next forward: a new mask object
+    attention.gqa_sdpa_forward(module, q, k, v, other, scaling=0.125)
+    assert len(built) == 4

@@ -1,6 +1,7 @@
-"""Two per-forward overheads of the CPU decode, before and after, interleaved: row-floor padding and the grouped mask.
+"""Three per-forward overheads of the CPU forward, before and after, interleaved: row-floor padding, the grouped mask, the prefill mask.
 
-    python -m asymagent.evals.probes.overhead_ab [--context 1000] [--repeats 25] [--threads 2] [--json PATH]
+    python -m asymagent.evals.probes.overhead_ab [--context 1000] [--repeats 25] [--threads 2] \
+        [--prefill-rows 490] [--changes pad,mask,prefill_mask] [--json PATH]
 
 One process, the embedded verifier as the engine loads it (bf16 where the CPU has bf16 units,
 packed linears, lean forward, row floors, grouped attention rows), `--context` random tokens
@@ -12,7 +13,10 @@ bit-identical; the medians and their ratio are reported.
   (now), swapped in both modules that pad (kv/attention.py, modeling/packed_linear.py);
 - `mask`: kv/attention.py's grouped mask (rows padded, repeated per group member, 0/-inf) built
   in every layer (before: `attention.per_layer_masks()`; SDPA converted the bool mask in every
-  layer) vs once per forward (now).
+  layer) vs once per forward (now);
+- `prefill_mask`: a `--prefill-rows`-token forward (an agent step's appended tool output, on the
+  per-head path) with the bool mask handed to SDPA, which converts it in every layer (before), vs
+  its additive form built once per forward (now, kv/attention.py `_flat_mask`).
 """
 
 from __future__ import annotations
@@ -34,11 +38,20 @@ def pad_rows_repeat(x, floor: int, dim: int):
     return x.repeat(*reps).narrow(dim, 0, floor)
 
 
+def flat_mask_bool(attention_mask, rows: int, dtype):
+    """The per-head path's mask before: rows padded, left bool (SDPA converts it in every layer)."""
+    from asymagent.modeling.row_floor import pad_rows
+
+    return pad_rows(attention_mask, rows, 2)
+
+
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--context", type=int, default=1000)
     p.add_argument("--repeats", type=int, default=25)
     p.add_argument("--threads", type=int, default=None)
+    p.add_argument("--prefill-rows", type=int, default=490, help="rows of the prefill_mask forward")
+    p.add_argument("--changes", default="pad,mask,prefill_mask")
     p.add_argument("--json", metavar="PATH")
     args = p.parse_args(argv)
 
@@ -53,25 +66,30 @@ def main(argv=None) -> int:
     if args.threads:
         torch.set_num_threads(args.threads)
     engine = Engine.from_default()
-    ids = torch.randint(100, 40000, (args.context + 8,), generator=torch.Generator().manual_seed(0)).tolist()
+    ids = torch.randint(100, 40000, (args.context + max(8, args.prefill_rows),), generator=torch.Generator().manual_seed(0)).tolist()
     cache = ModelCache(engine.verifier)
     cache.prefill(ids[: args.context])
-    settings = {"pad": ({"pad": pad_rows_repeat}, {}), "mask": ({"per_layer_masks": True}, {})}
+    settings = {"pad": ({"pad": pad_rows_repeat}, {}), "mask": ({"per_layer_masks": True}, {}),
+                "prefill_mask": ({"flat_mask": flat_mask_bool}, {})}
+    rows_of = {"pad": (1, 4), "mask": (1, 4), "prefill_mask": (args.prefill_rows,)}
+    flat_mask = attention._flat_mask
 
     def forward(setting: dict, rows: int):
         attention.pad_rows = packed_linear.pad_rows = setting.get("pad", pad_rows)
+        attention._flat_mask = setting.get("flat_mask", flat_mask)
         masks = attention.per_layer_masks() if setting.get("per_layer_masks") else contextlib.nullcontext()
         cache.crop(args.context)
         with masks:
             t0 = time.perf_counter()
-            logits = cache.forward_logits(ids[args.context: args.context + rows], rows)  # [rows, V]
+            logits = cache.forward_logits(ids[args.context: args.context + rows], min(rows, 4))  # [<=4, V]
             return time.perf_counter() - t0, logits
 
     result = {"command": " ".join(["python -m asymagent.evals.probes.overhead_ab"] + (argv or [])),
               "threads": torch.get_num_threads(), "runtime": engine.runtime, "changes": {}}
     try:
-        for change, (before_setting, now_setting) in settings.items():
-            for rows in (1, 4):
+        for change in args.changes.split(","):
+            before_setting, now_setting = settings[change]
+            for rows in rows_of[change]:
                 for setting in (before_setting, now_setting):  # warm-up
                     forward(setting, rows)
                 before, now = [], []
@@ -89,6 +107,7 @@ def main(argv=None) -> int:
                       f"{ms_a / ms_b:.3f}x (identical logits)")
     finally:
         attention.pad_rows = packed_linear.pad_rows = pad_rows
+        attention._flat_mask = flat_mask
     if args.json:
         with open(args.json, "w") as f:
             json.dump(result, f, indent=1)
