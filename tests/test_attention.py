@@ -148,3 +148,6 @@ def test_prefill_path_builds_its_mask_once_per_forward(monkeypatch):
     _, _, _, other = _prefill_draw(torch.bfloat16, seed=4)  # the next forward: a new mask object
     attention.gqa_sdpa_forward(module, q, k, v, other, scaling=0.125)
     assert len(built) == 4
+    with attention.sdpa_converts_masks():  # the probe's "before": the bool mask, SDPA converts it
+        out, _ = attention.gqa_sdpa_forward(module, q, k, v, mask, scaling=0.125)
+    assert len(built) == 4 and torch.equal(out, want)

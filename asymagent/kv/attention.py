@@ -164,8 +164,23 @@ def _flat_mask(attention_mask: torch.Tensor, rows: int, dtype: torch.dtype) -> t
     in `dtype`, once per forward. SDPA converts a bool mask in every call (one `where` over q x L
     a layer: ~10% of a 490-token prefill over 5k cached tokens, measured); the kernel then reads
     the same additive mask, so every output bit is the same."""
+    if getattr(_MASKS, "bool_flat", False):  # sdpa_converts_masks(): as before, SDPA converts it
+        return pad_rows(attention_mask, rows, 2)
     return _memo(attention_mask, ("flat", rows, dtype),
                  lambda: _additive(pad_rows(attention_mask, rows, 2), dtype))
+
+
+@contextlib.contextmanager
+def sdpa_converts_masks():
+    """Inside the block (this thread) the per-head path hands SDPA the bool mask, which SDPA
+    converts in every layer, as before the additive form: what evals/probes/overhead_ab.py times
+    against it."""
+    saved = getattr(_MASKS, "bool_flat", False)
+    _MASKS.bool_flat = True
+    try:
+        yield
+    finally:
+        _MASKS.bool_flat = saved
 
 
 @contextlib.contextmanager

@@ -16,7 +16,7 @@ bit-identical; the medians and their ratio are reported.
   layer) vs once per forward (now);
 - `prefill_mask`: a `--prefill-rows`-token forward (an agent step's appended tool output, on the
   per-head path) with the bool mask handed to SDPA, which converts it in every layer (before), vs
-  its additive form built once per forward (now, kv/attention.py `_flat_mask`).
+  its additive form built once per forward (now; before: `attention.sdpa_converts_masks()`).
 """
 
 from __future__ import annotations
@@ -36,13 +36,6 @@ def pad_rows_repeat(x, floor: int, dim: int):
     reps = [1] * x.dim()
     reps[dim] = -(-floor // n)
     return x.repeat(*reps).narrow(dim, 0, floor)
-
-
-def flat_mask_bool(attention_mask, rows: int, dtype):
-    """The per-head path's mask before: rows padded, left bool (SDPA converts it in every layer)."""
-    from asymagent.modeling.row_floor import pad_rows
-
-    return pad_rows(attention_mask, rows, 2)
 
 
 def main(argv=None) -> int:
@@ -70,14 +63,13 @@ def main(argv=None) -> int:
     cache = ModelCache(engine.verifier)
     cache.prefill(ids[: args.context])
     settings = {"pad": ({"pad": pad_rows_repeat}, {}), "mask": ({"per_layer_masks": True}, {}),
-                "prefill_mask": ({"flat_mask": flat_mask_bool}, {})}
+                "prefill_mask": ({"sdpa_converts_masks": True}, {})}
     rows_of = {"pad": (1, 4), "mask": (1, 4), "prefill_mask": (args.prefill_rows,)}
-    flat_mask = attention._flat_mask
 
     def forward(setting: dict, rows: int):
         attention.pad_rows = packed_linear.pad_rows = setting.get("pad", pad_rows)
-        attention._flat_mask = setting.get("flat_mask", flat_mask)
-        masks = attention.per_layer_masks() if setting.get("per_layer_masks") else contextlib.nullcontext()
+        masks = (attention.per_layer_masks() if setting.get("per_layer_masks") else
+                 attention.sdpa_converts_masks() if setting.get("sdpa_converts_masks") else contextlib.nullcontext())
         cache.crop(args.context)
         with masks:
             t0 = time.perf_counter()
@@ -107,7 +99,6 @@ def main(argv=None) -> int:
                       f"{ms_a / ms_b:.3f}x (identical logits)")
     finally:
         attention.pad_rows = packed_linear.pad_rows = pad_rows
-        attention._flat_mask = flat_mask
     if args.json:
         with open(args.json, "w") as f:
             json.dump(result, f, indent=1)
