@@ -30,7 +30,7 @@ from typing import Annotated, Literal, Union
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
-from asymagent.context import query_keep
+from asymagent.context import id_keep, query_keep
 from asymagent.context.token_counting import TokenCounter
 
 _JSON_PUNCT = set('{}[]:,"')
@@ -65,6 +65,10 @@ class ToolOutputCompressor(BaseModel):
     # the order candidate rows are kept in: by score, or by score per token of budget (short rows
     # holding the task's ids before long filler paragraphs; query_keep.py)
     query_keep_rank: Literal["score", "per_token"] = "score"
+    # identifier keep (context/id_keep.py): tokens of the elided middle's rows holding ids, codes,
+    # paths or addresses that the kept text does not show (what later calls copy), besides the
+    # query-aware rows; 0 = off
+    id_keep_tokens: int = Field(0, ge=0)
     # the latest turn's outputs stay whole until the next assistant message, then are cut (a
     # rewrite of the view's end every step: the verifier re-prefills that output's cut form)
     keep_newest: bool = False
@@ -80,13 +84,18 @@ class ToolOutputCompressor(BaseModel):
         head_text, tail_text, omitted = ctx.counter.head_tail(text, head, tail)
         if omitted < min_omitted:
             return text
+        middle = text[len(head_text): len(text) - len(tail_text)]
+        spans = []
         budget = self.query_keep_tokens >> ctx.shrink
         if budget and ctx.query:
-            middle = text[len(head_text): len(text) - len(tail_text)]
             spans = query_keep.select(middle, ctx.query, budget, ctx.counter.count, context=text,
                                       rank=self.query_keep_rank)
-            if spans:
-                return query_keep.render(head_text, middle, tail_text, spans, ctx.counter.count)
+        id_budget = self.id_keep_tokens >> ctx.shrink
+        if id_budget:
+            spans = sorted(spans + id_keep.select(middle, id_budget, ctx.counter.count, taken=spans,
+                                                  seen=id_keep.identifiers(head_text + tail_text)))
+        if spans:
+            return query_keep.render(head_text, middle, tail_text, spans, ctx.counter.count)
         return f"{head_text}\n[... {omitted} tokens omitted ...]\n{tail_text}"
 
 
@@ -213,6 +222,11 @@ PRESETS: dict = {
     "query_keep_pt_192": {"compressors": [{"type": "tool_output", "query_keep_tokens": 192,
                                            "query_keep_rank": "per_token"}]},
     "query_keep_192": {"compressors": [{"type": "tool_output", "query_keep_tokens": 192}]},
+    "id_keep": {"compressors": [{"type": "tool_output", "query_keep_tokens": 96, "id_keep_tokens": 96}]},
+    "id_keep_192": {"compressors": [{"type": "tool_output", "query_keep_tokens": 96, "id_keep_tokens": 192}]},
+    "id_keep_64": {"compressors": [{"type": "tool_output", "query_keep_tokens": 96, "id_keep_tokens": 64}]},
+    "id_keep_32_16": {"compressors": [{"type": "tool_output", "head_tokens": 32, "tail_tokens": 16,
+                                       "query_keep_tokens": 96, "id_keep_tokens": 128}]},
     "newest": {"compressors": [{"type": "tool_output", "keep_newest": True}]},
     "newest_query_keep": {"compressors": [{"type": "tool_output", "keep_newest": True, "query_keep_tokens": 96}]},
     "query_keep_recall": {"compressors": [{"type": "tool_output", "query_keep_tokens": 96}], "max_recalls": 1},
