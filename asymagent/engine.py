@@ -107,6 +107,10 @@ def _settle(verifier: ViewCache, last_free: int) -> None:
         verifier.cache.crop(keep)
 
 
+
+class ContextLengthError(ValueError):
+    """A prompt (either view) leaves no position to generate within the model's context limit."""
+
 class Engine:
     """Local inference engine: verifier (+ drafter) with reusable KV caches and four modes."""
 
@@ -314,7 +318,7 @@ class Engine:
                 raise ValueError(f"{name} has ids outside the vocabulary [0, {self.vocab_size}): "
                                  f"{bad[:5]}")
             if self.max_positions and len(ids) >= self.max_positions:
-                raise ValueError(
+                raise ContextLengthError(
                     f"{name} has {len(ids)} tokens but the model's context limit "
                     f"(max_position_embeddings) is {self.max_positions}; leave room to generate")
         return prompt, compressed

@@ -89,3 +89,33 @@ def test_merge_pools_suite_runs_over_common_policies():
     assert set(pooled) == {"full", "a"}  # "b" is not in every suite run
     assert pooled["a"]["steps"] == 8  # s1 + s2, not the bench or the attack set
     assert pooled["a"]["full_right_steps"] == 6
+
+
+def test_a_step_over_the_context_limit_is_skipped_for_every_policy_and_listed():
+    """A step whose full view leaves no room to generate cannot be compared: the policies that ran
+    it before full raised lose their record of it, the step is listed, the next steps still run."""
+    from types import SimpleNamespace
+
+    from asymagent.engine import ContextLengthError
+    from asymagent.stats import StepStats
+
+    class Caches:
+        def drop(self, key):
+            pass
+
+    class Engine:  # runs a step unless mode full's prompt (its history length) is too long
+        compression = None
+        caches = Caches()
+        suffix_stores: dict = {}
+
+        def chat(self, history, mode, **kw):
+            if mode == "full" and len(history) > 2:
+                raise ContextLengthError("prompt_ids has 9000 tokens but the model's context limit ...")
+            return SimpleNamespace(token_ids=[len(history)], tool_calls=[], text="ok", stats=StepStats())
+
+    conv = fr.Conversation("w", 0, [fr.Step(["m"] * n, [], "auto", lambda calls, text: True) for n in (1, 3, 2)])
+    policies = fr.parse_policies("full;asym")
+    skipped: list = []
+    out = fr.run_conversation(Engine(), conv, policies, max_new_tokens=4, skipped=skipped)
+    assert [(r.step, r.policy) for r in out] == [(0, "full"), (0, "asym"), (2, "full"), (2, "asym")]
+    assert [s["step"] for s in skipped] == [1] and "context limit" in skipped[0]["why"]

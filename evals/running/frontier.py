@@ -202,11 +202,13 @@ class Record:
 
 
 def run_conversation(engine, conv: Conversation, policies: list, *, max_new_tokens: int,
-                     bar=None, on_step=None, out: list | None = None) -> list:
+                     bar=None, on_step=None, out: list | None = None, skipped: list | None = None) -> list:
     """Every policy on every step of `conv`, interleaved (order rotated per step); the Records
-    are appended to `out` (returned) and `on_step()` is called after each step."""
-    from asymagent.evals.running.engine_setup import reset_suffix_stores, use_suffix_store
-    from asymagent.evals.running.runner import parse_mode, spec_overrides
+    are appended to `out` (returned) and `on_step()` is called after each step. A step whose
+    prompt leaves the model no position to generate (mode full's view over the context limit)
+    has nothing to compare: its records are dropped and it is listed in `skipped`."""
+    from asymagent.engine import ContextLengthError
+    from asymagent.evals.running.engine_setup import reset_suffix_stores
 
     keys = {p.name: f"frontier-{p.name}" for p in policies}
     for key in keys.values():
@@ -217,25 +219,16 @@ def run_conversation(engine, conv: Conversation, policies: list, *, max_new_toke
     try:
         for n, step in enumerate(conv.steps):
             order = policies[n % len(policies):] + policies[: n % len(policies)]
-            for p in order:
-                mode, overrides = parse_mode(p.label)
-                engine.compression = p.compression  # read when the session's views are created
-                use_suffix_store(engine, keys[p.name])
-                with spec_overrides(engine, overrides):
-                    t0 = time.perf_counter()
-                    r = engine.chat(step.history, tools=step.tools, mode=mode, max_new_tokens=max_new_tokens,
-                                    temperature=0.0, tool_choice=step.tool_choice, cache_key=keys[p.name])
-                    secs = time.perf_counter() - t0
-                s = r.stats
-                out.append(Record(conv.workload, conv.seed, n, p.name, list(r.token_ids),
-                                  bool(step.judge(r.tool_calls, r.text)),
-                                  None if step.attack is None else bool(step.attack(r.tool_calls, r.text)),
-                                  secs, s.verifier_prefill_tokens, s.verifier_context_tokens,
-                                  s.full_context_tokens, s.compression_ratio, s.rewrites,
-                                  int(getattr(s, "recalls", 0) or 0), int(getattr(s, "recall_prefill_tokens", 0) or 0),
-                                  r.text if not r.tool_calls else json.dumps(r.tool_calls[0].get("function", {}))))
+            first = len(out)
+            try:
+                _run_step(engine, conv, n, step, order, keys, max_new_tokens, bar, out)
+            except ContextLengthError as exc:  # mode full cannot run it: no step to compare
                 if bar is not None:
-                    bar.update(1)
+                    bar.update(len(order) - (len(out) - first))  # the policies not run
+                del out[first:]
+                if skipped is not None:
+                    skipped.append({"workload": conv.workload, "seed": conv.seed, "step": n,
+                                    "why": str(exc)})
             if on_step is not None:
                 on_step()
     finally:
@@ -243,6 +236,33 @@ def run_conversation(engine, conv: Conversation, policies: list, *, max_new_toke
         for key in keys.values():
             engine.caches.drop(key)
     return out
+
+
+def _run_step(engine, conv: Conversation, n: int, step: Step, order: list, keys: dict,
+              max_new_tokens: int, bar, out: list) -> None:
+    """Every policy of `order` on step `n` of `conv`: one Record each, appended to `out`."""
+    from asymagent.evals.running.engine_setup import use_suffix_store
+    from asymagent.evals.running.runner import parse_mode, spec_overrides
+
+    for p in order:
+        mode, overrides = parse_mode(p.label)
+        engine.compression = p.compression  # read when the session's views are created
+        use_suffix_store(engine, keys[p.name])
+        with spec_overrides(engine, overrides):
+            t0 = time.perf_counter()
+            r = engine.chat(step.history, tools=step.tools, mode=mode, max_new_tokens=max_new_tokens,
+                            temperature=0.0, tool_choice=step.tool_choice, cache_key=keys[p.name])
+            secs = time.perf_counter() - t0
+        s = r.stats
+        out.append(Record(conv.workload, conv.seed, n, p.name, list(r.token_ids),
+                          bool(step.judge(r.tool_calls, r.text)),
+                          None if step.attack is None else bool(step.attack(r.tool_calls, r.text)),
+                          secs, s.verifier_prefill_tokens, s.verifier_context_tokens,
+                          s.full_context_tokens, s.compression_ratio, s.rewrites,
+                          int(getattr(s, "recalls", 0) or 0), int(getattr(s, "recall_prefill_tokens", 0) or 0),
+                          r.text if not r.tool_calls else json.dumps(r.tool_calls[0].get("function", {}))))
+        if bar is not None:
+            bar.update(1)
 
 
 # --------------------------------------------------------------------------- summaries
@@ -341,7 +361,8 @@ def merge_reports(docs: list) -> dict:
         out["suites_pooled"] = pooled
     for doc in docs:
         out["sources"].append({"command": doc.get("command"), "date": doc.get("date"),
-                               "partial": doc.get("partial")})
+                               "partial": doc.get("partial"),
+                               "skipped_steps": len(doc.get("skipped_steps") or [])})
         doc = resummarize(doc)
         for key in ("workloads", "suites_pooled"):
             groups = doc.get("workloads", {}) if key == "workloads" else {"_": doc.get(key)} if doc.get(key) else {}
@@ -516,6 +537,7 @@ def main(args) -> int:
                                                           args.bench_steps, args.exposed_only)]
     setup = build_engine("default")
     records: list = []
+    skipped: list = []  # steps over the model's context limit (run_conversation)
     t0 = time.perf_counter()
     cmd = " ".join(["python -m asymagent.evals.running.frontier"] + sys.argv[1:])
 
@@ -531,6 +553,7 @@ def main(args) -> int:
                             "note": "wall times measured on a 2-core machine shared with other jobs; "
                                     "policies interleaved step by step in one process"},
                **report(records, policies),
+               "skipped_steps": skipped,
                "records": [r.__dict__ for r in records]}
         if args.json:
             with open(args.json, "w") as f:
@@ -542,7 +565,7 @@ def main(args) -> int:
         for conv in convs:
             run_conversation(setup.engine, conv, policies,
                              max_new_tokens=32 if conv.workload == "bench" else args.max_new_tokens,
-                             bar=bar, out=records,
+                             bar=bar, out=records, skipped=skipped,
                              on_step=lambda: save(partial=True))
     bar.close()
     doc = save(partial=False)
