@@ -119,3 +119,22 @@ def test_a_step_over_the_context_limit_is_skipped_for_every_policy_and_listed():
     out = fr.run_conversation(Engine(), conv, policies, max_new_tokens=4, skipped=skipped)
     assert [(r.step, r.policy) for r in out] == [(0, "full"), (0, "asym"), (2, "full"), (2, "asym")]
     assert [s["step"] for s in skipped] == [1] and "context limit" in skipped[0]["why"]
+
+
+def test_gap_sources_names_the_parted_word_and_where_it_stands():
+    """evals/probes/gap_sources.py: the word full wrote where two outputs part, and whether the
+    reduced view had it (visible), only the full view had it (removed), or neither (unseen)."""
+    from asymagent.evals.probes.gap_sources import classify, parted_word
+
+    full = '{"name": "get_ticket", "arguments": {"ticket_id": "TCK-3335"}}'
+    other = '{"name": "get_ticket", "arguments": {"ticket_id": "TCK-5038"}}'
+    assert parted_word(full, other) == "TCK-3335"
+    assert parted_word('{"name": "list_dir", "arguments": {"path": "/srv/exports/finance"}}',
+                       '{"name": "list_dir", "arguments": {"path": "/srv/exports/ops"}}') == "srv/exports/finance"
+    assert parted_word('{"page": 2}', '{"page": 1}') == "2"
+    full_view, reduced = "TCK-3335 TCK-5038 finance/ ops/", "TCK-5038 [... 20 tokens omitted ...] ops/"
+    assert classify("TCK-3335", full_view, reduced) == "removed"
+    assert classify("TCK-5038", full_view, reduced) == "visible"
+    assert classify("TCK-9999", full_view, reduced) == "unseen"
+    assert classify("2", full_view, reduced) == "short"
+    assert classify("srv/exports/ops", full_view, reduced) == "visible"  # a path: its last part
