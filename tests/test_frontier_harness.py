@@ -138,3 +138,12 @@ def test_gap_sources_names_the_parted_word_and_where_it_stands():
     assert classify("TCK-9999", full_view, reduced) == "unseen"
     assert classify("2", full_view, reduced) == "short"
     assert classify("srv/exports/ops", full_view, reduced) == "visible"  # a path: its last part
+
+
+def test_a_policy_named_twice_is_refused():
+    """Each policy has its own cache session by name: a repeat would reuse the first one's cache
+    (and prefill nothing), so it is an error, not a second measurement."""
+    import pytest
+
+    with pytest.raises(ValueError, match="named twice: full"):
+        fr.parse_policies("full;spec;full;asym")

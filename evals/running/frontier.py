@@ -492,6 +492,10 @@ def parse_policies(text: str) -> list:
         out.append(Policy(name, label, CompressionConfig.from_any(comp)))
     if not any(p.name == "full" for p in out):
         raise ValueError("the frontier needs policy 'full' (fidelity and speed are relative to it)")
+    names = [p.name for p in out]
+    repeated = sorted({n for n in names if names.count(n) > 1})
+    if repeated:  # one cache session per name: a repeat would reuse the first one's cache
+        raise ValueError(f"policy named twice: {', '.join(repeated)}")
     return out
 
 
