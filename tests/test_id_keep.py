@@ -81,3 +81,12 @@ def test_id_keep_presets_validate():
     for name, budget in budgets.items():
         comp = CompressionConfig.preset(name).compressors[0]
         assert comp.id_keep_tokens == budget and comp.query_keep_tokens == 96
+
+
+def test_the_default_view_keeps_ids_and_the_query_rows():
+    """The default view (docs/context.md "Identifier keep"): head 64, tail 32, query keep 96 and
+    identifier keep 64 tokens (`id_keep_64`); `query_keep` names the view before it."""
+    comp = CompressionConfig().compressors[0]
+    assert (comp.head_tokens, comp.tail_tokens, comp.query_keep_tokens, comp.id_keep_tokens) == (64, 32, 96, 64)
+    assert CompressionConfig.preset("id_keep_64") == CompressionConfig()
+    assert CompressionConfig.preset("query_keep").compressors[0].id_keep_tokens == 0

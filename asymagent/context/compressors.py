@@ -196,6 +196,7 @@ Compressor = Annotated[
 
 
 DEFAULT_QUERY_KEEP_TOKENS = 96  # the default view's query-aware keep budget (docs/context.md)
+DEFAULT_ID_KEEP_TOKENS = 64  # the default view's identifier keep budget (docs/context.md)
 
 
 def _default_compressors() -> list:
@@ -204,7 +205,12 @@ def _default_compressors() -> list:
     # make the verifier prefill 1.3-1.8x more tokens over the run. Demotion stays the budget
     # fallback. Query-aware keep (issue 26, docs/context.md): the rows of the cut middle that
     # share rare words with the task come back, append-stably, for ~15% more verifier prefill.
-    return [ToolOutputCompressor(query_keep_tokens=DEFAULT_QUERY_KEEP_TOKENS)]
+    # Identifier keep (docs/context.md, "Identifier keep"): the cut middle's rows that carry ids
+    # the kept text does not show, within 64 more tokens: the most the view can take on the
+    # 30-step synthetic trace and stay within half of the full context (tests/test_views_synthetic.py:
+    # 0.47; 96 tokens gave 0.51), measured on dev seeds before the test seeds (docs/context.md).
+    return [ToolOutputCompressor(query_keep_tokens=DEFAULT_QUERY_KEEP_TOKENS,
+                                 id_keep_tokens=DEFAULT_ID_KEEP_TOKENS)]
 
 
 # Named settings: the views compared on the context frontier (docs/context.md).
@@ -214,7 +220,7 @@ PRESETS: dict = {
     "head_tail_32_16": {"compressors": [{"type": "tool_output", "head_tokens": 32, "tail_tokens": 16}]},
     "head_tail_128_64": {"compressors": [{"type": "tool_output", "head_tokens": 128, "tail_tokens": 64}]},
     "head_tail_256_128": {"compressors": [{"type": "tool_output", "head_tokens": 256, "tail_tokens": 128}]},
-    "query_keep": {"compressors": [{"type": "tool_output", "query_keep_tokens": 96}]},
+    "query_keep": {"compressors": [{"type": "tool_output", "query_keep_tokens": 96}]},  # the default before id_keep
     "query_keep_128_64": {"compressors": [{"type": "tool_output", "head_tokens": 128, "tail_tokens": 64,
                                            "query_keep_tokens": 96}]},
     "query_keep_pt": {"compressors": [{"type": "tool_output", "query_keep_tokens": 96,
@@ -224,7 +230,7 @@ PRESETS: dict = {
     "query_keep_192": {"compressors": [{"type": "tool_output", "query_keep_tokens": 192}]},
     "id_keep": {"compressors": [{"type": "tool_output", "query_keep_tokens": 96, "id_keep_tokens": 96}]},
     "id_keep_192": {"compressors": [{"type": "tool_output", "query_keep_tokens": 96, "id_keep_tokens": 192}]},
-    "id_keep_64": {"compressors": [{"type": "tool_output", "query_keep_tokens": 96, "id_keep_tokens": 64}]},
+    "id_keep_64": {"compressors": [{"type": "tool_output", "query_keep_tokens": 96, "id_keep_tokens": 64}]},  # the default
     "id_keep_32_16": {"compressors": [{"type": "tool_output", "head_tokens": 32, "tail_tokens": 16,
                                        "query_keep_tokens": 96, "id_keep_tokens": 128}]},
     "newest": {"compressors": [{"type": "tool_output", "keep_newest": True}]},
@@ -292,8 +298,8 @@ class CompressionConfig(BaseModel):
 
     @classmethod
     def default(cls) -> "CompressionConfig":
-        """tool_output with 64 head and 32 tail tokens and query-aware keep of 96 tokens
-        (why: docs/views.md, docs/context.md)."""
+        """tool_output with 64 head and 32 tail tokens, query-aware keep of 96 tokens and
+        identifier keep of 64 tokens (why: docs/views.md, docs/context.md)."""
         return cls()
 
     @classmethod
