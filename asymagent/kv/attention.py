@@ -171,28 +171,27 @@ def _flat_mask(attention_mask: torch.Tensor, rows: int, dtype: torch.dtype) -> t
 
 
 @contextlib.contextmanager
+def _switched(flag: str):
+    """`flag` of this thread's mask state set inside the block (the probes' "before" settings)."""
+    saved = getattr(_MASKS, flag, False)
+    setattr(_MASKS, flag, True)
+    try:
+        yield
+    finally:
+        setattr(_MASKS, flag, saved)
+
+
 def sdpa_converts_masks():
     """Inside the block (this thread) the per-head path hands SDPA the bool mask, which SDPA
     converts in every layer, as before the additive form: what evals/probes/overhead_ab.py times
     against it."""
-    saved = getattr(_MASKS, "bool_flat", False)
-    _MASKS.bool_flat = True
-    try:
-        yield
-    finally:
-        _MASKS.bool_flat = saved
+    return _switched("bool_flat")
 
 
-@contextlib.contextmanager
 def per_layer_masks():
     """Inside the block (this thread) the grouped mask is built in every layer, as before the
     once-per-forward memo: what evals/probes/overhead_ab.py times against it."""
-    saved = getattr(_MASKS, "per_layer", False)
-    _MASKS.per_layer = True
-    try:
-        yield
-    finally:
-        _MASKS.per_layer = saved
+    return _switched("per_layer")
 
 
 def _grouped_rows(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
