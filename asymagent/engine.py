@@ -107,9 +107,9 @@ def _settle(verifier: ViewCache, last_free: int) -> None:
         verifier.cache.crop(keep)
 
 
-
 class ContextLengthError(ValueError):
     """A prompt (either view) leaves no position to generate within the model's context limit."""
+
 
 class Engine:
     """Local inference engine: verifier (+ drafter) with reusable KV caches and four modes."""

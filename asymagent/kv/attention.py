@@ -21,8 +21,8 @@ thread count on the machine itself and the grouped path is taken only where it h
 
 Masks are handed to SDPA in the additive form it would make of them (0 / -inf), built once per
 forward and shared by every layer (`_memo`): the grouped rows' repeated mask, and the per-head
-path's, which a prefill uses (SDPA converting a 490 x 5k bool mask in each of 30 layers was ~10%
-of such a prefill).
+path's, which a prefill uses (SDPA converting a 490 x 5k bool mask in each of 30 layers cost ~5%
+of such a prefill at 2 threads).
 
 `use_gqa_attention(model)` switches a model that uses `sdpa` to this function ("asymagent_sdpa"
 in transformers' AttentionInterface); anything else (eager, flash, a model without grouped
@@ -153,17 +153,18 @@ def _memo(attention_mask: torch.Tensor, key: tuple, build) -> torch.Tensor:
 
 def _additive(mask: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
     """A bool mask as SDPA makes it additive (0 / -inf in the query's dtype; the same bits,
-    tests/test_attention_mask.py); a float mask unchanged."""
+    tests/test_attention.py); a float mask unchanged."""
     if mask.dtype != torch.bool:
         return mask
-    return torch.zeros(mask.shape, dtype=dtype).masked_fill_(~mask, float("-inf"))
+    return torch.zeros(mask.shape, dtype=dtype, device=mask.device).masked_fill_(~mask, float("-inf"))
 
 
 def _flat_mask(attention_mask: torch.Tensor, rows: int, dtype: torch.dtype) -> torch.Tensor:
     """The per-head path's mask [B, 1, q, L] -> [B, 1, rows, L]: its rows padded to `rows`, additive
     in `dtype`, once per forward. SDPA converts a bool mask in every call (one `where` over q x L
-    a layer: ~10% of a 490-token prefill over 5k cached tokens, measured); the kernel then reads
-    the same additive mask, so every output bit is the same."""
+    a layer; built once, a 490-token prefill over 4.5k cached tokens is ~5% faster at 2 threads,
+    docs/results.md); the kernel then reads the same additive mask, so every output bit is the
+    same."""
     if getattr(_MASKS, "bool_flat", False):  # sdpa_converts_masks(): as before, SDPA converts it
         return pad_rows(attention_mask, rows, 2)
     return _memo(attention_mask, ("flat", rows, dtype),
