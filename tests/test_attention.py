@@ -151,3 +151,13 @@ def test_prefill_path_builds_its_mask_once_per_forward(monkeypatch):
     with attention.sdpa_converts_masks():  # the probe's "before": the bool mask, SDPA converts it
         out, _ = attention.gqa_sdpa_forward(module, q, k, v, mask, scaling=0.125)
     assert len(built) == 4 and torch.equal(out, want)
+
+
+def test_additive_mask_is_made_on_the_masks_device():
+    """The per-head path also runs on CUDA: the additive mask must live where the bool mask does
+    (checked with the meta device, which every machine has)."""
+    from asymagent.kv.attention import _additive
+
+    mask = torch.ones(1, 1, 3, 8, dtype=torch.bool, device="meta")
+    out = _additive(mask, torch.bfloat16)
+    assert out.device.type == "meta" and out.dtype == torch.bfloat16 and out.shape == mask.shape
