@@ -25,12 +25,16 @@ def test_grid_is_one_knob_at_a_time_from_the_default():
     points = tune.grid_points(tune.DEFAULT_GRID, 100)
     assert points[0].name == "default" and points[0].spec == {} and points[0].compression is None
     names = [p.name for p in points]
-    assert len(names) == len(set(names)) == 15
+    assert len(names) == len(set(names)) == 16
     by = {p.name: p for p in points}
     assert by["k=4"].spec == {"k": 4, "adaptive_k": False}
     assert by["acceptance=cda,strict_prefix=16"].spec == {"acceptance": "cda", "strict_prefix": 16}
     assert by["tool_output=128/64"].compression_config().compressors[0].tail_tokens == 64
     assert by["compression=none"].compression_config().compressors == []
+    no_ids = by["id_keep_tokens=0"].compression_config().compressors[0]
+    assert no_ids.id_keep_tokens == 0 and no_ids.query_keep_tokens == 96  # the rest stays the default's
+    keep = [p.name for p in tune.grid_points(tune.parse_grid("id_keep_tokens=64,128;query_keep_tokens=0"), 100)]
+    assert keep == ["default", "id_keep_tokens=128", "query_keep_tokens=0"]  # 64 is the default's own
     grid = tune.parse_grid("k=2,4; head_tokens=64,256 ;suffix=false,true")
     assert grid == [("k", [2, 4]), ("head_tokens", [64, 256]), ("suffix", [False, True])]
     names = [p.name for p in tune.grid_points(grid, 100)]

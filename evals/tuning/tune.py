@@ -35,11 +35,13 @@ import statistics
 import time
 from dataclasses import dataclass, field
 
-COMPRESSION_KNOBS = ("head_tokens", "tail_tokens", "compression")
+COMPRESSION_KNOBS = ("head_tokens", "tail_tokens", "query_keep_tokens", "id_keep_tokens", "compression")
+KEEP_KNOBS = ("query_keep_tokens", "id_keep_tokens")  # the default view's keep budgets (docs/context.md)
 # (knob, values): each value changed alone from the default; the first knobs matter most
 DEFAULT_GRID = (
     ("head_tokens", [128, 32]),  # tool-output budget; tail_tokens follows at half unless given
     ("compression", ["none"]),  # the verifier reads the full view (asym without compression)
+    ("id_keep_tokens", [0]),  # the view without identifier keep (query keep only)
     ("acceptance", ["cda"]),
     ("strict_prefix", [16]),  # with cda: greedy for the first 16 tokens of each response
     ("k", [4, 2]),  # fixed K (adaptive_k off)
@@ -78,7 +80,8 @@ def point_for(knob: str, value) -> Point:
     name = f"{knob}={value}"
     if knob == "compression":
         if value != "none":
-            raise ValueError(f"compression={value!r}: only 'none' (tool-output budgets: head_tokens/tail_tokens)")
+            raise ValueError(f"compression={value!r}: only 'none' (tool-output budgets: head_tokens/tail_tokens, "
+                             f"query_keep_tokens, id_keep_tokens)")
         return Point(name, compression=CompressionConfig.none().model_dump(mode="json"))
     if knob in ("head_tokens", "tail_tokens"):
         # the default view's tool_output compressor with its budget changed (its other options,
@@ -89,6 +92,11 @@ def point_for(knob: str, value) -> Point:
         tail = int(value) if knob == "tail_tokens" else max(0, head // 2)
         name = f"tool_output={head}/{tail}"
         comp = CompressionConfig(compressors=[shipped.model_copy(update={"head_tokens": head, "tail_tokens": tail})])
+        return Point(name, compression=comp.model_dump(mode="json"))
+    if knob in KEEP_KNOBS:  # the default view with one keep budget changed
+        shipped = next((c for c in CompressionConfig().compressors if isinstance(c, ToolOutputCompressor)),
+                       ToolOutputCompressor())
+        comp = CompressionConfig(compressors=[shipped.model_copy(update={knob: int(value)})])
         return Point(name, compression=comp.model_dump(mode="json"))
     from asymagent.spec_config import SpecConfig
 
