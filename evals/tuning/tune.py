@@ -83,19 +83,17 @@ def point_for(knob: str, value) -> Point:
             raise ValueError(f"compression={value!r}: only 'none' (tool-output budgets: head_tokens/tail_tokens, "
                              f"query_keep_tokens, id_keep_tokens)")
         return Point(name, compression=CompressionConfig.none().model_dump(mode="json"))
+    # the default view's tool_output compressor with one budget changed (its other options, e.g.
+    # the keep budgets, stay the default's)
+    shipped = next((c for c in CompressionConfig().compressors if isinstance(c, ToolOutputCompressor)),
+                   ToolOutputCompressor())
     if knob in ("head_tokens", "tail_tokens"):
-        # the default view's tool_output compressor with its budget changed (its other options,
-        # e.g. query-aware keep, stay the default's)
-        shipped = next((c for c in CompressionConfig().compressors if isinstance(c, ToolOutputCompressor)),
-                       ToolOutputCompressor())
         head = int(value) if knob == "head_tokens" else shipped.head_tokens
         tail = int(value) if knob == "tail_tokens" else max(0, head // 2)
         name = f"tool_output={head}/{tail}"
         comp = CompressionConfig(compressors=[shipped.model_copy(update={"head_tokens": head, "tail_tokens": tail})])
         return Point(name, compression=comp.model_dump(mode="json"))
-    if knob in KEEP_KNOBS:  # the default view with one keep budget changed
-        shipped = next((c for c in CompressionConfig().compressors if isinstance(c, ToolOutputCompressor)),
-                       ToolOutputCompressor())
+    if knob in KEEP_KNOBS:
         comp = CompressionConfig(compressors=[shipped.model_copy(update={knob: int(value)})])
         return Point(name, compression=comp.model_dump(mode="json"))
     from asymagent.spec_config import SpecConfig
