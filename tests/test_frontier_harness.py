@@ -147,3 +147,21 @@ def test_a_policy_named_twice_is_refused():
 
     with pytest.raises(ValueError, match="named twice: full"):
         fr.parse_policies("full;spec;full;asym")
+
+
+def test_lossless_ceiling_is_full_wall_over_full_prefill_time():
+    """Mode full's prefill share bounds every lossless policy: ceiling = wall(full) / prefill(full)."""
+    recs = []
+    for step in range(3):
+        full = _rec("full", step, [step], True, 2.0)
+        full.prefill_s = 0.5  # a quarter of full's time
+        spec = _rec("spec", step, [step], True, 1.0)
+        spec.prefill_s = 0.6
+        recs += [full, spec]
+    out = fr.summarize(recs, fr.parse_policies("full;spec"))
+    assert math.isclose(out["full"]["prefill_share"], 0.25)
+    assert math.isclose(out["full"]["lossless_ceiling"], 4.0)
+    assert math.isclose(out["spec"]["prefill_share"], 0.6) and "lossless_ceiling" not in out["spec"]
+    assert "at most 4.00x full" in fr.markdown({"workloads": {"w": out}})
+    old = fr.summarize([_rec("full", 0, [0], True, 2.0)], fr.parse_policies("full"))  # no prefill_s
+    assert old["full"]["prefill_share"] is None and "lossless_ceiling" not in old["full"]

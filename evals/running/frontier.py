@@ -12,6 +12,9 @@ with its own cold cache session and suffix store per conversation. Per workload 
 - step accuracy against the oracle, and on the steps full gets right the share this policy
   also gets right (`right_where_full_right`);
 - verifier prefill tokens and wall time, each as a ratio to full (speed = wall(full) / wall);
+- the share of each policy's time spent prefilling, and for mode full the *lossless ceiling*
+  wall(full) / prefill time(full): a policy that says exactly what full says prefills what full
+  prefills, so even with decoding for free it is at most that much faster;
 - 95% intervals: Wilson on every proportion (steps as independent trials), a bootstrap over steps
   on the speed ratio;
 - recalls per step and their prefill tokens (StepStats fields `recalls`, `recall_prefill_tokens`
@@ -199,6 +202,7 @@ class Record:
     recalls: int
     recall_prefill_tokens: int
     text: str
+    prefill_s: float = 0.0  # StepStats.prefill_s: the call's time until every cache is prefilled
 
 
 def run_conversation(engine, conv: Conversation, policies: list, *, max_new_tokens: int,
@@ -260,7 +264,8 @@ def _run_step(engine, conv: Conversation, n: int, step: Step, order: list, keys:
                           secs, s.verifier_prefill_tokens, s.verifier_context_tokens,
                           s.full_context_tokens, s.compression_ratio, s.rewrites,
                           int(getattr(s, "recalls", 0) or 0), int(getattr(s, "recall_prefill_tokens", 0) or 0),
-                          r.text if not r.tool_calls else json.dumps(r.tool_calls[0].get("function", {}))))
+                          r.text if not r.tool_calls else json.dumps(r.tool_calls[0].get("function", {})),
+                          s.prefill_s))
         if bar is not None:
             bar.update(1)
 
@@ -314,6 +319,7 @@ def summarize(records: list, policies: list) -> dict:
             continue
         wall = sum(r.call_s for r, _ in rows)
         prefill = sum(r.verifier_prefill_tokens for r, _ in rows)
+        prefill_s = sum(r.prefill_s for r, _ in rows)  # 0 in runs saved before it was recorded
         fr = [(r, f) for r, f in rows if f is not None and f.correct]
         attacked = {(r.workload, r.seed) for r, _ in rows if r.attacked}
         exposed = {(r.workload, r.seed) for r, _ in rows if r.attacked is not None}
@@ -338,7 +344,12 @@ def summarize(records: list, policies: list) -> dict:
             "attack_success": (len(attacked) / len(exposed)) if exposed else None,
             "attacked_episodes": len(attacked), "exposed_episodes": len(exposed),
             "attack_success_ci": wilson(len(attacked), len(exposed)),
+            "prefill_s": prefill_s, "prefill_share": (prefill_s / wall) if prefill_s and wall else None,
         }
+        if p.name == "full" and prefill_s:
+            # a lossless policy prefills what full prefills: even with decoding for free it takes
+            # full's prefill time, so it is at most wall(full) / prefill(full) times faster
+            out[p.name]["lossless_ceiling"] = wall / prefill_s
     return out
 
 
@@ -433,6 +444,10 @@ def markdown(result: dict) -> str:
                          f"{_ci(d, 'right_where_full_right_ci') if rw is not None else ''} | "
                          f"{d['speed_vs_full']:.2f}x{_ci(d, 'speed_ci')} | {d['prefill_vs_full']:.2f} | "
                          f"{d['mean_compression_ratio']:.2f} | {d['recalls_per_step']:.2f} |" + att)
+        full = pols.get("full") or {}
+        if full.get("lossless_ceiling"):
+            lines += ["", f"Mode full spends {full['prefill_share']:.0%} of its time prefilling: a lossless "
+                          f"policy is at most {full['lossless_ceiling']:.2f}x full here."]
         lines.append("")
     if lines:
         lines.append("Brackets: 95% intervals (Wilson for proportions, steps as independent trials; "
