@@ -63,10 +63,10 @@ def select(middle: str, budget: int, count, *, seen: set = frozenset(), taken: l
     shown = set(seen)
     for s, e in taken:
         shown |= identifiers(middle[s:e])
-    taken = set(taken)
+    already = set(taken)
     candidates = []
     for i, (s, e) in enumerate(units):
-        if (s, e) in taken:
+        if (s, e) in already:
             continue
         text = middle[s:e]
         new = identifiers(text) - shown
