@@ -17,7 +17,7 @@ import pytest
 import torch
 
 import asymagent.decoding.loop as loop_mod
-from asymagent.decoding.adaptive_k import AdaptiveK
+from asymagent.decoding.adaptive_k import AdaptiveK, DraftChoice
 from asymagent.decoding.noise import KeyedNoise, key_seed
 from asymagent.engine import Engine
 from asymagent.spec_config import MODE_TABLE, SpecConfig
@@ -50,7 +50,12 @@ def chaotic_k(monkeypatch, chaos: int) -> None:
             if self.rounds >= 2 and rng.random() < 0.1:
                 self.enabled = False  # "speculation loses": plain steps from here on
 
+    class ChaoticChoice(DraftChoice):  # the loop asks the draft choice for probe steps
+        def want_probe(self) -> bool:
+            return self.enabled and self._spec_rounds > 0 and rng.random() < 0.2
+
     monkeypatch.setattr(loop_mod, "AdaptiveK", ChaoticK)
+    monkeypatch.setattr(loop_mod, "DraftChoice", ChaoticChoice)
 
 
 def test_keyed_noise_depends_on_the_key_only():

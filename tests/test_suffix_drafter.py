@@ -116,11 +116,13 @@ def test_draft_choice_switches_off_a_losing_source():
     choice = DraftChoice(AdaptiveK(k=2))
     assert choice.budgets(2, {"suffix": 8}) == {"suffix": 8, "model": 2}
     assert not choice.want_probe()
-    choice.record_round("suffix", 8, 0, 1, 0.0, 0.2)  # 1 token per 0.2 s
-    assert choice.want_probe()
-    choice.record_plain(0.05)  # plain: 20 tokens/s
-    for _ in range(4):
+    for _ in range(choice.min_rounds - 1):  # 1 token per 0.2 s
+        assert not choice.want_probe()  # t_plain decides nothing before a source can be judged
         choice.record_round("suffix", 8, 0, 1, 0.0, 0.2)
+    assert choice.want_probe()  # one round from the copied drafts' judgment
+    choice.record_plain(0.05)  # plain: 20 tokens/s
+    assert not choice.want_probe()
+    choice.record_round("suffix", 8, 0, 1, 0.0, 0.2)
     assert not choice.copy_enabled and choice.budgets(2, {"suffix": 8})["suffix"] == 0
     assert choice.enabled  # the model has not lost yet
     winner = DraftChoice(AdaptiveK(k=2))
@@ -129,3 +131,30 @@ def test_draft_choice_switches_off_a_losing_source():
     for _ in range(4):
         winner.record_round("suffix", 8, 7, 8, 0.0, 0.1)  # 80 tokens/s
     assert winner.copy_enabled
+
+
+def test_plain_probe_waits_for_a_judgment_of_the_model():
+    """Model rounds alone: the first probe comes when the drafter model is one round from being
+    judged against plain decoding, then every probe_every rounds."""
+    choice = DraftChoice(AdaptiveK(k=2))
+    for _ in range(choice.model.min_rounds - 1):
+        assert not choice.want_probe()
+        choice.record_round("model", 2, 2, 3, 0.01, 0.05)
+    assert choice.want_probe()
+    choice.record_plain(0.04)
+    for _ in range(choice.model.probe_every - 1):
+        choice.record_round("model", 2, 2, 3, 0.01, 0.05)
+        assert not choice.want_probe()
+    choice.record_round("model", 2, 2, 3, 0.01, 0.05)
+    assert choice.want_probe()
+
+
+def test_schedule_ab_undoes_only_the_deferral():
+    """The A/B probe's old rule (evals/probes/schedule_ab.py) probes after the first round, the
+    shipped rule does not: the probe's "old" path is the behaviour before the change."""
+    from asymagent.evals.probes.schedule_ab import _old_rule
+
+    choice = DraftChoice(AdaptiveK(k=2))
+    assert not _old_rule(choice) and not choice.want_probe()
+    choice.record_round("suffix", 16, 16, 17, 0.0, 0.06)
+    assert _old_rule(choice) and not choice.want_probe()

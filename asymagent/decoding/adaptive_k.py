@@ -9,8 +9,8 @@ than plain decoding (rate below (1 - margin) * 1/t_plain, after `min_rounds` mea
 
 Everything is measured in the request itself: alpha from the gate's verdicts (Laplace prior,
 (accepted + 1) / (reached + 2)), t_draft and t_verify(K) as running means of the rounds'
-timings, t_plain from one plain probe step after the first round (and again every
-`probe_every` rounds, since contexts grow). t_verify(K) for a K not tried yet is extrapolated
+timings, t_plain from one plain probe step once the switch-off is one round from being judged
+(and again every `probe_every` rounds, since contexts grow). t_verify(K) for a K not tried yet is extrapolated
 on the line through (0, t_plain) and the measured points.
 """
 
@@ -56,7 +56,9 @@ class AdaptiveK:
         """True when the next step should be a plain verifier step (to measure t_plain)."""
         if not self.enabled or self.rounds == 0:
             return False
-        return self.t_plain is None or self._since_probe >= self.probe_every
+        if self.t_plain is None:  # first needed when the switch-off can be judged
+            return self.rounds >= self.min_rounds - 1
+        return self._since_probe >= self.probe_every
 
     def record_plain(self, seconds: float) -> None:
         self.t_plain = self._mix(self.t_plain, seconds)
@@ -108,7 +110,8 @@ class DraftChoice:
     its rounds) is switched off for the rest of the request; with both off the step is plain.
     Copied drafts are asked first each round (they are free to propose); the model drafts when
     they have nothing. `budgets(k, copy_k)` is what `Decoder.spec_round` gets; the plain probe
-    (`want_probe`) runs after the first speculative round and every `probe_every` rounds.
+    (`want_probe`) runs when a source is one round from its judgment, then every `probe_every`
+    rounds.
     """
 
     model: AdaptiveK
@@ -129,9 +132,25 @@ class DraftChoice:
         return self.copy_enabled or self.model.enabled
 
     def want_probe(self) -> bool:
+        """True when the next step should be a plain verifier step measuring t_plain.
+
+        t_plain decides something only once a source has `min_rounds` rounds to be judged
+        on (switched off against plain), so the first probe waits until a judgment is one round
+        away: a request whose copied drafts carry it in one or two rounds (an agent's call
+        copying an earlier one) pays no plain forward. Then every `probe_every` rounds.
+        Speed only: the modes that adapt K give the same tokens whatever runs (plain steps
+        fuse like rounds)."""
         if not self.enabled or self._spec_rounds == 0:
             return False
-        return self.model.t_plain is None or self._since_probe >= self.model.probe_every
+        if self.model.t_plain is None:
+            return self._judgment_near()
+        return self._since_probe >= self.model.probe_every
+
+    def _judgment_near(self) -> bool:
+        """A source that is still on has one round left before it can be judged."""
+        copy = self.copy_enabled and self.copy_rounds >= self.min_rounds - 1
+        model = self.model.enabled and self.model.rounds >= self.model.min_rounds - 1
+        return copy or model
 
     def budgets(self, k: int, copy: dict) -> dict:
         """Draft budgets per drafter name for the next round (0 = that source is off).
