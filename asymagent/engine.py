@@ -424,7 +424,8 @@ class Engine:
                 stats.drafter_prefill_tokens += tokens
             drafting = Drafting(drafters=self._drafters(plan, full_view, drafter, sampling, noise,
                                                         constraint),
-                                drafter=drafter, base=base, head=self.head, fused=plan.mode.fused)
+                                drafter=drafter, base=base, head=self.head, fused=plan.mode.fused,
+                                rows=plan.drafter_rows)
         copy = CopyDelta(full_view, ver_view, self.spec.copy_weight, min_len=self.spec.copy_min_len,
                          rule=self.spec.copy_rule) if plan.copy_delta else None
         recorder = request.logprobs if isinstance(request.logprobs, LogprobRecorder) \
@@ -458,7 +459,7 @@ class Engine:
             elif name == "lookup":
                 out.append(LookupDrafter(full_view, sp.lookup_ngram, constraint))
             else:
-                out.append(ModelDrafter(drafter, self.head, bonus_row=plan.mode.fused,
+                out.append(ModelDrafter(drafter, self.head, bonus_row=plan.drafter_rows,
                                         temperature=sampling.temperature, noise=noise,
                                         constraint=constraint))
         return out

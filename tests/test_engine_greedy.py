@@ -84,12 +84,13 @@ def test_spec_greedy_equals_full_with_adaptive_k(verifier, full_outputs, kind):
         assert r.stats.rounds == 0 or 1.0 <= r.stats.mean_accepted_len <= spec.k_max + 1
 
 
-@pytest.mark.parametrize("mode", ["spec", "asym"])
-def test_one_view_rounds_take_the_gate_shortcut(verifier, monkeypatch, mode):
+@pytest.mark.parametrize("mode,acceptance", [("spec", "greedy"), ("asym", "greedy"), ("asym", "cda")])
+def test_one_view_rounds_take_the_gate_shortcut(verifier, monkeypatch, mode, acceptance):
     """spec, and asym without compression, tell the gate there is one drafter view (base None).
 
     The gate then skips two log-softmaxes, delta and JSD over [K+1, V] (~4 ms a round on CPU at
-    V=49k); mode spec passes no drafter rows at all (its target is the verifier)."""
+    V=49k); mode spec passes no drafter rows at all (its target is the verifier), nor does asym
+    when nothing reads them (greedy, beta 0); asym with cda passes them (cda reads them)."""
     import asymagent.decoding.round as round_mod
 
     seen = []
@@ -100,10 +101,11 @@ def test_one_view_rounds_take_the_gate_shortcut(verifier, monkeypatch, mode):
         return real(v, a, b, *args, **kwargs)
 
     monkeypatch.setattr(round_mod, "fused_gate", spy)
-    engine = Engine(verifier=verifier, drafter=noisy_copy(verifier, 0.6), spec=SpecConfig(k=2, lookup_ngram=0))
+    engine = Engine(verifier=verifier, drafter=noisy_copy(verifier, 0.6),
+                    spec=SpecConfig(k=2, lookup_ngram=0, acceptance=acceptance))
     engine.generate(random_prompts(1)[0], mode=mode, max_new_tokens=8)
     assert seen and all(seen_b for _, seen_b in seen)
-    assert all(seen_a == (mode == "spec") for seen_a, _ in seen)
+    assert all(seen_a == (acceptance != "cda") for seen_a, _ in seen)
 
 
 def test_asym_with_compression_reads_three_caches(verifier):
@@ -141,6 +143,42 @@ def test_asym_without_drafter_delta_skips_the_base_pass(verifier):
     # beta 0, greedy: the target is the compressed verifier (+ the copy delta, 0 on random
     # prompts without repeats of >= 3 tokens), so asym emits mode compressed's tokens
     assert outs["greedy"] == compressed.token_ids
+
+
+def test_asym_without_readers_skips_the_drafter_rows(verifier, monkeypatch):
+    """beta = 0, greedy (asym's defaults): the gate's target is the verifier's rows, so the
+    drafter's full-view rows at the verify positions are not computed (no bonus-row forward, no
+    head pass); the tokens equal those of a run that computes them, with copied and model drafts."""
+    import dataclasses
+
+    import asymagent.engine as engine_mod
+    from asymagent.decoding.model_drafter import DraftHead
+
+    prompts = [p + p[:10] for p in random_prompts(3, length=30, seed=5)]  # copied drafts too
+    drafter = noisy_copy(verifier, 0.4)
+    plan, head_rows = engine_mod.plan_request, DraftHead.full_logits
+    passes = []
+
+    def counted(self, hidden):
+        passes[-1] += 1
+        return head_rows(self, hidden)
+
+    monkeypatch.setattr(DraftHead, "full_logits", counted)
+
+    def run(rows: bool) -> list:
+        monkeypatch.setattr(engine_mod, "plan_request",
+                            lambda *a, **kw: dataclasses.replace(plan(*a, **kw), drafter_rows=rows))
+        engine = Engine(verifier=verifier, drafter=drafter, spec=SpecConfig(k=3))
+        passes.append(0)
+        outs = []
+        for p in prompts:
+            r = engine.generate(p, mode="asym", max_new_tokens=NEW, compressed_prompt_ids=p[8:])
+            assert r.stats.rounds > 0
+            outs.append(r.token_ids)
+        return outs
+
+    assert run(False) == run(True)
+    assert passes == [0, passes[1]] and passes[1] > 0  # skipped, then really computed
 
 
 def test_strict_prefix_uses_greedy_matching(verifier):

@@ -101,8 +101,11 @@ def test_plan_says_what_runs_and_why():
     assert set(p.reasons) >= {"verifier", "drafters", "base_pass", "copy_delta", "acceptance",
                               "adaptive_k", "escalation"}
     assert "base_pass: False" in p.describe()
+    assert not p.drafter_rows and "drafter_rows: False" in p.describe()  # nothing reads them
     cda = plan_request(asym, SpecConfig(acceptance="cda", strict_prefix=3), 0.7, two_views=True)
-    assert cda.base_pass and not cda.adaptive_k and not cda.suffix_store
+    assert cda.base_pass and cda.drafter_rows and not cda.adaptive_k and not cda.suffix_store
+    assert plan_request(asym, SpecConfig(acceptance="cda"), 0.0, two_views=False).drafter_rows
+    assert plan_request(asym, SpecConfig(beta=1.0), 0.0, two_views=True).drafter_rows
     assert cda.acceptance_at(0).perturb and cda.acceptance_at(2).gate == "greedy"
     assert cda.acceptance_at(3).gate == "cda"
     one = plan_request(asym, SpecConfig(beta=1.0), 0.0, two_views=False)

@@ -48,6 +48,10 @@ class RequestPlan:
     drafters: tuple = ()  # drafter names in the order a round asks them: suffix | lookup, model
     suffix_store: bool = False  # suffix drafts may copy from the engine's earlier responses
     base_pass: bool = False  # the drafter on the compressed view (beta, cda's base row, JSD)
+    # the drafter's full-view rows at the K+1 verify positions (asym): read by the base pass's
+    # delta and JSD, and by cda; with neither (asym's defaults) the gate's target is the
+    # verifier's rows and they are not computed
+    drafter_rows: bool = False
     copy_delta: bool = False  # decoding/copy_delta.py on the verifier's rows
     strict: Acceptance | None = None  # rule of the first `spec.strict_prefix` output positions
     acceptance: Acceptance | None = None  # rule of every later position
@@ -69,7 +73,8 @@ class RequestPlan:
     def describe(self) -> str:
         """One line per choice: `name: value (why)`."""
         values = {"verifier": self.verifier_role, "drafters": ",".join(self.drafters) or "none",
-                  "base_pass": self.base_pass, "copy_delta": self.copy_delta,
+                  "base_pass": self.base_pass, "drafter_rows": self.drafter_rows,
+                  "copy_delta": self.copy_delta,
                   "acceptance": None if self.acceptance is None else self.acceptance.rule,
                   "adaptive_k": self.adaptive_k, "escalation": self.escalation}
         return "\n".join(f"{k}: {v} ({self.reasons.get(k, '')})" for k, v in values.items())
@@ -114,6 +119,10 @@ def plan_request(mode: Mode, spec: SpecConfig, temperature: float, *, two_views:
     reasons["base_pass"] = ("beta > 0, cda or escalate_jsd on two views" if base else
                             "not asym on two views" if not (mode.fused and two_views) else
                             "beta=0, no cda, no escalation: nothing reads it")
+    rows = mode.fused and (base or spec.acceptance == "cda")
+    reasons["drafter_rows"] = ("the base pass or cda reads them" if rows else
+                               "not asym" if not mode.fused else
+                               "no base pass, no cda: the gate's target is the verifier's rows")
     copy = mode.fused and two_views and spec.copy_weight > 0
     reasons["copy_delta"] = ("copy_weight > 0 on two views" if copy else
                              "copy_weight=0" if mode.fused and two_views else "not asym on two views")
@@ -137,6 +146,7 @@ def plan_request(mode: Mode, spec: SpecConfig, temperature: float, *, two_views:
     reasons["escalation"] = (f"escalate_jsd={spec.escalate_jsd}" if escalation else
                              "escalate_jsd=None" if mode.fused else "not asym")
     return RequestPlan(mode=mode, spec=spec, temperature=temperature, verifier_role=role,
-                       drafters=drafters, suffix_store=store, base_pass=base, copy_delta=copy,
+                       drafters=drafters, suffix_store=store, base_pass=base, drafter_rows=rows,
+                       copy_delta=copy,
                        strict=strict, acceptance=later, adaptive_k=tune, escalation=escalation,
                        plain_beta=plain_beta, reasons=reasons)

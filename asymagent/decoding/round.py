@@ -42,13 +42,15 @@ class Drafting:
     """What a speculative request drafts with: the drafters in the order a round asks them
     (copied continuations first, then the drafter model), the drafter model's cache on the full
     view, its cache on the compressed view (`base`, None when the plan skips the base pass) and
-    its head; `fused` (mode asym) adds the drafter's rows to the gate."""
+    its head; `fused` (mode asym) fuses in the gate; `rows` (RequestPlan.drafter_rows) computes
+    the drafter's full-view rows at the verify positions for it (False: nothing reads them)."""
 
     drafters: list
     drafter: ViewCache
     base: ViewCache | None = None
     head: DraftHead | None = None
     fused: bool = False
+    rows: bool = True
 
 
 @dataclass(frozen=True)
@@ -82,6 +84,7 @@ class Decoder:
         d = drafting if drafting is not None else Drafting(drafters=[], drafter=None)
         self.drafters = tuple(d.drafters)  # asked in order each round; the first proposal wins
         self.drafter, self.base, self.head, self.fused = d.drafter, d.base, d.head, d.fused
+        self.rows = d.fused and d.rows  # the drafter's rows reach the gate (see Drafting)
         self.verifier_flops = 0.0  # prefill + every verifier forward of the request
         # asymagent/decoding/copy_delta.py CopyDelta (asym on two views): what only the full
         # view's removed text could be copied from, added to the verifier's rows; None: off
@@ -204,7 +207,7 @@ class Decoder:
             masks = [self.constraint.allowed_mask()]  # a fused plain step reads the mask itself
         position = self.position()  # output position of d_1 (row 0)
         ha = None  # [K+1, H] the drafter's full-view ("augmented") hidden states
-        if self.fused:
+        if self.rows:
             ha = drafts.hidden if drafts.hidden is not None else self.drafter.hidden(tokens, k + 1)
 
         # 2. Verify: the verifier scores K+1 positions in ONE forward on its (compressed) view.
@@ -214,13 +217,13 @@ class Decoder:
 
         # 3. Base pass: the drafter on the compressed view scores the same K tokens (O(K)).
         a = b = None  # [K+1, V] drafter rows on the full / compressed view (asym only)
-        if self.fused and self.base is not None:
+        if self.rows and self.base is not None:
             hb = self.base.hidden(tokens, k + 1)  # [K+1, H]
             # one head pass for both views: on CPU the [V, H] head read dominates a few-row
             # matmul, so 2(K+1) rows cost about what K+1 rows do
             ab = self.head.full_logits(torch.cat([ha, hb])).to(v.device)  # [2(K+1), V]
             a, b = mask_rows(ab[: k + 1], masks), mask_rows(ab[k + 1:], masks)
-        elif self.fused:  # one view: the base pass would reproduce the drafter (b = a, delta 0)
+        elif self.rows:  # one view: the base pass would reproduce the drafter (b = a, delta 0)
             a = mask_rows(self.head.full_logits(ha).to(v.device), masks)
 
         # 4. Gate: delta-fusion and the acceptance rule -> n accepted drafts + the next token.

@@ -1,6 +1,6 @@
-"""A/B of the decode schedule on the bench workload: when the plain probe runs, how long copied drafts are.
+"""A/B of the decode schedule on the bench workload: the plain probe, copied drafts' length, drafter rows.
 
-    python -m asymagent.evals.probes.schedule_ab [--change probe|lookup_k=N] [--modes spec,asym]
+    python -m asymagent.evals.probes.schedule_ab [--change probe|lookup_k=N|drafter_rows] [--modes spec,asym]
         [--steps 12] [--passes 2] [--threads 2] [--json PATH]
 
 One engine on the embedded default, the bench workload's teacher-forced steps (records dev seed
@@ -14,6 +14,8 @@ apart). "new" is the engine as shipped, "old" the change undone:
   (asymagent/decoding/adaptive_k.py `DraftChoice.want_probe`) runs after the first speculative
   round of every request (old) vs only once a source is one round from being judged (new).
 - `lookup_k=N`: copied drafts of at most N tokens a round (new) vs the shipped `lookup_k` (old).
+- `drafter_rows`: asym's rounds compute the drafter's full-view rows at the verify positions only
+  when something reads them (new; `RequestPlan.drafter_rows`) vs always (old).
 
 Reports per mode and pass group the wall seconds of each path, the ratio of the sums, the median
 per-step ratio, decode seconds, plain steps and rounds, and whether the output token ids are
@@ -50,6 +52,7 @@ def measure(change: str, modes: list, steps: int, passes: int, max_new_tokens: i
     import torch
     from tqdm.auto import tqdm
 
+    import asymagent.engine as engine_mod
     from asymagent.decoding.adaptive_k import DraftChoice
     from asymagent.evals.running.engine_setup import build_engine, reset_suffix_stores, use_suffix_store
     from asymagent.evals.running.frontier import bench_conversation
@@ -57,14 +60,19 @@ def measure(change: str, modes: list, steps: int, passes: int, max_new_tokens: i
     conv = bench_conversation(steps)
     engine = build_engine("default").engine
     reset_suffix_stores(engine)
-    shipped_rule, shipped_spec = DraftChoice.want_probe, engine.spec
-    if change == "probe":
+    shipped_rule, shipped_spec, shipped_plan = DraftChoice.want_probe, engine.spec, engine_mod.plan_request
+
+    def rows_always(*args, **kwargs):  # the plan before drafter rows were skipped
+        plan = shipped_plan(*args, **kwargs)
+        return dataclasses.replace(plan, drafter_rows=plan.mode.fused)
+
+    if change in ("probe", "drafter_rows"):
         specs = {"new": shipped_spec, "old": shipped_spec}
     elif change.startswith("lookup_k="):
         specs = {"new": dataclasses.replace(shipped_spec, lookup_k=int(change.split("=", 1)[1])),
                  "old": shipped_spec}
     else:
-        raise SystemExit(f"unknown --change {change!r} (probe, lookup_k=N)")
+        raise SystemExit(f"unknown --change {change!r} (probe, lookup_k=N, drafter_rows)")
     paths = {(m, p, g): _Path() for m in modes for p in ("new", "old") for g in ("first", "later")}
     identical = {m: True for m in modes}
     bar = tqdm(total=passes * len(conv.steps) * len(modes) * 2, desc=f"schedule A/B {change}")
@@ -80,6 +88,8 @@ def measure(change: str, modes: list, steps: int, passes: int, max_new_tokens: i
                             DraftChoice.want_probe = shipped_rule if (path == "new" or change != "probe") \
                                 else _old_rule
                             engine.spec = specs[path]
+                            engine_mod.plan_request = rows_always if (
+                                path == "old" and change == "drafter_rows") else shipped_plan
                             key = f"schedule-ab-{mode}-{path}"
                             use_suffix_store(engine, key)
                             t0 = time.perf_counter()
@@ -98,6 +108,7 @@ def measure(change: str, modes: list, steps: int, passes: int, max_new_tokens: i
     finally:
         bar.close()
         DraftChoice.want_probe, engine.spec = shipped_rule, shipped_spec
+        engine_mod.plan_request = shipped_plan
         for mode in modes:
             for path in ("new", "old"):
                 engine.caches.drop(f"schedule-ab-{mode}-{path}")
@@ -124,7 +135,7 @@ def measure(change: str, modes: list, steps: int, passes: int, max_new_tokens: i
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(prog="python -m asymagent.evals.probes.schedule_ab",
                                 description=__doc__.splitlines()[0])
-    p.add_argument("--change", default="probe", help="probe | lookup_k=N")
+    p.add_argument("--change", default="probe", help="probe | lookup_k=N | drafter_rows")
     p.add_argument("--modes", default="spec,asym")
     p.add_argument("--steps", type=int, default=12)
     p.add_argument("--passes", type=int, default=2, help="runs of the workload (later ones read the store)")
