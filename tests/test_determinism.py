@@ -52,7 +52,7 @@ def chaotic_k(monkeypatch, chaos: int) -> None:
 
     class ChaoticChoice(DraftChoice):  # the loop asks the draft choice for probe steps
         def want_probe(self) -> bool:
-            return self.enabled and self._spec_rounds > 0 and rng.random() < 0.2
+            return self.enabled and self.spec_rounds > 0 and rng.random() < 0.2
 
     monkeypatch.setattr(loop_mod, "AdaptiveK", ChaoticK)
     monkeypatch.setattr(loop_mod, "DraftChoice", ChaoticChoice)

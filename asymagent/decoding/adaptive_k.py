@@ -131,6 +131,16 @@ class DraftChoice:
         """Any speculation left for this request."""
         return self.copy_enabled or self.model.enabled
 
+    @property
+    def spec_rounds(self) -> int:
+        """Speculative rounds recorded in this request (any source)."""
+        return self._spec_rounds
+
+    @property
+    def since_probe(self) -> int:
+        """Speculative rounds since the last plain probe (or since the start)."""
+        return self._since_probe
+
     def want_probe(self) -> bool:
         """True when the next step should be a plain verifier step measuring t_plain.
 

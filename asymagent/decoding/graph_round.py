@@ -130,6 +130,7 @@ class GraphRound:
         d = self.decoder
         acc = rule.acceptance
         fused, has_base = bool(d.fused), d.fused and d.base is not None
+        rows = bool(d.rows)  # the drafter's rows reach the gate (RequestPlan.drafter_rows)
         bonus = drafter is not None and drafter.bonus_row
         sampled = d.temperature > 0.0
         temperature = float(d.temperature)
@@ -140,7 +141,7 @@ class GraphRound:
         d.verifier_flops += d.flops.forward(fed_v, len(d.verifier.cache))
         d.verifier_tokens_fed += fed_v
         readers = {"v": d.verifier}
-        if drafter is not None or fused:
+        if drafter is not None or rows:
             readers["d"] = d.drafter
         if has_base:
             readers["b"] = d.base
@@ -164,7 +165,7 @@ class GraphRound:
         gate = dict(k=k, gate=acc.gate, perturbed=bool(acc.perturb),
                     gate_noise=bool(acc.gate_noise), temperature=temperature,
                     beta=float(rule.beta), gamma=float(rule.gamma),
-                    fuse_bonus=bool(rule.fuse_bonus), fused=fused, has_base=has_base)
+                    fuse_bonus=bool(rule.fuse_bonus), fused=fused, rows=rows, has_base=has_base)
         hidden = proposal = None
         if drafter is not None:
             draft_fn = functools.partial(self._draft_body, k=k, temperature=temperature,
@@ -193,7 +194,7 @@ class GraphRound:
             drafts_in = torch.tensor(tokens, dtype=torch.long)  # [K] host
             # only the caches this call feeds: a capture puts their lengths back to the host
             # mirrors, which the drafting call (if any) has moved past
-            fed = [_static(d.verifier)] + ([_static(d.drafter)] if fused and hidden is None
+            fed = [_static(d.verifier)] + ([_static(d.drafter)] if rows and hidden is None
                                            else []) + ([_static(d.base)] if has_base else [])
             packed = self._call(key, fn, fed)(
                 tok_v=last["v"], tok_d=last.get("d") if hidden is None else None,
@@ -246,7 +247,7 @@ class GraphRound:
 
     def _verify_body(self, *, k: int, gate: str, perturbed: bool, gate_noise: bool,
                      temperature: float, beta: float, gamma: float, fuse_bonus: bool, fused: bool,
-                     has_base: bool, tok_v, tok_d, tok_b, drafts, proposal, hidden, copy_rows,
+                     rows: bool, has_base: bool, tok_v, tok_d, tok_b, drafts, proposal, hidden, copy_rows,
                      gumbel, uniform, expo) -> torch.Tensor:
         """Verify K+1, base pass, gate: [K drafts, n, next token, K+1 JSD] as float64. Device only."""
         d = self.decoder
@@ -261,7 +262,7 @@ class GraphRound:
         else:
             proposal = head.to_full(proposal)  # [K, V]
         a = b = None
-        if fused:
+        if rows:
             if hidden is None:  # copied drafts: the drafter's K+1 rows on the full view
                 fed = torch.cat([tok_d.view(1), drafts]).view(1, k + 1)
                 hidden = _static(d.drafter).step(fed, head=False)  # [K+1, H]

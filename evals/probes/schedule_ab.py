@@ -43,9 +43,9 @@ class _Path:
 
 def _old_rule(choice) -> bool:
     """`DraftChoice.want_probe` before the probe was deferred: after the first round."""
-    if not choice.enabled or choice._spec_rounds == 0:
+    if not choice.enabled or choice.spec_rounds == 0:
         return False
-    return choice.model.t_plain is None or choice._since_probe >= choice.model.probe_every
+    return choice.model.t_plain is None or choice.since_probe >= choice.model.probe_every
 
 
 def measure(change: str, modes: list, steps: int, passes: int, max_new_tokens: int) -> dict:
