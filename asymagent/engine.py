@@ -40,7 +40,7 @@ from asymagent.decoding.loop import LoopContext, decode_loop
 from asymagent.decoding.model_drafter import DraftHead, ModelDrafter
 from asymagent.decoding.noise import KeyedNoise
 from asymagent.decoding.plan import RequestPlan, plan_request
-from asymagent.decoding.round import Decoder, Drafting
+from asymagent.decoding.round import CPU_MAX_DRAFTS, Decoder, Drafting
 from asymagent.decoding.stopping import StopChecker, eos_ids
 from asymagent.decoding.suffix_drafter import SuffixDrafter
 from asymagent.decoding.suffix_store import SuffixStore
@@ -433,6 +433,8 @@ class Engine:
         decoder = Decoder(verifier, self.flops, sampling, noise=noise, constraint=constraint,
                           drafting=drafting, copy=copy, logprobs=recorder)
         decoder.verifier_flops = prefill_flops
+        if self.device.type == "cpu":
+            decoder.max_drafts = CPU_MAX_DRAFTS
 
         def escalate() -> None:  # finish on the full context (SpecConfig.escalate_jsd)
             full, tokens, flops = self._prefill_role(session, "verifier_full", full_view, n)

@@ -108,3 +108,27 @@ def test_sampling_with_lookup_matches_the_verifier(samples, position):
     assert p > 1e-3
     # every first round is a lookup round (the prompt's suffix always matches)
     assert samples["lookups"] >= N
+
+
+def test_cpu_rounds_verify_at_most_31_drafts(verifier, monkeypatch):
+    """A verify forward of more than 32 rows scores positions with other bits than a one-token
+    forward on the CPU (asymagent/decoding/round.py CPU_MAX_DRAFTS), so copied drafts are capped
+    at 31 whatever lookup_k asks, and spec still equals full."""
+    import asymagent.decoding.round as round_mod
+    from asymagent.decoding.round import CPU_MAX_DRAFTS
+
+    prompt = list(range(5, 45)) * 3  # a long repeat: prompt lookup could copy 40+ tokens
+    drafted = []
+    real = round_mod.Decoder._round
+
+    def spy(self, drafts, t0, rule):
+        drafted.append(len(drafts))
+        return real(self, drafts, t0, rule)
+
+    monkeypatch.setattr(round_mod.Decoder, "_round", spy)
+    spec = SpecConfig(k=2, lookup_ngram=3, lookup_k=48, suffix=False, adaptive_k=False)
+    engine = Engine(verifier=verifier, drafter=noisy_copy(verifier, 0.5), spec=spec)
+    full = engine.generate(prompt, mode="full", max_new_tokens=60).token_ids
+    r = engine.generate(prompt, mode="spec", max_new_tokens=60)
+    assert r.token_ids == full
+    assert drafted and max(drafted) <= CPU_MAX_DRAFTS == 31

@@ -136,6 +136,8 @@ def _step(decoder: Decoder, plan: RequestPlan, choice: DraftChoice, speculating:
     emitted, remaining, left = where
     k = min(choice.model.k if tune else spec.k, remaining - 1, left - 1)
     copy_k = min(spec.lookup_k, remaining - 1, left - 1)
+    if decoder.max_drafts is not None:  # the rows a verify forward may have (round.py)
+        k, copy_k = min(k, decoder.max_drafts), min(copy_k, decoder.max_drafts)
     budgets = {"suffix": copy_k, "lookup": copy_k}
     budgets = choice.budgets(k, budgets) if tune else {**budgets, "model": k}
     probe = tune and speculating and choice.want_probe()

@@ -33,8 +33,17 @@ from asymagent.decoding.noise import KeyedNoise
 from asymagent.decoding.plan import Acceptance
 from asymagent.decoding.sampling import NEG_INF, mask_rows, perturb, sample_token, top_p_filter
 from asymagent.kernels import fused_gate
+from asymagent.kv.attention import GROUP_ROWS
 from asymagent.kv.cache import ViewCache
 from asymagent.request import SamplingParams
+
+
+# On the CPU a verify forward scores a position with the bits a one-token forward gives only up
+# to GROUP_ROWS (32) rows (grouped attention rows, asymagent/kv/attention.py; measured on the
+# embedded verifier in bf16: 32 rows identical, 33 rows differ by up to 0.6 in a logit), so a
+# round verifies at most 31 drafts there, whatever lookup_k or k_max ask: the modes keep saying
+# the same token (spec lossless against full) at any setting.
+CPU_MAX_DRAFTS = GROUP_ROWS - 1
 
 
 @dataclass
@@ -92,6 +101,8 @@ class Decoder:
         self.verifier_tokens_fed = 0
         self.processors = LogitProcessors.of(sampling, prompt_ids=verifier.view.prompt)
         self.logprobs = logprobs
+        # most drafts a round may verify (None: no cap); the engine sets CPU_MAX_DRAFTS on the CPU
+        self.max_drafts: int | None = None
         # rounds as static-shape device calls on static caches (CUDA graphs), else None
         from asymagent.decoding.graph_round import graph_round_for
 
