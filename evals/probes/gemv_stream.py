@@ -77,6 +77,7 @@ def measure(repeats: int, rounds: int) -> dict:
     gbps = copy_gbps()
     return {"threads": torch.get_num_threads(), "layer_calls": LAYERS * len(SHAPES),
             "layer_bytes": layer_bytes, "head_bytes": head_bytes, "rounds": out, "median_s": med,
+            "median_ms": {k[:-2] + "_ms": v * 1e3 for k, v in med.items()},
             "gbps": {"layers_packed": layer_bytes / med["layers_packed_s"] / 1e9,
                      "head_packed": head_bytes / med["head_packed_s"] / 1e9,
                      "layers_mv": layer_bytes / med["layers_mv_s"] / 1e9},
