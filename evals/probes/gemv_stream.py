@@ -9,8 +9,11 @@ those shapes in the packed form the engine uses (asymagent/modeling/packed_linea
 120 layer calls in order, as a forward makes them, each weight different; (2) the head alone,
 one large call; (3) the same 120 calls through `torch.mv` on plain weights (another kernel);
 and reports each as GB/s of weights read, next to the machine's copy bandwidth
-(evals/bench/machine_limits.py, what the bench's weights-read bound divides by). Interleaved
-rounds, medians.
+(evals/bench/machine_limits.py, what the bench's weights-read bound divides by: bytes read plus
+written) and a read-only stream (a sum over 1 GiB, far larger than the cache). Then (4) the layer
+calls over the first 1, 2, 4, 8, 16 and 30 layers only (`working_set`): while the weights cycled
+fit the part of the last-level cache this process gets, they are read from there, not memory.
+Interleaved rounds, medians.
 """
 
 from __future__ import annotations
@@ -75,13 +78,26 @@ def measure(repeats: int, rounds: int) -> dict:
                         "layers_mv_s": _median(layers_mv, repeats)})
     med = {k: sorted(r[k] for r in out)[len(out) // 2] for k in out[0]}
     gbps = copy_gbps()
+    working = {}
+    for n in (1, 2, 4, 8, 16, LAYERS):
+        def some(n=n):
+            for layer in packed[:n]:
+                for (o, i), w in zip(SHAPES, layer):
+                    packed_forward(xs[i], w)
+        seconds = _median(some, max(repeats, 150 // n))
+        working[str(n)] = {"mb": layer_bytes / LAYERS * n / 1e6,
+                           "gbps": layer_bytes / LAYERS * n / seconds / 1e9}
+    big = torch.ones((1 << 30) // 4, dtype=torch.float32)  # [256M] 1 GiB
+    read_gbps = big.numel() * 4 / _median(big.sum, 5) / 1e9
+    del big
     return {"threads": torch.get_num_threads(), "layer_calls": LAYERS * len(SHAPES),
             "layer_bytes": layer_bytes, "head_bytes": head_bytes, "rounds": out, "median_s": med,
             "median_ms": {k[:-2] + "_ms": v * 1e3 for k, v in med.items()},
             "gbps": {"layers_packed": layer_bytes / med["layers_packed_s"] / 1e9,
                      "head_packed": head_bytes / med["head_packed_s"] / 1e9,
                      "layers_mv": layer_bytes / med["layers_mv_s"] / 1e9},
-            "copy_gbps": gbps, "load_average": os.getloadavg()[0]}
+            "copy_gbps": gbps, "read_gbps": read_gbps, "working_set": working,
+            "load_average": os.getloadavg()[0]}
 
 
 def main(argv=None) -> int:
@@ -105,7 +121,8 @@ def main(argv=None) -> int:
           f"{m['layers_packed_s'] * 1e3:.2f} ms ({g['layers_packed']:.1f} GB/s), mv "
           f"{m['layers_mv_s'] * 1e3:.2f} ms ({g['layers_mv']:.1f} GB/s); head, one call, "
           f"{doc['head_bytes'] / 1e6:.0f} MB: {m['head_packed_s'] * 1e3:.2f} ms ({g['head_packed']:.1f} GB/s); "
-          f"copy {doc['copy_gbps']:.1f} GB/s")
+          f"copy {doc['copy_gbps']:.1f} GB/s, read-only stream {doc['read_gbps']:.1f} GB/s")
+    print("working set: " + ", ".join(f"{w['mb']:.0f} MB {w['gbps']:.1f} GB/s" for w in doc["working_set"].values()))
     if args.json:
         with open(args.json, "w") as f:
             json.dump(doc, f, indent=1)
