@@ -272,4 +272,4 @@ class Decoder:
     def escalate(self, verifier: ViewCache) -> None:
         """Finish the response with `verifier` (the verifier on the full context): plain steps only."""
         self.score_pending()  # tokens the old verifier would have scored at its next forward
-        self.verifier, self.fused, self.copy = verifier, False, None
+        self.verifier, self.fused, self.rows, self.copy = verifier, False, False, None

@@ -19,7 +19,6 @@ Interleaved rounds, medians.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import sys
 import time
@@ -112,6 +111,8 @@ def main(argv=None) -> int:
 
     if args.threads:
         torch.set_num_threads(args.threads)
+    from asymagent.evals.bench.bench import write_json
+
     doc = measure(args.repeats, args.rounds)
     doc["command"] = "python -m asymagent.evals.probes.gemv_stream " + " ".join(
         argv if argv is not None else sys.argv[1:])
@@ -123,9 +124,7 @@ def main(argv=None) -> int:
           f"{doc['head_bytes'] / 1e6:.0f} MB: {m['head_packed_s'] * 1e3:.2f} ms ({g['head_packed']:.1f} GB/s); "
           f"copy {doc['copy_gbps']:.1f} GB/s, read-only stream {doc['read_gbps']:.1f} GB/s")
     print("working set: " + ", ".join(f"{w['mb']:.0f} MB {w['gbps']:.1f} GB/s" for w in doc["working_set"].values()))
-    if args.json:
-        with open(args.json, "w") as f:
-            json.dump(doc, f, indent=1)
+    write_json(args.json, doc)
     return 0
 
 

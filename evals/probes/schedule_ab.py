@@ -26,7 +26,6 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import json
 import os
 import statistics
 import sys
@@ -147,6 +146,8 @@ def main(argv=None) -> int:
         import torch
 
         torch.set_num_threads(args.threads)
+    from asymagent.evals.bench.bench import write_json
+
     doc = measure(args.change, [m.strip() for m in args.modes.split(",") if m.strip()], args.steps,
                   args.passes, args.max_new_tokens)
     doc["command"] = "python -m asymagent.evals.probes.schedule_ab " + " ".join(
@@ -157,9 +158,7 @@ def main(argv=None) -> int:
               f"(median step {r['median_step_speedup']:.2f}x)  decode {r['old_decode_s']:.2f} -> "
               f"{r['new_decode_s']:.2f} s  plain {r['old_plain_steps']} -> {r['new_plain_steps']}  "
               f"identical tokens: {r['identical_tokens']}")
-    if args.json:
-        with open(args.json, "w") as f:
-            json.dump(doc, f, indent=1)
+    write_json(args.json, doc)
     return 0 if all(r["identical_tokens"] for r in doc["results"].values()) else 1
 
 
