@@ -1,10 +1,13 @@
 """A/B of the decode schedule on the bench workload: the plain probe, copied drafts' length, drafter rows.
 
     python -m asymagent.evals.probes.schedule_ab [--change probe|lookup_k=N|drafter_rows] [--modes spec,asym]
-        [--steps 12] [--passes 2] [--threads 2] [--json PATH]
+        [--steps 12] [--passes 2] [--threads 2] [--workloads bench] [--episodes 2]
+        [--max-steps 6] [--json PATH]
 
 One engine on the embedded default, the bench workload's teacher-forced steps (records dev seed
-0, as `asymagent bench`), each mode run on both paths per step, interleaved and in alternating
+0, as `asymagent bench`; or `--workloads` of the frontier, evals/running/frontier.py: suites and
+domains on their test seeds, `--episodes` each, `--max-steps` spread steps an episode), each mode
+run on both paths per step, interleaved and in alternating
 order; each (mode, path) has its own cache session and its own store of earlier responses (the
 suffix drafter's), and the workload is run `--passes` times so that the later passes read a
 store that holds the earlier ones, as an agent's later episodes do (the first pass is reported
@@ -47,16 +50,19 @@ def _old_rule(choice) -> bool:
     return choice.model.t_plain is None or choice.since_probe >= choice.model.probe_every
 
 
-def measure(change: str, modes: list, steps: int, passes: int, max_new_tokens: int) -> dict:
+def measure(change: str, modes: list, steps: int, passes: int, max_new_tokens: int,
+            workloads: tuple = ("bench",), episodes: int = 2, max_steps: int = 6) -> dict:
     import torch
     from tqdm.auto import tqdm
 
     import asymagent.engine as engine_mod
     from asymagent.decoding.adaptive_k import DraftChoice
     from asymagent.evals.running.engine_setup import build_engine, reset_suffix_stores, use_suffix_store
-    from asymagent.evals.running.frontier import bench_conversation
+    from asymagent.engine import ContextLengthError
+    from asymagent.evals.running.frontier import conversations
 
-    conv = bench_conversation(steps)
+    convs = [c for w in workloads for c in conversations(w, "test", episodes, max_steps, steps)]
+    all_steps = [step for c in convs for step in c.steps]
     engine = build_engine("default").engine
     reset_suffix_stores(engine)
     shipped_rule, shipped_spec, shipped_plan = DraftChoice.want_probe, engine.spec, engine_mod.plan_request
@@ -74,13 +80,14 @@ def measure(change: str, modes: list, steps: int, passes: int, max_new_tokens: i
         raise SystemExit(f"unknown --change {change!r} (probe, lookup_k=N, drafter_rows)")
     paths = {(m, p, g): _Path() for m in modes for p in ("new", "old") for g in ("first", "later")}
     identical = {m: True for m in modes}
-    bar = tqdm(total=passes * len(conv.steps) * len(modes) * 2, desc=f"schedule A/B {change}")
+    skipped = 0  # (step, mode) pairs over the context limit
+    bar = tqdm(total=passes * len(all_steps) * len(modes) * 2, desc=f"schedule A/B {change}")
     n = 0
     try:
         with torch.inference_mode():
             for run in range(passes):
                 group = "first" if run == 0 else "later"
-                for step in conv.steps:
+                for step in all_steps:
                     for mode in modes:
                         tokens = {}
                         for path in (("new", "old") if n % 2 == 0 else ("old", "new")):
@@ -92,9 +99,14 @@ def measure(change: str, modes: list, steps: int, passes: int, max_new_tokens: i
                             key = f"schedule-ab-{mode}-{path}"
                             use_suffix_store(engine, key)
                             t0 = time.perf_counter()
-                            r = engine.chat(step.history, tools=step.tools, mode=mode,
-                                            max_new_tokens=max_new_tokens, temperature=0.0,
-                                            tool_choice=step.tool_choice, cache_key=key)
+                            try:
+                                r = engine.chat(step.history, tools=step.tools, mode=mode,
+                                                max_new_tokens=max_new_tokens, temperature=0.0,
+                                                tool_choice=step.tool_choice, cache_key=key)
+                            except ContextLengthError:  # over the model's limit: as the frontier,
+                                skipped += 1  # the step is left out (both paths: same prompt)
+                                bar.update(2)
+                                break
                             rec = paths[(mode, path, group)]
                             rec.wall.append(time.perf_counter() - t0)
                             rec.decode_s += r.stats.decode_s
@@ -102,7 +114,8 @@ def measure(change: str, modes: list, steps: int, passes: int, max_new_tokens: i
                             rec.plain += (r.stats.draft_source or {}).get("plain", 0)
                             tokens[path] = list(r.token_ids)
                             bar.update(1)
-                        identical[mode] &= tokens["new"] == tokens["old"]
+                        if len(tokens) == 2:
+                            identical[mode] &= tokens["new"] == tokens["old"]
                         n += 1
     finally:
         bar.close()
@@ -125,7 +138,9 @@ def measure(change: str, modes: list, steps: int, passes: int, max_new_tokens: i
                 "new_rounds": new.rounds, "old_rounds": old.rounds,
                 "new_plain_steps": new.plain, "old_plain_steps": old.plain,
                 "identical_tokens": identical[mode], "new_step_s": new.wall, "old_step_s": old.wall}
-    return {"change": change, "steps": len(conv.steps), "passes": passes, "modes": modes,
+    return {"change": change, "workloads": list(workloads), "steps": len(all_steps),
+            "skipped_over_limit": skipped, "passes": passes,
+            "modes": modes,
             "threads": torch.get_num_threads(), "max_new_tokens": max_new_tokens,
             "shipped_lookup_k": shipped_spec.lookup_k, "runtime": engine.runtime, "results": results,
             "load_average": os.getloadavg()[0]}
@@ -136,7 +151,10 @@ def main(argv=None) -> int:
                                 description=__doc__.splitlines()[0])
     p.add_argument("--change", default="probe", help="probe | lookup_k=N | drafter_rows")
     p.add_argument("--modes", default="spec,asym")
-    p.add_argument("--steps", type=int, default=12)
+    p.add_argument("--steps", type=int, default=12, help="bench steps")
+    p.add_argument("--workloads", default="bench", help="bench, suites or domain:NAME, comma separated")
+    p.add_argument("--episodes", type=int, default=2, help="test-seed episodes a suite")
+    p.add_argument("--max-steps", type=int, default=6, help="steps an episode, spread over it")
     p.add_argument("--passes", type=int, default=2, help="runs of the workload (later ones read the store)")
     p.add_argument("--max-new-tokens", type=int, default=32)
     p.add_argument("--threads", type=int, default=0, help="torch threads (0: leave as is)")
@@ -149,7 +167,9 @@ def main(argv=None) -> int:
     from asymagent.evals.bench.bench import write_json
 
     doc = measure(args.change, [m.strip() for m in args.modes.split(",") if m.strip()], args.steps,
-                  args.passes, args.max_new_tokens)
+                  args.passes, args.max_new_tokens,
+                  tuple(w.strip() for w in args.workloads.split(",") if w.strip()), args.episodes,
+                  args.max_steps)
     doc["command"] = "python -m asymagent.evals.probes.schedule_ab " + " ".join(
         argv if argv is not None else sys.argv[1:])
     doc["date"] = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())
