@@ -42,9 +42,6 @@ def chaotic_k(monkeypatch, chaos: int) -> None:
     rng = random.Random(chaos)
 
     class ChaoticK(AdaptiveK):
-        def want_probe(self) -> bool:
-            return self.enabled and self.rounds > 0 and rng.random() < 0.2
-
         def _choose(self) -> None:
             self.k = rng.randint(self.k_min, self.k_max)
             if self.rounds >= 2 and rng.random() < 0.1:

@@ -9,8 +9,8 @@ than plain decoding (rate below (1 - margin) * 1/t_plain, after `min_rounds` mea
 
 Everything is measured in the request itself: alpha from the gate's verdicts (Laplace prior,
 (accepted + 1) / (reached + 2)), t_draft and t_verify(K) as running means of the rounds'
-timings, t_plain from one plain probe step once the switch-off is one round from being judged
-(and again every `probe_every` rounds, since contexts grow). t_verify(K) for a K not tried yet is extrapolated
+timings, t_plain from plain probe steps that `DraftChoice.want_probe` schedules (once a source is
+one round from being judged, and again every `probe_every` rounds, since contexts grow). t_verify(K) for a K not tried yet is extrapolated
 on the line through (0, t_plain) and the measured points.
 """
 
@@ -47,26 +47,15 @@ class AdaptiveK:
     t_draft: float | None = None  # seconds per draft token (drafter + base pass)
     t_plain: float | None = None  # seconds per plain verifier step
     t_verify: dict = field(default_factory=dict)  # K -> seconds per verify (forward + gate)
-    _since_probe: int = 0
 
     def _mix(self, old: float | None, new: float) -> float:
         return running_mean(old, new, self.ema)
 
-    def want_probe(self) -> bool:
-        """True when the next step should be a plain verifier step (to measure t_plain)."""
-        if not self.enabled or self.rounds == 0:
-            return False
-        if self.t_plain is None:  # first needed when the switch-off can be judged
-            return self.rounds >= self.min_rounds - 1
-        return self._since_probe >= self.probe_every
-
     def record_plain(self, seconds: float) -> None:
         self.t_plain = self._mix(self.t_plain, seconds)
-        self._since_probe = 0
 
     def record_round(self, k: int, accepted: int, draft_s: float, verify_s: float) -> None:
         self.rounds += 1
-        self._since_probe += 1
         self.accepted += accepted
         self.reached += accepted + (1 if accepted < k else 0)
         self.t_draft = self._mix(self.t_draft, draft_s / max(k, 1))

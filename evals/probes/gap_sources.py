@@ -103,6 +103,8 @@ def main(argv=None) -> int:
     p.add_argument("--policy", default="asym")
     p.add_argument("--json", metavar="PATH")
     args = p.parse_args(argv)
+    from asymagent.evals.bench.bench import write_json
+
     runs = [json.load(open(path)) for path in args.frontier.split(",") if path.strip()]
     result = probe(runs, args.policy)
     given = sys.argv[1:] if argv is None else argv
@@ -110,9 +112,7 @@ def main(argv=None) -> int:
     for w, c in list(result["workloads"].items()) + [("total", result["total"])]:
         print(f"{w:16s} steps {c['steps']:3d}  differ {c['differ']:3d}: removed {c['removed']:3d}  "
               f"visible {c['visible']:3d}  unseen {c['unseen']:3d}  short {c['short']:3d}")
-    if args.json:
-        with open(args.json, "w") as f:
-            json.dump(result, f, indent=1)
+    write_json(args.json, result)
     return 0
 
 
