@@ -53,6 +53,7 @@ _registered = False
 ATTENTION_CANDIDATES = (2, 4, 8)  # row floors the probe tries, smallest first
 
 
+@torch.compiler.assume_constant_result  # under torch.compile: called once while tracing, a constant
 def attention_floor(dtype: torch.dtype, threads: int | None = None) -> int:
     """Query rows a masked attention call on the CPU needs so that each row gets the bits it gets
     in any few-row call (asymagent/modeling/row_floor.py): the smallest of ATTENTION_CANDIDATES
@@ -214,6 +215,7 @@ def _grouped_rows(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
     return out.view(b, hq, rows, d)[:, :, :q_len].transpose(1, 2).contiguous(), None  # [B, q, Hq, D]
 
 
+@torch.compiler.assume_constant_result  # under torch.compile: called once while tracing, a constant
 def grouped_rows_exact(threads: int | None = None) -> bool:
     """Whether `_grouped_rows` gives the per-head call's bits on this CPU at this thread count;
     probed once per thread count (27 small attention calls, a few ms).
