@@ -1,5 +1,7 @@
 """GQA-aware sdpa (asymagent/kv/attention.py): same logits as transformers' sdpa, masks still built."""
 
+import contextlib
+
 import torch
 
 from asymagent.kv.attention import ATTN_NAME, use_gqa_attention
@@ -161,3 +163,78 @@ def test_additive_mask_is_made_on_the_masks_device():
     mask = torch.ones(1, 1, 3, 8, dtype=torch.bool, device="meta")
     out = _additive(mask, torch.bfloat16)
     assert out.device.type == "meta" and out.dtype == torch.bfloat16 and out.shape == mask.shape
+
+
+def test_fresh_prefill_runs_causal_with_the_masks_bits(monkeypatch):
+    """A prefill on an empty cache (the mask exactly causal from position 0, an aligned read's
+    masked tail included) runs as `is_causal` (the kernel skips the blocks above the diagonal):
+    the same bits as the masked call, in bf16 and float32, at sizes under and over the kernel's
+    512-key blocks; with a position before the first row (a cache) it stays masked."""
+    import asymagent.kv.attention as attention
+
+    sdpa = torch.nn.functional.scaled_dot_product_attention
+    causal_calls = []
+
+    def recording(*args, **kwargs):
+        causal_calls.append(bool(kwargs.get("is_causal", False)))
+        return sdpa(*args, **kwargs)
+
+    module = torch.nn.Module()
+    module.num_key_value_groups = 3
+    for dtype in (torch.bfloat16, torch.float32):
+        for rows in (64, 100, 490, 1000):
+            keys = -(-rows // 64) * 64 + (64 if rows == 64 else 0)  # aligned; one with a longer tail
+            g = torch.Generator().manual_seed(rows)
+            q = torch.randn(1, 9, rows, 64, generator=g).to(dtype)
+            k = torch.randn(1, 3, keys, 64, generator=g).to(dtype)
+            v = torch.randn(1, 3, keys, 64, generator=g).to(dtype)
+            mask = (torch.arange(keys)[None, :] <= torch.arange(rows)[:, None])[None, None]
+            want = sdpa(q, k, v, attn_mask=mask, scale=0.125, enable_gqa=True).transpose(1, 2)
+            monkeypatch.setattr(torch.nn.functional, "scaled_dot_product_attention", recording)
+            causal_calls.clear()
+            got, _ = attention.gqa_sdpa_forward(module, q, k, v, mask, scaling=0.125)
+            with attention.masked_fresh_prefill():  # the path before, for the A/B
+                before, _ = attention.gqa_sdpa_forward(module, q, k, v, mask.clone(), scaling=0.125)
+            monkeypatch.setattr(torch.nn.functional, "scaled_dot_product_attention", sdpa)
+            assert causal_calls == [True, False], (dtype, rows)
+            assert torch.equal(got, want) and torch.equal(before, want), (dtype, rows)
+    q, k, v, mask = _prefill_draw(torch.bfloat16)  # 70 rows after 629 cached positions
+    monkeypatch.setattr(torch.nn.functional, "scaled_dot_product_attention", recording)
+    causal_calls.clear()
+    attention.gqa_sdpa_forward(module, q, k, v, mask, scaling=0.125)
+    assert causal_calls == [False]
+
+
+def test_fresh_prefill_of_a_model_is_unchanged_by_the_causal_path(monkeypatch):
+    """The engine's path (ModelCache: a GrowingCache with aligned reads in bf16, the lean forward
+    where it attaches): a prefill from an empty cache takes the causal call in every layer and
+    gives the logits it gives under its mask; a later chunk on the cache stays masked."""
+    import asymagent.kv.attention as attention
+    from asymagent.kv.cache import ModelCache
+
+    sdpa = torch.nn.functional.scaled_dot_product_attention
+    causal_calls = []
+
+    def recording(*args, **kwargs):
+        causal_calls.append(bool(kwargs.get("is_causal", False)))
+        return sdpa(*args, **kwargs)
+
+    torch.manual_seed(5)
+    ids = torch.randint(0, 256, (300,)).tolist()
+    model = make_tiny_llama(heads=4, kv_heads=2).to(torch.bfloat16)
+    assert use_gqa_attention(model)
+    out = {}
+    monkeypatch.setattr(torch.nn.functional, "scaled_dot_product_attention", recording)
+    for path in ("causal", "masked"):
+        switch = attention.masked_fresh_prefill() if path == "masked" else contextlib.nullcontext()
+        cache = ModelCache(model)
+        causal_calls.clear()
+        with switch:
+            first = cache.forward_logits(ids[:200], keep=200)  # [200, V] from an empty cache
+            later = cache.forward_logits(ids[200:], keep=100)  # [100, V] on 200 cached
+        out[path] = (first, later, list(causal_calls))
+    layers = model.config.num_hidden_layers
+    assert out["causal"][2] == [True] * layers + [False] * layers
+    assert out["masked"][2] == [False] * (2 * layers)
+    assert torch.equal(out["causal"][0], out["masked"][0])
+    assert torch.equal(out["causal"][1], out["masked"][1])

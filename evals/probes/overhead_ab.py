@@ -1,7 +1,7 @@
-"""Three per-forward overheads of the CPU forward, before and after, interleaved: row-floor padding, the grouped mask, the prefill mask.
+"""Per-forward overheads of the CPU forward, before and after, interleaved: row-floor padding, the grouped mask, the prefill mask, the fresh prefill's causal call.
 
     python -m asymagent.evals.probes.overhead_ab [--context 1000] [--repeats 25] [--threads 2] \
-        [--prefill-rows 490] [--changes pad,mask,prefill_mask] [--json PATH]
+        [--prefill-rows 490] [--changes pad,mask,prefill_mask,fresh_causal] [--json PATH]
 
 One process, the embedded verifier as the engine loads it (bf16 where the CPU has bf16 units,
 packed linears, lean forward, row floors, grouped attention rows), `--context` random tokens
@@ -16,7 +16,11 @@ bit-identical; the medians and their ratio are reported.
   layer) vs once per forward (now);
 - `prefill_mask`: a `--prefill-rows`-token forward (an agent step's appended tool output, on the
   per-head path) with the bool mask handed to SDPA, which converts it in every layer (before), vs
-  its additive form built once per forward (now; before: `attention.sdpa_converts_masks()`).
+  its additive form built once per forward (now; before: `attention.sdpa_converts_masks()`);
+- `fresh_causal`: a prefill of `--prefill-rows` and of 1024 tokens on an EMPTY cache (a
+  conversation's first prompt, a long prompt's first chunk) under its mask (before:
+  `attention.masked_fresh_prefill()`) vs as SDPA's `is_causal` (now: the kernel skips the blocks
+  above the diagonal).
 """
 
 from __future__ import annotations
@@ -44,7 +48,7 @@ def main(argv=None) -> int:
     p.add_argument("--repeats", type=int, default=25)
     p.add_argument("--threads", type=int, default=None)
     p.add_argument("--prefill-rows", type=int, default=490, help="rows of the prefill_mask forward")
-    p.add_argument("--changes", default="pad,mask,prefill_mask")
+    p.add_argument("--changes", default="pad,mask,prefill_mask,fresh_causal")
     p.add_argument("--json", metavar="PATH")
     args = p.parse_args(argv)
 
@@ -59,21 +63,26 @@ def main(argv=None) -> int:
     if args.threads:
         torch.set_num_threads(args.threads)
     engine = Engine.from_default()
-    ids = torch.randint(100, 40000, (args.context + max(8, args.prefill_rows),), generator=torch.Generator().manual_seed(0)).tolist()
+    ids = torch.randint(100, 40000, (args.context + max(1024, args.prefill_rows),), generator=torch.Generator().manual_seed(0)).tolist()
     cache = ModelCache(engine.verifier)
     cache.prefill(ids[: args.context])
     settings = {"pad": ({"pad": pad_rows_repeat}, {}), "mask": ({"per_layer_masks": True}, {}),
-                "prefill_mask": ({"sdpa_converts_masks": True}, {})}
-    rows_of = {"pad": (1, 4), "mask": (1, 4), "prefill_mask": (args.prefill_rows,)}
+                "prefill_mask": ({"sdpa_converts_masks": True}, {}),
+                "fresh_causal": ({"masked_fresh": True, "fresh": True}, {"fresh": True})}
+    rows_of = {"pad": (1, 4), "mask": (1, 4), "prefill_mask": (args.prefill_rows,),
+               "fresh_causal": (args.prefill_rows, 1024)}
+    fresh = ModelCache(engine.verifier)  # the fresh_causal forwards: an empty cache each time
 
     def forward(setting: dict, rows: int):
         attention.pad_rows = packed_linear.pad_rows = setting.get("pad", pad_rows)
         masks = (attention.per_layer_masks() if setting.get("per_layer_masks") else
-                 attention.sdpa_converts_masks() if setting.get("sdpa_converts_masks") else contextlib.nullcontext())
-        cache.crop(args.context)
+                 attention.sdpa_converts_masks() if setting.get("sdpa_converts_masks") else
+                 attention.masked_fresh_prefill() if setting.get("masked_fresh") else contextlib.nullcontext())
+        on, start = (fresh, 0) if setting.get("fresh") else (cache, args.context)
+        on.crop(start)
         with masks:
             t0 = time.perf_counter()
-            logits = cache.forward_logits(ids[args.context: args.context + rows], min(rows, 4))  # [<=4, V]
+            logits = on.forward_logits(ids[start: start + rows], min(rows, 4))  # [<=4, V]
             return time.perf_counter() - t0, logits
 
     result = {"command": " ".join(["python -m asymagent.evals.probes.overhead_ab"] + (argv or [])),
