@@ -238,3 +238,22 @@ def test_fresh_prefill_of_a_model_is_unchanged_by_the_causal_path(monkeypatch):
     assert out["masked"][2] == [False] * (2 * layers)
     assert torch.equal(out["causal"][0], out["masked"][0])
     assert torch.equal(out["causal"][1], out["masked"][1])
+
+
+def test_fresh_prefill_stays_masked_off_the_cpu(monkeypatch):
+    """The causal call is taken on the CPU only (what was measured; a CUDA kernel may align a
+    non-square causal mask to the bottom right): on another device the fresh mask is used."""
+    import asymagent.kv.attention as attention
+
+    calls = []
+    monkeypatch.setattr(torch.nn.functional, "scaled_dot_product_attention",
+                        lambda *a, **k: calls.append(bool(k.get("is_causal"))) or a[0])
+    module = torch.nn.Module()
+    module.num_key_value_groups = 3
+    rows, keys = 100, 128
+    q = torch.empty(1, 9, rows, 64, device="meta")
+    k = torch.empty(1, 3, keys, 64, device="meta")
+    mask = (torch.arange(keys)[None, :] <= torch.arange(rows)[:, None])[None, None].to("meta")
+    monkeypatch.setattr(attention, "_fresh_causal", lambda m, n: True)  # as if it were fresh
+    attention.gqa_sdpa_forward(module, q, k, k, mask, scaling=0.125)
+    assert calls == [False]

@@ -24,10 +24,10 @@ forward and shared by every layer (`_memo`): the grouped rows' repeated mask, an
 path's, which a prefill uses (SDPA converting a 490 x 5k bool mask in each of 30 layers cost ~5%
 of such a prefill at 2 threads).
 
-A prefill on an empty cache (a conversation's first prompt, a long prompt's first chunk: the mask
-exactly causal from position 0, an aligned read's masked tail included) is handed to SDPA as
-`is_causal` instead of its mask: the flash kernel then skips the key blocks above the diagonal,
-which under a mask it computes and discards. Top-left causal is the mask when the rows start at
+On the CPU, a prefill on an empty cache (a conversation's first prompt, a long prompt's first
+chunk: the mask exactly causal from position 0, an aligned read's masked tail included) is handed
+to SDPA as `is_causal` instead of its mask: the flash kernel then skips the key blocks above the
+diagonal, which under a mask it computes and discards. Top-left causal is the mask when the rows start at
 position 0, and the output bits are the same (tests/test_attention.py, bf16 and float32, 64-1000
 rows); a 1024-token prefill of the embedded verifier is 1.15x faster (bf16, 2 threads).
 
@@ -123,10 +123,11 @@ def gqa_sdpa_forward(module: torch.nn.Module, query: torch.Tensor, key: torch.Te
             and _same_rows_as_batched(query, attention_mask) and attention_mask.shape[1] == 1
             and query.shape[1] == key.shape[1] * groups and grouped_rows_exact()):
         return _grouped_rows(query, key, value, attention_mask, scaling, groups)
-    if (q_len >= CAUSAL_ROWS and not getattr(_MASKS, "masked_fresh", False)
+    if (q_len >= CAUSAL_ROWS and query.device.type == "cpu" and not getattr(_MASKS, "masked_fresh", False)
             and _fresh_causal(attention_mask, q_len)):  # a prefill on an empty cache: the kernel
         # skips the blocks above the diagonal; the same bits as the masked call (top-left
-        # causal = the mask when the rows start at position 0; tests/test_attention.py)
+        # causal = the mask when the rows start at position 0; tests/test_attention.py). CPU
+        # only: measured there; CUDA's kernels may align a non-square causal mask otherwise
         out = torch.nn.functional.scaled_dot_product_attention(
             query, key, value, dropout_p=dropout, is_causal=True, scale=scaling,
             enable_gqa=True)  # [B, Hq, q, D]
