@@ -93,6 +93,23 @@ class PreparedRun:
     escalate: Callable[[], None]  # finish on the full context (SpecConfig.escalate_jsd)
 
 
+@dataclass
+class _DeferredPrefill:
+    """The drafter's full-view prefill, put off to the first round that asks the drafter model
+    for drafts (RequestPlan.defer_drafter): a request whose rounds all copy their drafts (an
+    agent's repeated call formats, a warm store of earlier responses) feeds the drafter nothing,
+    and its pending tokens wait for the next request that asks. Counts what it feeds in the
+    step's `drafter_prefill_tokens` (its time is decode time)."""
+
+    reader: ViewCache
+    stats: StepStats
+
+    def __call__(self) -> int:
+        fed = self.reader.catch_up()
+        self.stats.drafter_prefill_tokens += fed
+        return fed
+
+
 def _settle(verifier: ViewCache, last_free: int) -> None:
     """Leave the verifier's cache as a one-token decode leaves it: the view's prompt and the
     output before `last_free`, the last token a model chose (LoopResult.last_free; the tokens a
@@ -379,20 +396,27 @@ class Engine:
                                        escalate=run.escalate, interrupt=interrupt))
         return self._finish(run, loop, t_start)
 
+    def _attach_role(self, session, role: str, view: View, max_new_tokens: int
+                     ) -> tuple[ViewCache, int]:
+        """(the role's cache on `view`, the tokens it keeps): sized for the request, cropped to
+        the longest common prefix with the view; nothing fed yet."""
+        cache = session.get(role)
+        ids = view.ids()
+        # a static cache is sized once for the request: the view, the new tokens, the drafts
+        cache.reserve(len(ids) + max_new_tokens + 2
+                      + max(self.spec.k, self.spec.k_max, self.spec.lookup_k))
+        return ViewCache(cache, view), cache.reuse_prefix(ids)
+
     def _prefill_role(self, session, role: str, view: View, max_new_tokens: int
                       ) -> tuple[ViewCache, int, float]:
         """(the role's cache on `view`, tokens to prefill incl. the re-fed last one, FLOPs).
 
         Keeps the longest common prefix and feeds the rest except the last token (the first
         round's forward feeds it and reads its logits)."""
-        cache = session.get(role)
+        reader, kept = self._attach_role(session, role, view, max_new_tokens)
         ids = view.ids()
-        # a static cache is sized once for the request: the view, the new tokens, the drafts
-        cache.reserve(len(ids) + max_new_tokens + 2
-                      + max(self.spec.k, self.spec.k_max, self.spec.lookup_k))
-        kept = cache.reuse_prefix(ids)
-        cache.prefill(ids[kept:-1], desc=f"prefill {role}")
-        return ViewCache(cache, view), len(ids) - kept, self.flops.forward(len(ids) - 1 - kept, kept)
+        reader.cache.prefill(ids[kept:-1], desc=f"prefill {role}")
+        return reader, len(ids) - kept, self.flops.forward(len(ids) - 1 - kept, kept)
 
     def _prefill(self, plan: RequestPlan, request: GenerationRequest, views: tuple,
                  constraint) -> "PreparedRun":
@@ -414,16 +438,23 @@ class Engine:
             self._prefill_role(session, plan.verifier_role, ver_view, n)
         stats.cached_tokens = len(ver_view.prompt) - stats.verifier_prefill_tokens
         drafting = None
+        # the drafter's prefill deferred to its first model round (RequestPlan.defer_drafter);
+        # not on a static cache, whose rounds run as graph-shaped calls (decoding/graph_round.py)
+        defer = plan.defer_drafter and "drafter_full" not in self.static_roles
         if plan.speculative:
-            drafter, stats.drafter_prefill_tokens, _ = \
-                self._prefill_role(session, "drafter_full", full_view, n)
+            if defer:  # prefilled by the first model round, if any
+                drafter = self._attach_role(session, "drafter_full", full_view, n)[0]
+            else:
+                drafter, stats.drafter_prefill_tokens, _ = \
+                    self._prefill_role(session, "drafter_full", full_view, n)
             base = None
             if plan.base_pass:
                 base, tokens, _ = self._prefill_role(session, "drafter_compressed",
                                                      View(compressed, generated), n)
                 stats.drafter_prefill_tokens += tokens
+            catch_up = _DeferredPrefill(drafter, stats) if defer else None
             drafting = Drafting(drafters=self._drafters(plan, full_view, drafter, sampling, noise,
-                                                        constraint),
+                                                        constraint, catch_up),
                                 drafter=drafter, base=base, head=self.head, fused=plan.mode.fused,
                                 rows=plan.drafter_rows)
         copy = CopyDelta(full_view, ver_view, self.spec.copy_weight, min_len=self.spec.copy_min_len,
@@ -448,7 +479,7 @@ class Engine:
                            escalate=escalate)
 
     def _drafters(self, plan: RequestPlan, full_view: View, drafter: ViewCache,
-                  sampling, noise: KeyedNoise, constraint) -> list:
+                  sampling, noise: KeyedNoise, constraint, catch_up=None) -> list:
         """The plan's drafters in order: copied drafts (suffix or lookup), then the model."""
         sp, out = self.spec, []
         for name in plan.drafters:
@@ -463,7 +494,7 @@ class Engine:
             else:
                 out.append(ModelDrafter(drafter, self.head, bonus_row=plan.drafter_rows,
                                         temperature=sampling.temperature, noise=noise,
-                                        constraint=constraint))
+                                        constraint=constraint, catch_up=catch_up))
         return out
 
     def _finish(self, run: "PreparedRun", loop, t_start: float) -> GenerationResult:

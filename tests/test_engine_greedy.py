@@ -199,3 +199,53 @@ def test_strict_prefix_uses_greedy_matching(verifier):
     assert run(acceptance="cda", strict_prefix=16) == greedy  # every round strict
     partial = run(acceptance="cda", strict_prefix=4)
     assert partial[:4] == greedy[:4]  # tokens 1-4 all come from rounds that start before 4
+
+
+def test_drafter_prefill_waits_for_the_first_model_round(verifier, monkeypatch):
+    """Greedy spec / asym: only the drafter model's drafts read its full-view cache, so its prefill
+    is deferred to the first round that asks the model (RequestPlan.defer_drafter). The tokens and
+    the counted drafter prefill equal the eager prefill's; a request whose rounds never ask the
+    model feeds the drafter nothing, and the next request that asks catches up on both."""
+    import dataclasses
+
+    import asymagent.engine as engine_mod
+    from asymagent.decoding.drafts import Drafts
+    from asymagent.decoding.model_drafter import ModelDrafter
+
+    plan = engine_mod.plan_request
+    drafter = noisy_copy(verifier, 0.4)
+    first, second = random_prompts(2, length=30, seed=7)
+    second = first + second[:12]  # the next agent step: the same history, longer
+    assert plan(engine_mod.mode_of("spec"), SpecConfig(), 0.0, two_views=False).defer_drafter
+    assert not plan(engine_mod.mode_of("asym"), SpecConfig(acceptance="cda"), 0.0,
+                    two_views=True).defer_drafter  # cda reads the drafter's rows
+
+    def run(mode: str, defer: bool) -> list:
+        monkeypatch.setattr(engine_mod, "plan_request", lambda *a, **kw: dataclasses.replace(
+            plan(*a, **kw), defer_drafter=defer))
+        engine = Engine(verifier=verifier, drafter=drafter, spec=SpecConfig(k=3, lookup_ngram=0))
+        out = []
+        for p in (first, second):
+            r = engine.generate(p, mode=mode, max_new_tokens=NEW, compressed_prompt_ids=p[8:],
+                                cache_key="agent")
+            assert r.stats.draft_source.get("model", 0) > 0
+            out.append((r.token_ids, r.stats.drafter_prefill_tokens))
+        return out
+
+    for mode in ("spec", "asym"):
+        assert run(mode, True) == run(mode, False)
+
+    monkeypatch.setattr(engine_mod, "plan_request", plan)
+    engine = Engine(verifier=verifier, drafter=drafter, spec=SpecConfig(k=3))
+    asked = ModelDrafter.propose
+    monkeypatch.setattr(ModelDrafter, "propose", lambda self, k: Drafts(tokens=[], source="model"))
+    r = engine.generate(first, mode="spec", max_new_tokens=NEW, cache_key="agent")
+    full = Engine(verifier=verifier).generate(first, mode="full", max_new_tokens=NEW)
+    assert r.token_ids == full.token_ids and r.stats.drafter_prefill_tokens == 0
+    session = engine.caches.session("agent")
+    assert len(session.get("drafter_full")) == 0  # never fed
+    monkeypatch.setattr(ModelDrafter, "propose", asked)
+    r = engine.generate(second, mode="spec", max_new_tokens=NEW, cache_key="agent")
+    assert r.stats.draft_source.get("model", 0) > 0 or r.stats.rounds == r.stats.lookup_rounds
+    if r.stats.draft_source.get("model", 0):
+        assert r.stats.drafter_prefill_tokens == len(second)  # both requests' prompt, once

@@ -33,6 +33,9 @@ class Drafts:
     proposal: torch.Tensor | None = None  # [K, N] logits, or None = one-hot
     masks: list | None = None  # K+1 x ([V'] bool | None), or None without a constraint
     hidden: torch.Tensor | None = None  # [K+1, H] drafter hidden states on the full view
+    # seconds of the proposal spent on a deferred prefill (RequestPlan.defer_drafter): not part
+    # of what drafting costs per round, so the round's draft_s leaves it out
+    setup_s: float = 0.0
 
     def __len__(self) -> int:
         return len(self.tokens)

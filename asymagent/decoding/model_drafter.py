@@ -7,6 +7,8 @@ delta-fusion and the JSD need (both are defined on the full vocabulary).
 
 from __future__ import annotations
 
+import time
+
 import torch
 
 from asymagent.decoding.constraint import close_masks
@@ -81,18 +83,33 @@ class ModelDrafter:
     `noise` (asymagent/decoding/noise.py): a sample of softmax(q_t / T) that shares its noise
     with the verifier's token at t, so the coupled rule accepts it whenever the two agree. With `bonus_row` (delta-fusion needs the drafter's row at
     position K+1) one more forward feeds d_K, and `Drafts.hidden` carries all K+1 hidden states.
+
+    `catch_up` (RequestPlan.defer_drafter): the reader's prefill was deferred; the first proposal
+    runs it (`ViewCache.catch_up`, or the engine's callable that also counts its tokens) and
+    reports its seconds as `Drafts.setup_s`, which the round leaves out of the drafting time.
     """
 
     name = "model"  # Drafts.source, and the key of its budget in Decoder.spec_round
 
     def __init__(self, reader, head: DraftHead, *, temperature: float = 0.0,
                  noise: KeyedNoise | None = None, constraint=None,
-                 bonus_row: bool = False) -> None:
+                 bonus_row: bool = False, catch_up=None) -> None:
         self.reader, self.head = reader, head
         self.temperature, self.noise = temperature, noise
         self.constraint, self.bonus_row = constraint, bonus_row
+        self.catch_up = catch_up  # () -> tokens fed, run once before the first proposal
 
     def propose(self, k: int) -> Drafts:
+        setup_s = 0.0
+        if self.catch_up is not None:  # the deferred prefill, once
+            t0 = time.perf_counter()
+            self.catch_up()
+            self.catch_up, setup_s = None, time.perf_counter() - t0
+        drafts = self._propose(k)
+        drafts.setup_s = setup_s
+        return drafts
+
+    def _propose(self, k: int) -> Drafts:
         c, cache = self.constraint, self.reader.cache
         drafts: list = []
         rows: list = []  # [N] logits each draft was sampled from

@@ -52,6 +52,10 @@ class RequestPlan:
     # delta and JSD, and by cda; with neither (asym's defaults) the gate's target is the
     # verifier's rows and they are not computed
     drafter_rows: bool = False
+    # the drafter's full-view prefill put off to the first round that asks the drafter model for
+    # drafts (only its drafts read its cache: no rows, no base pass, a position-invariant rule,
+    # so its bits cannot reach the output); a request whose rounds all copy their drafts pays none
+    defer_drafter: bool = False
     copy_delta: bool = False  # decoding/copy_delta.py on the verifier's rows
     strict: Acceptance | None = None  # rule of the first `spec.strict_prefix` output positions
     acceptance: Acceptance | None = None  # rule of every later position
@@ -74,6 +78,7 @@ class RequestPlan:
         """One line per choice: `name: value (why)`."""
         values = {"verifier": self.verifier_role, "drafters": ",".join(self.drafters) or "none",
                   "base_pass": self.base_pass, "drafter_rows": self.drafter_rows,
+                  "defer_drafter": self.defer_drafter,
                   "copy_delta": self.copy_delta,
                   "acceptance": None if self.acceptance is None else self.acceptance.rule,
                   "adaptive_k": self.adaptive_k, "escalation": self.escalation}
@@ -142,11 +147,17 @@ def plan_request(mode: Mode, spec: SpecConfig, temperature: float, *, two_views:
     reasons["adaptive_k"] = ("adaptive_k=False" if not spec.adaptive_k else
                              "position-invariant rule" if invariant else
                              "the rule is not position-invariant: K stays fixed")
+    defer = invariant and not (base or rows)
+    reasons["defer_drafter"] = ("only the drafter model's drafts read its cache: prefilled at its "
+                                "first round" if defer else
+                                "its rows or base pass are read" if base or rows else
+                                "the rule is not position-invariant: the drafter's bits could "
+                                "reach the output")
     escalation = mode.fused and spec.escalate_jsd is not None
     reasons["escalation"] = (f"escalate_jsd={spec.escalate_jsd}" if escalation else
                              "escalate_jsd=None" if mode.fused else "not asym")
     return RequestPlan(mode=mode, spec=spec, temperature=temperature, verifier_role=role,
                        drafters=drafters, suffix_store=store, base_pass=base, drafter_rows=rows,
-                       copy_delta=copy,
+                       defer_drafter=defer, copy_delta=copy,
                        strict=strict, acceptance=later, adaptive_k=tune, escalation=escalation,
                        plain_beta=plain_beta, reasons=reasons)

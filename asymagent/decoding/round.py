@@ -266,7 +266,7 @@ class Decoder:
             self.logprobs.record(raw[: n + 1], tokens[:n] + [token])
         return RoundOutcome(tokens=tokens[:n] + [token], drafted=k, accepted=n,
                             jsd=float(result.jsd[0, : n + 1].mean()) if self.fused else 0.0,
-                            draft_s=t1 - t0, verify_s=time.perf_counter() - t1,
+                            draft_s=t1 - t0 - drafts.setup_s, verify_s=time.perf_counter() - t1,
                             source=drafts.source)
 
     def escalate(self, verifier: ViewCache) -> None:

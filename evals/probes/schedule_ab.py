@@ -1,6 +1,6 @@
-"""A/B of the decode schedule on the bench workload: the plain probe, copied drafts' length, drafter rows.
+"""A/B of the decode schedule on the bench workload: the plain probe, copied drafts' length, drafter rows, the drafter's deferred prefill.
 
-    python -m asymagent.evals.probes.schedule_ab [--change probe|lookup_k=N|drafter_rows] [--modes spec,asym]
+    python -m asymagent.evals.probes.schedule_ab [--change probe|lookup_k=N|drafter_rows|defer_drafter] [--modes spec,asym]
         [--steps 12] [--passes 2] [--threads 2] [--workloads bench] [--episodes 2]
         [--max-steps 6] [--json PATH]
 
@@ -19,6 +19,9 @@ apart). "new" is the engine as shipped, "old" the change undone:
 - `lookup_k=N`: copied drafts of at most N tokens a round (new) vs the shipped `lookup_k` (old).
 - `drafter_rows`: asym's rounds compute the drafter's full-view rows at the verify positions only
   when something reads them (new; `RequestPlan.drafter_rows`) vs always (old).
+- `defer_drafter`: the drafter's full-view prefill runs at the first round that asks the drafter
+  model for drafts (new; `RequestPlan.defer_drafter`) vs with the verifier's, before decoding
+  (old).
 
 Reports per mode and pass group the wall seconds of each path, the ratio of the sums, the median
 per-step ratio, decode seconds, plain steps and rounds, and whether the output token ids are
@@ -64,6 +67,16 @@ def measure(change: str, modes: list, steps: int, passes: int, max_new_tokens: i
     convs = [c for w in workloads for c in conversations(w, "test", episodes, max_steps, steps)]
     all_steps = [step for c in convs for step in c.steps]
     engine = build_engine("default").engine
+    # one unmeasured request per mode on a cache and store of its own first: the process's
+    # one-time costs (first kernel calls, the draft head's first pass: ~60 ms in a first model
+    # round) would otherwise land in whichever path runs the first step, and skew its choices
+    use_suffix_store(engine, "schedule-ab-warmup")
+    with torch.inference_mode():
+        for mode in modes:
+            engine.chat(all_steps[0].history, tools=all_steps[0].tools, mode=mode,
+                        max_new_tokens=max_new_tokens, temperature=0.0,
+                        tool_choice=all_steps[0].tool_choice, cache_key="schedule-ab-warmup")
+    engine.caches.drop("schedule-ab-warmup")
     reset_suffix_stores(engine)
     shipped_rule, shipped_spec, shipped_plan = DraftChoice.want_probe, engine.spec, engine_mod.plan_request
 
@@ -71,13 +84,17 @@ def measure(change: str, modes: list, steps: int, passes: int, max_new_tokens: i
         plan = shipped_plan(*args, **kwargs)
         return dataclasses.replace(plan, drafter_rows=plan.mode.fused)
 
-    if change in ("probe", "drafter_rows"):
+    def prefill_now(*args, **kwargs):  # the plan before the drafter's prefill was deferred
+        return dataclasses.replace(shipped_plan(*args, **kwargs), defer_drafter=False)
+
+    old_plan = {"drafter_rows": rows_always, "defer_drafter": prefill_now}
+    if change in ("probe", "drafter_rows", "defer_drafter"):
         specs = {"new": shipped_spec, "old": shipped_spec}
     elif change.startswith("lookup_k="):
         specs = {"new": dataclasses.replace(shipped_spec, lookup_k=int(change.split("=", 1)[1])),
                  "old": shipped_spec}
     else:
-        raise SystemExit(f"unknown --change {change!r} (probe, lookup_k=N, drafter_rows)")
+        raise SystemExit(f"unknown --change {change!r} (probe, lookup_k=N, drafter_rows, defer_drafter)")
     paths = {(m, p, g): _Path() for m in modes for p in ("new", "old") for g in ("first", "later")}
     identical = {m: True for m in modes}
     skipped = 0  # (step, mode) pairs over the context limit
@@ -94,8 +111,8 @@ def measure(change: str, modes: list, steps: int, passes: int, max_new_tokens: i
                             DraftChoice.want_probe = shipped_rule if (path == "new" or change != "probe") \
                                 else _old_rule
                             engine.spec = specs[path]
-                            engine_mod.plan_request = rows_always if (
-                                path == "old" and change == "drafter_rows") else shipped_plan
+                            engine_mod.plan_request = old_plan[change] if (
+                                path == "old" and change in old_plan) else shipped_plan
                             key = f"schedule-ab-{mode}-{path}"
                             use_suffix_store(engine, key)
                             t0 = time.perf_counter()
@@ -149,7 +166,7 @@ def measure(change: str, modes: list, steps: int, passes: int, max_new_tokens: i
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(prog="python -m asymagent.evals.probes.schedule_ab",
                                 description=__doc__.splitlines()[0])
-    p.add_argument("--change", default="probe", help="probe | lookup_k=N | drafter_rows")
+    p.add_argument("--change", default="probe", help="probe | lookup_k=N | drafter_rows | defer_drafter")
     p.add_argument("--modes", default="spec,asym")
     p.add_argument("--steps", type=int, default=12, help="bench steps")
     p.add_argument("--workloads", default="bench", help="bench, suites or domain:NAME, comma separated")
