@@ -82,7 +82,10 @@ def test_row_floors_are_constants_to_dynamo():
 def test_compiled_step_compiles_with_frozen_weights(fresh_state, monkeypatch):
     """Inductor reads `freezing` while it compiles; torch.compile(options={"freezing": True}) did
     not apply it (measured: the same 36.5 ms as without), so compiled_step sets it around the
-    call. Pinned here on what the compiled function sees (no compiler needed)."""
+    call. Pinned here on what the compiled function sees (no compiler needed); on by default."""
+    import os
+
+    assert compiled_forward.FREEZING or "ASYMAGENT_COMPILE_FREEZING" in os.environ
     import torch._inductor.config as inductor_config
 
     seen = []
@@ -95,8 +98,12 @@ def test_compiled_step_compiles_with_frozen_weights(fresh_state, monkeypatch):
 
     monkeypatch.setattr(compiled_forward, "_compiled", fake_compiled)
     model = make_model(seed=0)
-    cache = ModelCache(model, static=StaticKVOptions(compile=True))
     ids = random_prompts(1, length=6, seed=2)[0]
-    cache.forward_logits(ids, keep=1)
-    assert seen == [compiled_forward.FREEZING] and compiled_forward.FREEZING is True
-    assert inductor_config.freezing is False  # restored after the call
+    before = inductor_config.freezing
+    for freezing in (True, False):  # the default, and ASYMAGENT_COMPILE_FREEZING=0
+        monkeypatch.setattr(compiled_forward, "FREEZING", freezing)
+        cache = ModelCache(model, static=StaticKVOptions(compile=True))
+        cache.forward_logits(ids, keep=1)
+        assert seen[-1] is freezing
+        assert inductor_config.freezing is before  # restored after the call
+    assert len(seen) == 2
