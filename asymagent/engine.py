@@ -105,9 +105,12 @@ class _DeferredPrefill:
     stats: StepStats
 
     def __call__(self) -> int:
-        fed = self.reader.catch_up()
-        self.stats.drafter_prefill_tokens += fed
-        return fed
+        # the prompt's tokens, as an eager prefill counts them; the output tokens a late
+        # catch-up also feeds, drafting would have fed anyway
+        prompt = self.reader.pending_prompt()
+        self.reader.catch_up()
+        self.stats.drafter_prefill_tokens += prompt
+        return prompt
 
 
 def _settle(verifier: ViewCache, last_free: int) -> None:
@@ -414,9 +417,8 @@ class Engine:
         Keeps the longest common prefix and feeds the rest except the last token (the first
         round's forward feeds it and reads its logits)."""
         reader, kept = self._attach_role(session, role, view, max_new_tokens)
-        ids = view.ids()
-        reader.cache.prefill(ids[kept:-1], desc=f"prefill {role}")
-        return reader, len(ids) - kept, self.flops.forward(len(ids) - 1 - kept, kept)
+        fed = reader.catch_up(desc=f"prefill {role}")  # the view's rest, the last token included
+        return reader, fed, self.flops.forward(fed - 1, kept)
 
     def _prefill(self, plan: RequestPlan, request: GenerationRequest, views: tuple,
                  constraint) -> "PreparedRun":

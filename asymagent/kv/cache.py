@@ -215,16 +215,17 @@ class ViewCache:
         """Feed the pending tokens + `extra`; hidden states of the last `keep` positions [keep, H]."""
         return self.cache.forward_hidden(self.pending() + extra)[-keep:]
 
-    def catch_up(self) -> int:
-        """Feed the pending tokens but the last (chunked, as a request's prefill; the next forward
-        feeds the last and reads its output): what a cache whose prefill was deferred does before
-        its first forward. Returns the prompt's tokens among them, the last included (what an
-        eager prefill of the view would have counted; the output tokens a late catch-up also
-        feeds, drafting would have fed anyway)."""
+    def catch_up(self, desc: str = "prefill (deferred)") -> int:
+        """Feed the pending tokens but the last (chunked, with a progress bar if long; the next
+        forward feeds the last and reads its output): a request's prefill, or a deferred one
+        before the cache's first forward. Returns how many were pending, the last included."""
         pending = self.pending()
-        prompt = max(len(self.view.prompt) - len(self.cache), 0)
-        self.cache.prefill(pending[:-1], desc="prefill (deferred)")
-        return prompt
+        self.cache.prefill(pending[:-1], desc=desc)
+        return len(pending)
+
+    def pending_prompt(self) -> int:
+        """Tokens of the view's prompt not yet in the cache."""
+        return max(len(self.view.prompt) - len(self.cache), 0)
 
     def commit(self, accepted: int) -> None:
         """Keep the view (as it was before the round's tokens) plus `accepted` fed tokens."""
