@@ -193,6 +193,8 @@ def _fresh_causal(attention_mask: torch.Tensor, q_len: int) -> bool:
         if (m.dtype != torch.bool or m.dim() != 4 or m.shape[0] != 1 or m.shape[1] != 1
                 or m.shape[2] != q_len or m.shape[3] < q_len):
             return False
+        if bool(m[0, 0, 0, 1]):  # the first row sees a second key: rows after cached positions
+            return False  # (every agent step after the first), told without the q x L triangle
         causal = torch.ones(q_len, m.shape[3], dtype=torch.bool, device=m.device).tril()  # [q, L]
         return bool(torch.equal(m[0, 0], causal))
 
