@@ -10,8 +10,9 @@ than plain decoding (rate below (1 - margin) * 1/t_plain, after `min_rounds` mea
 Everything is measured in the request itself: alpha from the gate's verdicts (Laplace prior,
 (accepted + 1) / (reached + 2)), t_draft and t_verify(K) as running means of the rounds'
 timings, t_plain from plain probe steps that `DraftChoice.want_probe` schedules (once a source is
-one round from being judged, and again every `probe_every` rounds, since contexts grow). t_verify(K) for a K not tried yet is extrapolated
-on the line through (0, t_plain) and the measured points.
+one round from being judged, and again every `probe_every` rounds, since contexts grow).
+t_verify(K) for a K not tried yet is extrapolated on the line through (0, t_plain) and the
+measured points.
 """
 
 from __future__ import annotations
