@@ -128,7 +128,11 @@ def _settle(verifier: ViewCache, last_free: int) -> None:
 
 
 class ContextLengthError(ValueError):
-    """A prompt (either view) leaves no position to generate within the model's context limit."""
+    """The verifier's view leaves no position to generate within the model's context limit.
+
+    Only the view the verifier reads is bound by the limit (the full prompt in modes full and
+    spec, the compressed one in compressed and asym): in asym the drafter reads the full view
+    however long it is (its drafts are proposals the verifier checks; module docstring)."""
 
 
 class Engine:
@@ -317,8 +321,13 @@ class Engine:
         request.check_engine(vocab_size=self.vocab_size, has_drafter=self.drafter is not None,
                              has_tokenizer=self.tokenizer is not None)
 
-    def _inputs(self, prompt_ids, compressed_prompt_ids) -> tuple[list, list]:
-        """(prompt, compressed view) as int lists; a ValueError naming the problem."""
+    def _inputs(self, prompt_ids, compressed_prompt_ids, compressed_mode: bool = False
+                ) -> tuple[list, list]:
+        """(prompt, compressed view) as int lists; a ValueError naming the problem.
+
+        The context limit binds the view the verifier reads: the compressed one when
+        `compressed_mode` (compressed, asym), else the prompt; a longer full view is the
+        drafter's and the copy structures' alone (ContextLengthError's docstring)."""
         if isinstance(prompt_ids, torch.Tensor):
             prompt_ids = prompt_ids.flatten().tolist()
         prompt = [int(t) for t in prompt_ids]
@@ -337,10 +346,11 @@ class Engine:
             if bad:
                 raise ValueError(f"{name} has ids outside the vocabulary [0, {self.vocab_size}): "
                                  f"{bad[:5]}")
-            if self.max_positions and len(ids) >= self.max_positions:
-                raise ContextLengthError(
-                    f"{name} has {len(ids)} tokens but the model's context limit "
-                    f"(max_position_embeddings) is {self.max_positions}; leave room to generate")
+        name, ids = ("compressed_prompt_ids", compressed) if compressed_mode else ("prompt_ids", prompt)
+        if self.max_positions and len(ids) >= self.max_positions:
+            raise ContextLengthError(
+                f"{name} has {len(ids)} tokens but the model's context limit "
+                f"(max_position_embeddings) is {self.max_positions}; leave room to generate")
         return prompt, compressed
 
     # ------------------------------------------------------------------ generate
@@ -386,15 +396,17 @@ class Engine:
                   constraint=None, interrupt=None) -> GenerationResult:
         """plan -> prefill -> loop -> finish. `constraint`: the chat layer's (else the request's);
         `interrupt`: the chat layer's recall watch (LoopContext.interrupt), or None."""
-        prompt, compressed = self._inputs(prompt_ids, compressed_prompt_ids)
+        mode = mode_of(request.mode)
+        prompt, compressed = self._inputs(prompt_ids, compressed_prompt_ids, mode.compressed)
         t_start = time.perf_counter()
-        plan = plan_request(mode_of(request.mode), self.spec, request.sampling.temperature,
-                            two_views=compressed != prompt)
+        plan = plan_request(mode, self.spec, request.sampling.temperature,
+                            two_views=compressed != prompt,
+                            full_fits=not self.max_positions or len(prompt) < self.max_positions)
         run = self._prefill(plan, request, (prompt, compressed),
                             constraint if constraint is not None else request.constraint)
         run.stats.prefill_s = time.perf_counter() - t_start
         loop = decode_loop(run.decoder, run.generated, plan, request,
-                           LoopContext(views=run.views, max_positions=self.max_positions,
+                           LoopContext(bound=run.views[1], max_positions=self.max_positions,
                                        checker=run.checker, stats=run.stats, t_start=t_start,
                                        escalate=run.escalate, interrupt=interrupt))
         return self._finish(run, loop, t_start)

@@ -93,7 +93,8 @@ def test_merge_pools_suite_runs_over_common_policies():
 
 def test_a_step_over_the_context_limit_is_skipped_for_every_policy_and_listed():
     """A step whose full view leaves no room to generate cannot be compared: the policies that ran
-    it before full raised lose their record of it, the step is listed, the next steps still run."""
+    it lose their record of it, the step is listed with who refused and who answered right, the
+    next steps still run."""
     from types import SimpleNamespace
 
     from asymagent.engine import ContextLengthError
@@ -119,6 +120,10 @@ def test_a_step_over_the_context_limit_is_skipped_for_every_policy_and_listed():
     out = fr.run_conversation(Engine(), conv, policies, max_new_tokens=4, skipped=skipped)
     assert [(r.step, r.policy) for r in out] == [(0, "full"), (0, "asym"), (2, "full"), (2, "asym")]
     assert [s["step"] for s in skipped] == [1] and "context limit" in skipped[0]["why"]
+    # the policies whose verifier could read it answered it; that is reported, not compared
+    assert skipped[0]["refused"] == ["full"] and skipped[0]["answered"] == {"asym": True}
+    assert fr.beyond_window(skipped, policies) == {
+        "full": {"steps": 1, "answered": 0, "right": 0}, "asym": {"steps": 1, "answered": 1, "right": 1}}
 
 
 def test_gap_sources_names_the_parted_word_and_where_it_stands():

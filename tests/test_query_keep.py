@@ -246,6 +246,52 @@ def test_recall_max_tokens_skips_a_restore_that_would_re_prefill_too_much(smollm
     assert loose(ids + [0], 0) and views.message_spans()[2].same
 
 
+def test_recall_never_grows_the_verifiers_view_past_the_models_context(smollm_tokenizer):
+    from types import SimpleNamespace
+
+    from asymagent.context.recall import RecallWatch
+
+    text, _ = listing()
+    msgs = [{"role": "user", "content": "list them"},
+            {"role": "assistant", "content": "", "tool_calls": [{"id": "c1", "type": "function",
+             "function": {"name": "list", "arguments": "{}"}}]},
+            {"role": "tool", "tool_call_id": "c1", "content": text}]
+    ids = smollm_tokenizer.encode("CUST-10023 | name 2", add_special_tokens=False)
+    views = ContextViews(smollm_tokenizer, CompressionConfig())
+    pair = views.build(msgs)
+    # restoring the one compressed output gives the full view back: with the limit at its
+    # length no position would be left to decode in, so the restore is skipped
+    full = len(pair.full_ids)
+    tight = RecallWatch(views, pair.full_ids, pair.compressed_ids, evidence="copy_any", limit=full)
+    assert not tight(ids + [0], 0) and not views.message_spans()[2].same
+    loose = RecallWatch(views, pair.full_ids, pair.compressed_ids, evidence="copy_any",
+                        limit=full + len(ids) + 2)
+    assert loose(ids + [0], 0) and views.message_spans()[2].same
+    # margin never escalates to a full view the verifier cannot read
+    views = ContextViews(smollm_tokenizer, CompressionConfig())
+    pair = views.build(msgs)
+    hesitant = SimpleNamespace(entries=[SimpleNamespace(top=[(5, -0.7), (6, -0.8)])])
+    for limit, fires in ((full, False), (full + 1, True), (0, True)):
+        watch = RecallWatch(views, pair.full_ids, pair.compressed_ids, evidence="margin", limit=limit)
+        watch.recorder = hesitant
+        assert watch([5], 0) is fires and watch.escalate is fires
+
+
+def test_verifier_tokens_measures_the_next_build_without_taking_its_rewrites(smollm_tokenizer):
+    text, _ = listing()
+    call = lambda i: {"role": "assistant", "content": "", "tool_calls": [{"id": f"c{i}", "type": "function",  # noqa: E731
+                      "function": {"name": "list", "arguments": "{}"}}]}
+    msgs = [{"role": "user", "content": "list them"}, call(1), {"role": "tool", "tool_call_id": "c1", "content": text}]
+    config = CompressionConfig.preset("newest")  # the next turn rewrites the newest output
+    measured, plain = ContextViews(smollm_tokenizer, config), ContextViews(smollm_tokenizer, config)
+    measured.build(msgs), plain.build(msgs)
+    more = msgs + [call(2), {"role": "tool", "tool_call_id": "c2", "content": "done"}]
+    n = measured.verifier_tokens(more)
+    a, b = measured.build(more), plain.build(more)
+    assert n == len(a.compressed_ids) < len(a.full_ids)
+    assert a.compressed_ids == b.compressed_ids and a.rewrites == b.rewrites == 1
+
+
 def test_recall_never_restores_an_output_that_spells_out_a_tool_call(smollm_tokenizer):
     from asymagent.context.recall import RecallWatch
 

@@ -192,6 +192,32 @@ def test_growing_conversation_reuses_its_kv_prefix(server):
     assert s2["verifier_prefill_tokens"] < s2["full_context_tokens"]
 
 
+def test_a_history_over_the_context_is_served_where_the_verifier_reads_it_compressed(server):
+    # A tool output of ~3000 tokens: the full view is over the tiny models' 2048 positions, its
+    # compressed view (head, tail and the kept rows) is not. Modes asym (the default) and
+    # compressed answer; full and spec, whose verifier would read the whole history, get 400.
+    url = server[0] + "/v1/chat/completions"
+    rows = "\n".join(f"row {i}: order ORD-{10000 + i} shipped to depot {i % 7}" for i in range(220))
+    convo = [{"role": "user", "content": "List the orders."},
+             {"role": "assistant", "content": "", "tool_calls": [{"id": "c1", "type": "function",
+              "function": {"name": "list_orders", "arguments": "{}"}}]},
+             {"role": "tool", "tool_call_id": "c1", "content": rows}]
+    body = {"model": "asymagent", "messages": convo, "max_tokens": 4}
+    for mode in ("asym", "compressed"):
+        r = httpx.post(url, timeout=60, json={**body, "mode": mode})
+        assert r.status_code == 200, (mode, r.text)
+        stats = r.json()["asymagent"]["stats"]
+        assert stats["full_context_tokens"] > 2048 > stats["verifier_context_tokens"] + 4
+        assert r.json()["usage"]["prompt_tokens"] == stats["full_context_tokens"]
+    for mode in ("full", "spec"):
+        r = httpx.post(url, timeout=60, json={**body, "mode": mode})
+        assert r.status_code == 400 and r.json()["error"]["code"] == "context_length_exceeded"
+    # a completion that would not fit after the compressed view is still refused, naming both
+    r = httpx.post(url, timeout=60, json={**body, "max_tokens": 2000})
+    assert r.status_code == 400 and r.json()["error"]["code"] == "context_length_exceeded"
+    assert "compressed to" in r.json()["error"]["message"]
+
+
 def test_bad_input_is_4xx_with_an_error_body(server):
     url = server[0] + "/v1/chat/completions"
     ok = {"model": "asymagent", "messages": USER}

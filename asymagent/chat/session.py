@@ -136,6 +136,22 @@ def prepare_chat(engine, messages: list, request: GenerationRequest) -> ChatTurn
                     parallel_tool_calls=request.parallel_tool_calls)
 
 
+def verifier_view_tokens(engine, messages: list, request: GenerationRequest) -> int | None:
+    """Tokens of the compressed view the verifier will read for this chat request (modes
+    compressed and asym; None in full and spec, whose verifier reads the full view), without
+    decoding: a server admits a conversation whose full view is over the model's context when
+    this view fits (the drafter reads the full view however long; Engine's ContextLengthError).
+    The drafter log-probs a surprisal compressor asks for here are not counted in a StepStats."""
+    if not mode_of(request.mode).compressed:
+        return None
+    _check_messages(engine, messages)
+    with engine.lock:
+        views = conversation_views(engine, request.cache_key, request.chat_template_kwargs)
+        logprob_fn = drafter_logprob_fn(engine, request.cache_key, [0]) \
+            if engine.drafter is not None else None
+        return views.verifier_tokens(messages, request.tools, logprob_fn=logprob_fn)
+
+
 def recall_step(engine, turn: ChatTurn, request: GenerationRequest,
                 decode: Callable[[list, object, bool], GenerationResult]) -> GenerationResult:
     """Decode a turn with recall on evidence (asymagent/context/recall.py): during decoding, at
@@ -158,7 +174,7 @@ def recall_step(engine, turn: ChatTurn, request: GenerationRequest,
     return recall_loop(views, turn.full_ids, turn.compressed_ids, again,
                        evidence=views.config.recall_evidence, min_len=engine.spec.copy_min_len,
                        scope=views.config.recall_scope, max_tokens=views.config.recall_max_tokens,
-                       margin=views.config.recall_margin)
+                       margin=views.config.recall_margin, limit=getattr(engine, "max_positions", 0))
 
 
 def chat_result(engine, turn: ChatTurn, result: GenerationResult) -> ChatResult:

@@ -77,7 +77,8 @@ class RecallWatch:
     position whose evidence restores a removed tool output (module docstring)."""
 
     def __init__(self, views, full_ids: list, compressed_ids: list, *, evidence: str = "copy",
-                 min_len: int = 3, scope: str = "all", max_tokens: int = 0, margin: float = 0.5) -> None:
+                 min_len: int = 3, scope: str = "all", max_tokens: int = 0, margin: float = 0.5,
+                 limit: int = 0) -> None:
         if scope not in SCOPES:
             raise ValueError(f"recall scope must be one of {SCOPES}, got {scope!r}")
         if evidence not in EVIDENCE:
@@ -92,6 +93,10 @@ class RecallWatch:
         self.checked = 0  # output positions already checked (margin)
         self._call_seen: bool | None = None  # a compressed output spells out a call (margin)
         self.max_tokens = max_tokens  # a restore re-prefilling more verifier tokens is skipped (0: any)
+        # the model's context limit (0: none): a restore that would leave the verifier's view no
+        # position to generate in is skipped, and margin never escalates to a full view longer
+        # than it (the verifier cannot read it: the engine's ContextLengthError)
+        self.limit = limit
         self.full, self.compressed = list(full_ids), list(compressed_ids)
         self.position: int | None = None  # output position where it fired
         self.restored: list = []  # message indices brought back
@@ -110,6 +115,8 @@ class RecallWatch:
                 positions = self._latest(positions)
             if self.max_tokens and self.cost(positions) > self.max_tokens:
                 continue
+            if self.limit and len(self.compressed) + self._growth(positions) + t >= self.limit:
+                continue  # the restored view (and the tokens before t) would not fit
             hit = self.views.restore(positions)
             if hit:
                 self.position, self.restored = t, hit
@@ -122,6 +129,8 @@ class RecallWatch:
         (a view that removed nothing never fires: the full view would say the same)."""
         if self.recorder is None or self.full == self.compressed or self._removed_call():
             return False
+        if self.limit and len(self.full) >= self.limit:
+            return False  # the full view is longer than the verifier's context
         entries = self.recorder.entries
         for t in range(self.checked, min(len(generated), len(entries))):
             self.checked = t + 1
@@ -146,14 +155,24 @@ class RecallWatch:
                if s.role == "tool" and has_call_format(self.views.original_text(i))]
         return [p for p in positions if not any(a <= p < b for a, b in bad)]
 
-    def cost(self, positions: list) -> int:
-        """Verifier tokens a restore of the compressed tool outputs holding `positions` would
-        prefill: from the first of them to the end of the view, with those outputs whole."""
+    def _restored(self, positions: list) -> tuple:
+        """(the first restored output's start in the compressed view or None, the tokens the
+        view grows by) for a restore of the compressed tool outputs holding `positions`."""
         first, extra = None, 0
         for span in self.views.message_spans():
             if span.role == "tool" and not span.same and any(span.full[0] <= p < span.full[1] for p in positions):
                 first = span.compressed[0] if first is None else first
                 extra += (span.full[1] - span.full[0]) - (span.compressed[1] - span.compressed[0])
+        return first, extra
+
+    def _growth(self, positions: list) -> int:
+        """Tokens the verifier's view grows by if the outputs holding `positions` are restored."""
+        return self._restored(positions)[1]
+
+    def cost(self, positions: list) -> int:
+        """Verifier tokens a restore of the compressed tool outputs holding `positions` would
+        prefill: from the first of them to the end of the view, with those outputs whole."""
+        first, extra = self._restored(positions)
         return 0 if first is None else len(self.compressed) - first + extra
 
     def _latest(self, positions: list) -> list:
@@ -168,7 +187,7 @@ class RecallWatch:
 
 def recall_loop(views, full_ids: list, compressed_ids: list, decode: Callable, *,
                 evidence: str = "copy", min_len: int = 3, scope: str = "all", max_tokens: int = 0,
-                margin: float = 0.5):
+                margin: float = 0.5, limit: int = 0):
     """The step's final result after up to `views.config.max_recalls` recalls.
 
     `decode(compressed_ids, interrupt, full=False)` decodes the step on a verifier view (same full
@@ -177,7 +196,7 @@ def recall_loop(views, full_ids: list, compressed_ids: list, decode: Callable, *
     recalls, before, escalated = 0, None, False
     while True:
         watch = RecallWatch(views, full_ids, compressed_ids, evidence=evidence, min_len=min_len,
-                            scope=scope, max_tokens=max_tokens, margin=margin) \
+                            scope=scope, max_tokens=max_tokens, margin=margin, limit=limit) \
             if recalls < views.config.max_recalls else None
         result = decode(compressed_ids, watch, full=escalated)
         if before is not None:

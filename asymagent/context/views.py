@@ -114,6 +114,7 @@ class ContextViews:
         self.counter = counter or make_counter(tok)
         self.total_rewrites = 0
         self._last_body: list | None = None  # compressed ids (no generation prompt) last built
+        self._pending_reset = False  # a `verifier_tokens` sync reset the memo (the next build reports it)
         self._last_texts: list | None = None  # compressed (role, text) list last returned
         self._reset(None)
 
@@ -328,7 +329,8 @@ class ContextViews:
         """
         if self.chat_format is None:
             raise ValueError("ContextViews.build needs a tokenizer or chat_format (token views)")
-        reset = self._sync(messages, tools, logprob_fn)
+        reset = self._sync(messages, tools, logprob_fn) or self._pending_reset
+        self._pending_reset = False
         body = self._compressed_body()
         last = self._last_body
         rewrites = int(last is not None and (reset or body[: len(last)] != last))
@@ -339,6 +341,17 @@ class ContextViews:
         compressed_ids = body + gen
         return ViewPair(full_ids, compressed_ids, rewrites, len(full_ids), len(compressed_ids),
                         len(compressed_ids) / len(full_ids) if full_ids else 1.0, len(gen))
+
+    def verifier_tokens(self, messages: list, tools=None,
+                        logprob_fn: Callable[[list], list] | None = None) -> int:
+        """The length of the compressed view `build(messages, tools)` will give, without being a
+        build (the rewrites it brings are reported by that build): what a server admits a request
+        by when the verifier reads the compressed view and the full one is over the model's
+        context (integrations/server/worker.py)."""
+        if self.chat_format is None:
+            raise ValueError("ContextViews.verifier_tokens needs a tokenizer or chat_format (token views)")
+        self._pending_reset = self._sync(messages, tools, logprob_fn) or self._pending_reset
+        return self._measure()
 
     def restore(self, full_positions) -> list:
         """Recall: bring back whole the compressed messages of the last `build` that hold any of

@@ -43,7 +43,9 @@ class LoopResult:
 class LoopContext:
     """What the loop reads besides the decoder, the plan and the request."""
 
-    views: tuple  # the request's Views; the longest may grow up to `max_positions`
+    # the verifier's View: it may grow up to `max_positions` (the drafter's full view may be
+    # longer, in asym: the engine's ContextLengthError)
+    bound: object
     max_positions: int  # the model's context limit (0: none)
     checker: StopChecker  # EOS ids and stop strings
     stats: StepStats  # forced_tokens and escalated are counted into it
@@ -72,8 +74,7 @@ def decode_loop(decoder: Decoder, generated: list, plan: RequestPlan,
     result = LoopResult(finish="length", ttft_s=None)
     while len(generated) < max_new_tokens:
         remaining = max_new_tokens - len(generated)
-        longest = max(len(view) for view in ctx.views)
-        left = (ctx.max_positions - longest) if ctx.max_positions else remaining
+        left = (ctx.max_positions - len(ctx.bound)) if ctx.max_positions else remaining
         if left < 1:  # the context limit: no position left for another token
             break
         if constraint is not None and constraint.is_terminated():

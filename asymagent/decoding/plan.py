@@ -103,8 +103,11 @@ def _drafters(spec: SpecConfig, mode: Mode, temperature: float, reasons: dict) -
     return ("suffix", "model"), store
 
 
-def plan_request(mode: Mode, spec: SpecConfig, temperature: float, *, two_views: bool) -> RequestPlan:
-    """The plan of a request in `mode` (`two_views`: the compressed view differs from the full)."""
+def plan_request(mode: Mode, spec: SpecConfig, temperature: float, *, two_views: bool,
+                 full_fits: bool = True) -> RequestPlan:
+    """The plan of a request in `mode` (`two_views`: the compressed view differs from the full;
+    `full_fits`: the full view is within the model's context limit, so the verifier could read
+    it; in asym it may be longer, read only by the drafter and the copy structures)."""
     reasons: dict = {}
     # A mode's verifier always reads the same cache: in an agent loop step 0 often has nothing to
     # compress (compressed == full), and switching caches at step 1 would re-prefill the whole
@@ -153,9 +156,12 @@ def plan_request(mode: Mode, spec: SpecConfig, temperature: float, *, two_views:
                                 "its rows or base pass are read" if base or rows else
                                 "the rule is not position-invariant: the drafter's bits could "
                                 "reach the output")
-    escalation = mode.fused and spec.escalate_jsd is not None
+    escalation = mode.fused and spec.escalate_jsd is not None and full_fits
     reasons["escalation"] = (f"escalate_jsd={spec.escalate_jsd}" if escalation else
-                             "escalate_jsd=None" if mode.fused else "not asym")
+                             "not asym" if not mode.fused else
+                             "escalate_jsd=None" if spec.escalate_jsd is None else
+                             "the full view is longer than the model's context: the verifier "
+                             "cannot finish on it")
     return RequestPlan(mode=mode, spec=spec, temperature=temperature, verifier_role=role,
                        drafters=drafters, suffix_store=store, base_pass=base, drafter_rows=rows,
                        defer_drafter=defer, copy_delta=copy,

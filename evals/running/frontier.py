@@ -208,10 +208,11 @@ class Record:
 def run_conversation(engine, conv: Conversation, policies: list, *, max_new_tokens: int,
                      bar=None, on_step=None, out: list | None = None, skipped: list | None = None) -> list:
     """Every policy on every step of `conv`, interleaved (order rotated per step); the Records
-    are appended to `out` (returned) and `on_step()` is called after each step. A step whose
-    prompt leaves the model no position to generate (mode full's view over the context limit)
-    has nothing to compare: its records are dropped and it is listed in `skipped`."""
-    from asymagent.engine import ContextLengthError
+    are appended to `out` (returned) and `on_step()` is called after each step. A step that a
+    policy's verifier cannot read (its view over the model's context: mode full's on a history
+    past the window, while asym's compressed view may fit) has nothing to compare with full:
+    its records are dropped from `out` and it is listed in `skipped`, with the policies that
+    refused it and whether each policy that answered was right (`beyond_window`)."""
     from asymagent.evals.running.engine_setup import reset_suffix_stores
 
     keys = {p.name: f"frontier-{p.name}" for p in policies}
@@ -224,15 +225,14 @@ def run_conversation(engine, conv: Conversation, policies: list, *, max_new_toke
         for n, step in enumerate(conv.steps):
             order = policies[n % len(policies):] + policies[: n % len(policies)]
             first = len(out)
-            try:
-                _run_step(engine, conv, n, step, order, keys, max_new_tokens, bar, out)
-            except ContextLengthError as exc:  # mode full cannot run it: no step to compare
-                if bar is not None:
-                    bar.update(len(order) - (len(out) - first))  # the policies not run
+            refused = _run_step(engine, conv, n, step, order, keys, max_new_tokens, bar, out)
+            if refused:  # some verifier cannot read it (mode full's, above all): no comparison
+                answered = {r.policy: r.correct for r in out[first:]}
                 del out[first:]
                 if skipped is not None:
                     skipped.append({"workload": conv.workload, "seed": conv.seed, "step": n,
-                                    "why": str(exc)})
+                                    "why": next(iter(refused.values())),
+                                    "refused": sorted(refused), "answered": answered})
             if on_step is not None:
                 on_step()
     finally:
@@ -243,19 +243,28 @@ def run_conversation(engine, conv: Conversation, policies: list, *, max_new_toke
 
 
 def _run_step(engine, conv: Conversation, n: int, step: Step, order: list, keys: dict,
-              max_new_tokens: int, bar, out: list) -> None:
-    """Every policy of `order` on step `n` of `conv`: one Record each, appended to `out`."""
+              max_new_tokens: int, bar, out: list) -> dict:
+    """Every policy of `order` on step `n` of `conv`: one Record each, appended to `out`; returns
+    {policy: why} of the policies whose verifier's view is over the model's context."""
+    from asymagent.engine import ContextLengthError
     from asymagent.evals.running.engine_setup import use_suffix_store
     from asymagent.evals.running.runner import parse_mode, spec_overrides
 
+    refused: dict = {}
     for p in order:
         mode, overrides = parse_mode(p.label)
         engine.compression = p.compression  # read when the session's views are created
         use_suffix_store(engine, keys[p.name])
         with spec_overrides(engine, overrides):
             t0 = time.perf_counter()
-            r = engine.chat(step.history, tools=step.tools, mode=mode, max_new_tokens=max_new_tokens,
-                            temperature=0.0, tool_choice=step.tool_choice, cache_key=keys[p.name])
+            try:
+                r = engine.chat(step.history, tools=step.tools, mode=mode, max_new_tokens=max_new_tokens,
+                                temperature=0.0, tool_choice=step.tool_choice, cache_key=keys[p.name])
+            except ContextLengthError as exc:
+                refused[p.name] = str(exc)
+                if bar is not None:
+                    bar.update(1)
+                continue
             secs = time.perf_counter() - t0
         s = r.stats
         out.append(Record(conv.workload, conv.seed, n, p.name, list(r.token_ids),
@@ -268,6 +277,19 @@ def _run_step(engine, conv: Conversation, n: int, step: Step, order: list, keys:
                           s.prefill_s))
         if bar is not None:
             bar.update(1)
+    return refused
+
+
+def beyond_window(skipped: list, policies: list) -> dict:
+    """Per policy, over the steps some verifier could not read (`run_conversation`'s skipped):
+    {"steps", "answered" (its verifier read the step), "right"} — where a long history is past
+    mode full's window, what a compressed view still answers."""
+    out = {}
+    for p in policies:
+        answers = [s.get("answered", {}).get(p.name) for s in skipped]
+        out[p.name] = {"steps": len(skipped), "answered": sum(a is not None for a in answers),
+                       "right": sum(bool(a) for a in answers)}
+    return out
 
 
 # --------------------------------------------------------------------------- summaries
@@ -452,6 +474,11 @@ def markdown(result: dict) -> str:
     if lines:
         lines.append("Brackets: 95% intervals (Wilson for proportions, steps as independent trials; "
                      "bootstrap over steps for speed).")
+    beyond = result.get("beyond_window") or {}
+    if any(d["steps"] for d in beyond.values()):
+        lines += ["", "Steps some verifier could not read (over the model's context; not in the "
+                      "tables): " + ", ".join(f"{name} answered {d['answered']} of {d['steps']}, "
+                                              f"right on {d['right']}" for name, d in beyond.items())]
     return "\n".join(lines)
 
 
@@ -573,6 +600,7 @@ def main(args) -> int:
                                     "policies interleaved step by step in one process"},
                **report(records, policies),
                "skipped_steps": skipped,
+               "beyond_window": beyond_window(skipped, policies),
                "records": [r.__dict__ for r in records]}
         if args.json:
             with open(args.json, "w") as f:

@@ -27,6 +27,7 @@ from asymagent.integrations.server.errors import Failed
 from asymagent.integrations.server.logprobs import chat_content, visible
 from asymagent.integrations.server.schemas import extension_for, finish_reason_for, usage_for
 from asymagent.integrations.server.streaming import DONE, SSE_HEADERS, error_lines, relay
+from asymagent.chat.session import verifier_view_tokens
 from asymagent.integrations.server.worker import count_prompt_tokens
 
 
@@ -84,6 +85,9 @@ class ChatTask:
         if kwargs:  # rendered as the engine will render it
             chat_format = engine.chat_format_for(kwargs)
         return count_prompt_tokens(chat_format, self.messages, self.tools)
+
+    def verifier_tokens(self, engine) -> int | None:
+        return verifier_view_tokens(engine, self.messages, self.request)
 
     def run(self, engine, callback):
         result = engine.chat(messages=self.messages,

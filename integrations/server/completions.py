@@ -112,6 +112,9 @@ class CompletionTask:
             raise ValueError("the prompt encodes to no tokens")
         return len(self.ids)
 
+    def verifier_tokens(self, engine) -> int | None:
+        return None  # a completion's prompt has one view (the verifier reads all of it)
+
     def run(self, engine, callback):
         from asymagent.results import GenerationResult
         from asymagent.stats import StepStats

@@ -65,6 +65,10 @@ class Task(Protocol):
     def prompt_tokens(self, engine, chat_format) -> int:
         """Full-view prompt length; raises ValueError/TypeError/KeyError for a refused input."""
 
+    def verifier_tokens(self, engine) -> int | None:
+        """The verifier's view length when it reads a compressed view (modes compressed and
+        asym), else None; asked only when the full prompt is over the context limit."""
+
     def run(self, engine, callback):
         """Generate; `callback(new_ids) -> bool` after every round (False stops)."""
 
@@ -253,10 +257,21 @@ class EngineWorker:
             return Failed(400, f"invalid {what}: {exc}", param=where)
         max_new = task.max_new_tokens
         if self.max_context is not None and prompt_tokens + max_new > self.max_context:
-            requested = prompt_tokens + max_new
+            # in modes compressed and asym the verifier reads the compressed view: the full one
+            # may be longer than the model's context (the drafter reads it whole)
+            try:
+                seen = task.verifier_tokens(self.engine)
+            except (ValueError, TypeError, KeyError, RecursionError) as exc:
+                what = "messages or tools" if where == "messages" else where
+                return Failed(400, f"invalid {what}: {exc}", param=where)
+            if seen is not None and seen + max_new <= self.max_context:
+                return prompt_tokens
+            shown = prompt_tokens if seen is None else seen
+            note = "" if seen is None or seen == prompt_tokens else \
+                f" The verifier reads the {where} compressed to {seen} of {prompt_tokens} tokens."
             return Failed(400, f"This model's maximum context length is {self.max_context} "
-                               f"tokens. However, you requested {requested} tokens "
-                               f"({prompt_tokens} in the {where}, {max_new} in the completion). "
+                               f"tokens. However, you requested {shown + max_new} tokens "
+                               f"({shown} in the {where}, {max_new} in the completion).{note} "
                                f"Please reduce the length of the {where} or completion.",
                           param=where, code="context_length_exceeded")
         return prompt_tokens
