@@ -218,6 +218,18 @@ def test_a_history_over_the_context_is_served_where_the_verifier_reads_it_compre
     assert "compressed to" in r.json()["error"]["message"]
 
 
+def test_the_servers_context_limit_is_the_verifiers():
+    # a drafter with a shorter window than the verifier's only proposes tokens: it does not
+    # shorten what the server admits (the engine checks the verifier's view alone)
+    from types import SimpleNamespace
+
+    from asymagent.integrations.server.worker import context_limit
+
+    model = lambda n: SimpleNamespace(config=SimpleNamespace(max_position_embeddings=n))  # noqa: E731
+    assert context_limit(SimpleNamespace(verifier=model(4096), drafter=model(1024))) == 4096
+    assert context_limit(SimpleNamespace(verifier=model(None), drafter=model(1024))) is None
+
+
 def test_bad_input_is_4xx_with_an_error_body(server):
     url = server[0] + "/v1/chat/completions"
     ok = {"model": "asymagent", "messages": USER}

@@ -135,14 +135,13 @@ def count_prompt_tokens(chat_format, messages: list[dict], tools: list[dict] | N
 
 
 def context_limit(engine) -> int | None:
-    """Smallest max_position_embeddings of the models the engine runs (None if unknown)."""
-    limits = []
-    for name in ("verifier", "drafter"):
-        model = getattr(engine, name, None)
-        limit = getattr(getattr(model, "config", None), "max_position_embeddings", None)
-        if limit:
-            limits.append(int(limit))
-    return min(limits) if limits else None
+    """The verifier's max_position_embeddings (None if unknown): the engine checks a request
+    against the view its verifier reads (Engine's ContextLengthError); the drafter only
+    proposes tokens and reads the full view however long (the shipped one was trained on
+    1024-token sequences and reads the bench's 5000-token histories)."""
+    model = getattr(engine, "verifier", None)
+    limit = getattr(getattr(model, "config", None), "max_position_embeddings", None)
+    return int(limit) if limit else None
 
 
 class EngineWorker:
