@@ -224,17 +224,23 @@ def test_recall_scope_latest_restores_only_the_latest_output_holding_a_source(sm
         RecallWatch(views, pair.full_ids, pair.compressed_ids, scope="newest")
 
 
-def test_recall_max_tokens_skips_a_restore_that_would_re_prefill_too_much(smollm_tokenizer):
-    from asymagent.context.recall import RecallWatch
-
+def one_listing_call(tokenizer):
+    """(messages, copied ids, views, pair): a listing call whose output is cut, and the ids of a
+    copy whose sources are in the cut middle ("CUST-10023 | name 2" -> "3")."""
     text, _ = listing()
     msgs = [{"role": "user", "content": "list them"},
             {"role": "assistant", "content": "", "tool_calls": [{"id": "c1", "type": "function",
              "function": {"name": "list", "arguments": "{}"}}]},
             {"role": "tool", "tool_call_id": "c1", "content": text}]
-    ids = smollm_tokenizer.encode("CUST-10023 | name 2", add_special_tokens=False)
-    views = ContextViews(smollm_tokenizer, CompressionConfig())
-    pair = views.build(msgs)
+    ids = tokenizer.encode("CUST-10023 | name 2", add_special_tokens=False)
+    views = ContextViews(tokenizer, CompressionConfig())
+    return msgs, ids, views, views.build(msgs)
+
+
+def test_recall_max_tokens_skips_a_restore_that_would_re_prefill_too_much(smollm_tokenizer):
+    from asymagent.context.recall import RecallWatch
+
+    msgs, ids, views, pair = one_listing_call(smollm_tokenizer)
     span = views.message_spans()[2]
     cost = len(pair.compressed_ids) - span.compressed[0] + (span.full[1] - span.full[0]) \
         - (span.compressed[1] - span.compressed[0])
@@ -251,14 +257,7 @@ def test_recall_never_grows_the_verifiers_view_past_the_models_context(smollm_to
 
     from asymagent.context.recall import RecallWatch
 
-    text, _ = listing()
-    msgs = [{"role": "user", "content": "list them"},
-            {"role": "assistant", "content": "", "tool_calls": [{"id": "c1", "type": "function",
-             "function": {"name": "list", "arguments": "{}"}}]},
-            {"role": "tool", "tool_call_id": "c1", "content": text}]
-    ids = smollm_tokenizer.encode("CUST-10023 | name 2", add_special_tokens=False)
-    views = ContextViews(smollm_tokenizer, CompressionConfig())
-    pair = views.build(msgs)
+    msgs, ids, views, pair = one_listing_call(smollm_tokenizer)
     # restoring the one compressed output gives the full view back: with the limit at its
     # length no position would be left to decode in, so the restore is skipped
     full = len(pair.full_ids)
@@ -268,8 +267,7 @@ def test_recall_never_grows_the_verifiers_view_past_the_models_context(smollm_to
                         limit=full + len(ids) + 2)
     assert loose(ids + [0], 0) and views.message_spans()[2].same
     # margin never escalates to a full view the verifier cannot read
-    views = ContextViews(smollm_tokenizer, CompressionConfig())
-    pair = views.build(msgs)
+    msgs, ids, views, pair = one_listing_call(smollm_tokenizer)
     hesitant = SimpleNamespace(entries=[SimpleNamespace(top=[(5, -0.7), (6, -0.8)])])
     for limit, fires in ((full, False), (full + 1, True), (0, True)):
         watch = RecallWatch(views, pair.full_ids, pair.compressed_ids, evidence="margin", limit=limit)
