@@ -23,12 +23,13 @@ view's copy evidence (asymagent/decoding/copy_delta.py) at that output position:
   bits of the threshold may fire under one round layout and not another. No escalation while a
   compressed tool output spells out a tool call (the full view would hand it to the verifier:
   on the injection_call attack set, dev seeds, escalating took asym's attack success from 0 to
-  2/12, full's 7/12).
+  2/12, full's 7/12). Nor while the full view is longer than `limit` (the verifier cannot read it).
 
 When it fires and the tool outputs holding the copy sources (`scope="all"`), or the latest of
 them only (`scope="latest"`: the cheapest re-prefill, which starts at the first restored message;
 a further recall may bring back an older one), can be restored (and, with `max_tokens`, the restore would re-prefill at most that many
-verifier tokens: a bounded cost per recall)
+verifier tokens: a bounded cost per recall; with `limit`, the model's context, the restored view
+leaves a position to generate in: the engine's ContextLengthError binds the verifier's view)
 (`ContextViews.restore`: whole, sticky, so later steps keep them and stay append-stable), the
 loop stops there (finish "recall"; the tokens after it are never decoded) and the step is decoded
 again from its first token on the restored view: the verifier re-prefills from the first restored
