@@ -84,9 +84,13 @@ def test_id_keep_presets_validate():
 
 
 def test_the_default_view_keeps_ids_and_the_query_rows():
-    """The default view (docs/context.md "Identifier keep"): head 64, tail 32, query keep 96 and
-    identifier keep 64 tokens (`id_keep_64`); `query_keep` names the view before it."""
+    """The default view (docs/context.md "Identifier keep", "Whole small gaps"): head 64, tail 32,
+    query keep 96 and identifier keep 64 tokens, gaps under 24 tokens kept (`id_keep_64_gaps`);
+    `id_keep_64` and `query_keep` name the views before it."""
     comp = CompressionConfig().compressors[0]
-    assert (comp.head_tokens, comp.tail_tokens, comp.query_keep_tokens, comp.id_keep_tokens) == (64, 32, 96, 64)
-    assert CompressionConfig.preset("id_keep_64") == CompressionConfig()
+    assert (comp.head_tokens, comp.tail_tokens, comp.query_keep_tokens, comp.id_keep_tokens,
+            comp.min_gap) == (64, 32, 96, 64, 24)
+    assert comp.min_gap == comp.min_omitted
+    assert CompressionConfig.preset("id_keep_64_gaps") == CompressionConfig()
+    assert CompressionConfig.preset("id_keep_64").compressors[0].min_gap == 0
     assert CompressionConfig.preset("query_keep").compressors[0].id_keep_tokens == 0

@@ -69,6 +69,10 @@ class ToolOutputCompressor(BaseModel):
     # paths or addresses that the kept text does not show (what later calls copy), besides the
     # query-aware rows; 0 = off
     id_keep_tokens: int = Field(0, ge=0)
+    # a gap of the middle left between kept rows (or before the tail) shorter than this many
+    # tokens is kept instead of marked: a cut that saves less than `min_omitted` is not made
+    # for the whole output either; 0 = only gaps cheaper than the marker, between kept rows
+    min_gap: int = Field(0, ge=0)
     # the latest turn's outputs stay whole until the next assistant message, then are cut (a
     # rewrite of the view's end every step: the verifier re-prefills that output's cut form)
     keep_newest: bool = False
@@ -95,7 +99,8 @@ class ToolOutputCompressor(BaseModel):
             spans = sorted(spans + id_keep.select(middle, id_budget, ctx.counter.count, taken=spans,
                                                   seen=id_keep.identifiers(head_text + tail_text)))
         if spans:
-            return query_keep.render(head_text, middle, tail_text, spans, ctx.counter.count)
+            return query_keep.render(head_text, middle, tail_text, spans, ctx.counter.count,
+                                     min_gap=self.min_gap >> ctx.shrink)
         return f"{head_text}\n[... {omitted} tokens omitted ...]\n{tail_text}"
 
 
@@ -197,6 +202,7 @@ Compressor = Annotated[
 
 DEFAULT_QUERY_KEEP_TOKENS = 96  # the default view's query-aware keep budget (docs/context.md)
 DEFAULT_ID_KEEP_TOKENS = 64  # the default view's identifier keep budget (docs/context.md)
+DEFAULT_MIN_GAP = 24  # the default view keeps a gap between kept rows shorter than this (docs/context.md)
 
 
 def _default_compressors() -> list:
@@ -209,8 +215,11 @@ def _default_compressors() -> list:
     # the kept text does not show, within 64 more tokens: the most the view can take on the
     # 30-step synthetic trace and stay within half of the full context (tests/test_views_synthetic.py:
     # 0.47; 96 tokens gave 0.51), measured on dev seeds before the test seeds (docs/context.md).
+    # Whole small gaps (docs/context.md, "Whole small gaps"): a gap the kept rows leave that is
+    # shorter than min_omitted (24) is kept, as a cut saving less is not made for a whole output
+    # either (a listing cut mid-row for 21 tokens lost the row).
     return [ToolOutputCompressor(query_keep_tokens=DEFAULT_QUERY_KEEP_TOKENS,
-                                 id_keep_tokens=DEFAULT_ID_KEEP_TOKENS)]
+                                 id_keep_tokens=DEFAULT_ID_KEEP_TOKENS, min_gap=DEFAULT_MIN_GAP)]
 
 
 # Named settings: the views compared on the context frontier (docs/context.md).
@@ -230,7 +239,9 @@ PRESETS: dict = {
     "query_keep_192": {"compressors": [{"type": "tool_output", "query_keep_tokens": 192}]},
     "id_keep": {"compressors": [{"type": "tool_output", "query_keep_tokens": 96, "id_keep_tokens": 96}]},
     "id_keep_192": {"compressors": [{"type": "tool_output", "query_keep_tokens": 96, "id_keep_tokens": 192}]},
-    "id_keep_64": {"compressors": [{"type": "tool_output", "query_keep_tokens": 96, "id_keep_tokens": 64}]},  # the default
+    "id_keep_64": {"compressors": [{"type": "tool_output", "query_keep_tokens": 96, "id_keep_tokens": 64}]},
+    "id_keep_64_gaps": {"compressors": [{"type": "tool_output", "query_keep_tokens": 96, "id_keep_tokens": 64,
+                                         "min_gap": 24}]},  # the default
     "id_keep_32_16": {"compressors": [{"type": "tool_output", "head_tokens": 32, "tail_tokens": 16,
                                        "query_keep_tokens": 96, "id_keep_tokens": 128}]},
     "newest": {"compressors": [{"type": "tool_output", "keep_newest": True}]},

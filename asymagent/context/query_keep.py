@@ -124,16 +124,18 @@ def select(middle: str, query: set, budget: int, count, *, context: str = "", ra
     return [units[i] for i in sorted(kept)]
 
 
-def render(head: str, middle: str, tail: str, spans: list, count) -> str:
+def render(head: str, middle: str, tail: str, spans: list, count, *, min_gap: int = 0) -> str:
     """head, the kept spans of `middle` and tail, with `[... N tokens omitted ...]` for each gap
-    (a gap shorter than a marker, between kept text, is kept as it is)."""
+    (a gap shorter than a marker, between kept text, is kept as it is; so is any gap, the one
+    before the tail too, of fewer than `min_gap` tokens; never a gap that spells out a tool
+    call, `has_call_format`)."""
     out, pos = head, 0
     for s, e in list(spans) + [(len(middle), len(middle))]:
         gap = middle[pos:s]
         last = s == len(middle)
         if gap.strip():
             n = count(gap)
-            if n <= MARKER_TOKENS and not last:
+            if ((n <= MARKER_TOKENS and not last) or n < min_gap) and not has_call_format(gap):
                 out += gap  # cheaper than a marker
             else:
                 out = out.rstrip("\n") + f"\n[... {n} tokens omitted ...]\n"
