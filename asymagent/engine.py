@@ -321,6 +321,10 @@ class Engine:
         request.check_engine(vocab_size=self.vocab_size, has_drafter=self.drafter is not None,
                              has_tokenizer=self.tokenizer is not None)
 
+    def _fits(self, ids: list) -> bool:
+        """A view of these ids leaves a position to generate within the model's context limit."""
+        return not self.max_positions or len(ids) < self.max_positions
+
     def _inputs(self, prompt_ids, compressed_prompt_ids, compressed_mode: bool = False
                 ) -> tuple[list, list]:
         """(prompt, compressed view) as int lists; a ValueError naming the problem.
@@ -347,7 +351,7 @@ class Engine:
                 raise ValueError(f"{name} has ids outside the vocabulary [0, {self.vocab_size}): "
                                  f"{bad[:5]}")
         name, ids = ("compressed_prompt_ids", compressed) if compressed_mode else ("prompt_ids", prompt)
-        if self.max_positions and len(ids) >= self.max_positions:
+        if not self._fits(ids):
             raise ContextLengthError(
                 f"{name} has {len(ids)} tokens but the model's context limit "
                 f"(max_position_embeddings) is {self.max_positions}; leave room to generate")
@@ -401,7 +405,7 @@ class Engine:
         t_start = time.perf_counter()
         plan = plan_request(mode, self.spec, request.sampling.temperature,
                             two_views=compressed != prompt,
-                            full_fits=not self.max_positions or len(prompt) < self.max_positions)
+                            full_fits=self._fits(prompt))
         run = self._prefill(plan, request, (prompt, compressed),
                             constraint if constraint is not None else request.constraint)
         run.stats.prefill_s = time.perf_counter() - t_start

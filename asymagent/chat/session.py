@@ -116,19 +116,25 @@ class ChatTurn:
     parallel_tool_calls: bool | None = None  # the request's (False: at most one call kept)
 
 
+def _views_of(engine, request: GenerationRequest, counter: list) -> tuple:
+    """(the conversation's ContextViews, the drafter's log-prob function or None). The drafter's
+    log-probs feed surprisal compression (only called when one is configured and new messages
+    need them; `counter` sums the tokens fed); offered in every mode so one conversation's
+    compressed view does not depend on the mode of its first call."""
+    views = conversation_views(engine, request.cache_key, request.chat_template_kwargs)
+    logprob_fn = drafter_logprob_fn(engine, request.cache_key, counter) \
+        if engine.drafter is not None else None
+    return views, logprob_fn
+
+
 def prepare_chat(engine, messages: list, request: GenerationRequest) -> ChatTurn:
     """Validate the messages, build the constraint and both views of the conversation."""
     _check_messages(engine, messages)
     constraint = build_constraint(engine, request.tools, request.tool_choice,
                                   request.response_format,
                                   parallel=bool(request.parallel_tool_calls))
-    views = conversation_views(engine, request.cache_key, request.chat_template_kwargs)
     counter = [0]
-    # the drafter's log-probs feed surprisal compression (only called when one is configured
-    # and new messages need them); offered in every mode so one conversation's compressed
-    # view does not depend on the mode of its first call
-    logprob_fn = drafter_logprob_fn(engine, request.cache_key, counter) \
-        if engine.drafter is not None else None
+    views, logprob_fn = _views_of(engine, request, counter)
     pair = views.build(messages, request.tools, logprob_fn=logprob_fn)
     compressed = pair.compressed_ids if mode_of(request.mode).compressed else None
     return ChatTurn(full_ids=pair.full_ids, compressed_ids=compressed, constraint=constraint,
@@ -146,9 +152,7 @@ def verifier_view_tokens(engine, messages: list, request: GenerationRequest) -> 
         return None
     _check_messages(engine, messages)
     with engine.lock:
-        views = conversation_views(engine, request.cache_key, request.chat_template_kwargs)
-        logprob_fn = drafter_logprob_fn(engine, request.cache_key, [0]) \
-            if engine.drafter is not None else None
+        views, logprob_fn = _views_of(engine, request, [0])
         return views.verifier_tokens(messages, request.tools, logprob_fn=logprob_fn)
 
 

@@ -116,7 +116,7 @@ class RecallWatch:
                 positions = self._latest(positions)
             if self.max_tokens and self.cost(positions) > self.max_tokens:
                 continue
-            if self.limit and len(self.compressed) + self._growth(positions) + t >= self.limit:
+            if self.limit and len(self.compressed) + self._restored(positions)[1] + t >= self.limit:
                 continue  # the restored view (and the tokens before t) would not fit
             hit = self.views.restore(positions)
             if hit:
@@ -165,10 +165,6 @@ class RecallWatch:
                 first = span.compressed[0] if first is None else first
                 extra += (span.full[1] - span.full[0]) - (span.compressed[1] - span.compressed[0])
         return first, extra
-
-    def _growth(self, positions: list) -> int:
-        """Tokens the verifier's view grows by if the outputs holding `positions` are restored."""
-        return self._restored(positions)[1]
 
     def cost(self, positions: list) -> int:
         """Verifier tokens a restore of the compressed tool outputs holding `positions` would

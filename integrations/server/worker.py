@@ -243,7 +243,7 @@ class EngineWorker:
 
     def _admit(self, task: Task) -> int | Failed:
         """The prompt's length, or the 400 for a prompt that is refused or does not fit."""
-        where = task.where
+        where, max_new = task.where, task.max_new_tokens
         try:
             if self._chat_format is None:
                 from asymagent.chat.chat_format import ChatFormat
@@ -251,29 +251,24 @@ class EngineWorker:
                 self._chat_format = getattr(self.engine, "chat_format", None) or \
                     ChatFormat(self.engine.tokenizer)
             prompt_tokens = task.prompt_tokens(self.engine, self._chat_format)
+            if self.max_context is None or prompt_tokens + max_new <= self.max_context:
+                return prompt_tokens
+            # in modes compressed and asym the verifier reads the compressed view: the full one
+            # may be longer than the model's context (the drafter reads it whole)
+            seen = task.verifier_tokens(self.engine)
         except (ValueError, TypeError, KeyError, RecursionError) as exc:  # the input was refused
             what = "messages or tools" if where == "messages" else where
             return Failed(400, f"invalid {what}: {exc}", param=where)
-        max_new = task.max_new_tokens
-        if self.max_context is not None and prompt_tokens + max_new > self.max_context:
-            # in modes compressed and asym the verifier reads the compressed view: the full one
-            # may be longer than the model's context (the drafter reads it whole)
-            try:
-                seen = task.verifier_tokens(self.engine)
-            except (ValueError, TypeError, KeyError, RecursionError) as exc:
-                what = "messages or tools" if where == "messages" else where
-                return Failed(400, f"invalid {what}: {exc}", param=where)
-            if seen is not None and seen + max_new <= self.max_context:
-                return prompt_tokens
-            shown = prompt_tokens if seen is None else seen
-            note = "" if seen is None or seen == prompt_tokens else \
-                f" The verifier reads the {where} compressed to {seen} of {prompt_tokens} tokens."
-            return Failed(400, f"This model's maximum context length is {self.max_context} "
-                               f"tokens. However, you requested {shown + max_new} tokens "
-                               f"({shown} in the {where}, {max_new} in the completion).{note} "
-                               f"Please reduce the length of the {where} or completion.",
-                          param=where, code="context_length_exceeded")
-        return prompt_tokens
+        if seen is not None and seen + max_new <= self.max_context:
+            return prompt_tokens
+        shown = prompt_tokens if seen is None else seen
+        note = "" if seen is None or seen == prompt_tokens else \
+            f" The verifier reads the {where} compressed to {seen} of {prompt_tokens} tokens."
+        return Failed(400, f"This model's maximum context length is {self.max_context} "
+                           f"tokens. However, you requested {shown + max_new} tokens "
+                           f"({shown} in the {where}, {max_new} in the completion).{note} "
+                           f"Please reduce the length of the {where} or completion.",
+                      param=where, code="context_length_exceeded")
 
     def _generate(self, job: GenerationJob, prompt_tokens: int) -> None:
         detok = IncrementalDetokenizer(self.engine.tokenizer)
