@@ -42,7 +42,7 @@ def test_engine_runner_appends_as_one_forward():
     assert (got.argmax(-1) == want.argmax(-1)).all()
 
 
-def test_main_needs_an_ir(capsys):
+def test_main_needs_an_ir():
     with pytest.raises(SystemExit):
         probe.main([])
 

@@ -232,6 +232,8 @@ def main(argv=None) -> int:
     p.add_argument("--kv-precision", default="bf16", help="OpenVINO KV_CACHE_PRECISION ('' for its default)")
     p.add_argument("--json", metavar="PATH")
     args = p.parse_args(argv)
+    from asymagent.evals.bench.bench import write_json
+
     if args.write_hf:
         print(write_hf(args.write_hf))
         return 0
@@ -247,9 +249,7 @@ def main(argv=None) -> int:
     for n, entry in doc["results"].items():
         print(n, json.dumps({r: {k: v for k, v in entry[r].items() if k != "repeats"}
                              for r in ("openvino", "engine")}, indent=1))
-    if args.json:
-        with open(args.json, "w") as f:
-            json.dump(doc, f, indent=2)
+    write_json(args.json, doc)
     return 0
 
 
