@@ -257,3 +257,22 @@ def test_fresh_prefill_stays_masked_off_the_cpu(monkeypatch):
     monkeypatch.setattr(attention, "_fresh_causal", lambda m, n: True)  # as if it were fresh
     attention.gqa_sdpa_forward(module, q, k, k, mask, scaling=0.125)
     assert calls == [False]
+
+
+def test_grouped_rows_mask_is_the_grouped_calls_mask_or_none():
+    """The grouped path's decision made once per forward (asymagent/kv/lean_forward.py's direct
+    road): the additive mask `_grouped_rows` uses, or None where the call would go elsewhere."""
+    from asymagent.kv import attention
+
+    mask = (torch.arange(128)[None, :] <= (torch.arange(3) + 100)[:, None])[None, None]  # [1, 1, 3, 128]
+    cpu = torch.device("cpu")
+    if attention.grouped_rows_exact() and 3 * 3 >= attention.attention_floor(torch.bfloat16):
+        got = attention.grouped_rows_mask(3, 9, 3, mask, torch.bfloat16, cpu)
+        assert got is attention._group_mask(mask, 3, 3, torch.bfloat16)  # the same memo entry
+        assert got.shape == (1, 1, 9, 128) and got.dtype == torch.bfloat16
+    assert attention.grouped_rows_mask(3, 9, 3, mask, torch.float32, cpu) is None  # not bf16
+    assert attention.grouped_rows_mask(3, 3, 3, mask, torch.bfloat16, cpu) is None  # no groups
+    assert attention.grouped_rows_mask(3, 9, 3, None, torch.bfloat16, cpu) is None
+    assert attention.grouped_rows_mask(2, 9, 3, mask, torch.bfloat16, cpu) is None  # rows != mask rows
+    big = (torch.arange(128)[None, :] <= torch.arange(40)[:, None])[None, None]
+    assert attention.grouped_rows_mask(40, 9, 3, big, torch.bfloat16, cpu) is None  # > GROUP_ROWS

@@ -216,3 +216,30 @@ def test_aligned_reads_keep_the_cached_length_and_mask_the_tail():
     for layer in aligned.layers:
         assert layer.keys.shape[-2] == 70 + 6 == layer.get_seq_length()
         assert layer._k.shape[-2] % growing_cache.ALIGN == 0
+
+
+def test_room_for_buffers_advance_write_as_update_does():
+    """A caller that writes new positions into `buffers()` itself (the lean forward's direct road)
+    and calls `advance` leaves the layer as `update` would; `room_for` says when it may."""
+    layer = GrowingLayer(attend_align=64)
+    stock = GrowingLayer(attend_align=64)
+    g = torch.Generator().manual_seed(0)
+    assert layer.room_for(1, torch.bfloat16, 2, 8) is None  # no buffers yet: update initialises
+    first = torch.randn(1, 2, 10, 8, generator=g).bfloat16()
+    for lay in (layer, stock):
+        lay.update(first, first + 1)
+    with torch.inference_mode():
+        for rows in (1, 3, 1):
+            k = torch.randn(1, 2, rows, 8, generator=g).bfloat16()
+            read = layer.room_for(rows, torch.bfloat16, 2, 8)
+            assert read == layer.attended(layer.get_seq_length() + rows)
+            k_buf, v_buf = layer.buffers()
+            start = layer.get_seq_length()
+            k_buf[:, :, start:start + rows].copy_(k)
+            v_buf[:, :, start:start + rows].copy_(k + 1)
+            layer.advance(rows)
+            stock.update(k, k + 1)
+            assert torch.equal(layer.keys, stock.keys) and torch.equal(layer.values, stock.values)
+        capacity = layer.buffers()[0].shape[-2]
+        assert layer.room_for(capacity, torch.bfloat16, 2, 8) is None  # past the buffer: update grows
+        assert layer.room_for(1, torch.float32, 2, 8) is None and layer.room_for(1, torch.bfloat16, 3, 8) is None

@@ -186,3 +186,47 @@ def test_a_hooked_model_runs_through_transformers():
     finally:
         handle.remove()
     assert seen == [3] and lean_of(model) is not None
+
+
+@needs_packed
+def test_direct_road_same_bits_and_cache_as_the_general_loop(monkeypatch):
+    """bf16, packed, grouped rows: decode and verify forwards take the direct road (each layer one
+    function, its checks made once per forward) and give the general loop's logits and cached keys
+    and values bit for bit, through cache growth (a layer without room takes the general loop)."""
+    model = _model(torch.bfloat16, pack=True)
+    assert attach(model).fused
+    used = []
+    real = lean_forward._direct_layer
+    monkeypatch.setattr(lean_forward, "_direct_layer", lambda *a: used.append(1) or real(*a))
+    g = torch.Generator().manual_seed(3)
+    general, direct = ModelCache(model), ModelCache(model)
+    lengths = [70, 1, 4, 1, 17, 32, 2] + [1] * 300 + [3, 33, 1]
+    capacity = None
+    for n in lengths:
+        ids = torch.randint(0, 256, (n,), generator=g).tolist()
+        with lean_forward.general_loop():
+            before = len(used)
+            a = general.forward_logits(ids, keep=n)
+            assert len(used) == before, "general_loop() took the direct road"
+        before = len(used)
+        held = direct.cache.layers[0].buffers()[0].shape[-2] if direct.cache is not None else None
+        b = direct.forward_logits(ids, keep=n)
+        assert torch.equal(a, b), f"{n}-token forward: logits differ"
+        grew = held is not None and direct.cache.layers[0].buffers()[0].shape[-2] != held
+        if n <= 32 and held is not None and not grew:  # a forward that grows the cache: general loop
+            assert len(used) - before == len(model.model.layers), f"a {n}-token forward left the direct road"
+        capacity = capacity or direct.cache.layers[0].buffers()[0].shape[-2]
+    assert direct.cache.layers[0].buffers()[0].shape[-2] > capacity, "the cache never grew"
+    for la, lb in zip(general.cache.layers, direct.cache.layers):
+        assert la.get_seq_length() == lb.get_seq_length() == sum(lengths)
+        assert torch.equal(la.keys, lb.keys) and torch.equal(la.values, lb.values)
+
+
+def test_direct_road_not_taken_in_float32(monkeypatch):
+    """float32 has no packed kernels and no grouped rows: every layer runs the general loop."""
+    model = _model(torch.float32)
+    assert attach(model).attached
+    monkeypatch.setattr(lean_forward, "_direct_layer", lambda *a: pytest.fail("direct road in float32"))
+    cache = ModelCache(model)
+    for n in (40, 1, 4, 1):
+        cache.forward_logits(list(range(10, 10 + n)), keep=n)

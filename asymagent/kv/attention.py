@@ -145,6 +145,22 @@ def gqa_sdpa_forward(module: torch.nn.Module, query: torch.Tensor, key: torch.Te
     return out.transpose(1, 2).contiguous(), None  # [B, q, Hq, D]
 
 
+def grouped_rows_mask(rows: int, heads: int, kv_heads: int, attention_mask: torch.Tensor | None,
+                      dtype: torch.dtype, device: torch.device) -> torch.Tensor | None:
+    """The additive mask [1, 1, G*rows, L] with which `gqa_sdpa_forward` would run a forward of
+    `rows` query rows over `heads` query and `kv_heads` key/value heads as grouped rows without
+    padding them (`_grouped_rows`); None where it would take another branch or pad. For a caller
+    that runs the grouped call itself, the decision made once per forward (asymagent/kv/lean_forward.py)."""
+    groups = heads // kv_heads if kv_heads else 0
+    if (groups <= 1 or heads != kv_heads * groups or attention_mask is None or rows > GROUP_ROWS
+            or dtype != torch.bfloat16 or device.type != "cpu" or attention_mask.dim() != 4
+            or attention_mask.shape[0] != 1 or attention_mask.shape[1] != 1
+            or attention_mask.shape[2] != rows or not grouped_rows_exact()
+            or groups * rows < attention_floor(dtype)):
+        return None
+    return _group_mask(attention_mask, groups, rows, dtype)
+
+
 _MASKS = threading.local()  # the additive mask of the forward in progress, per thread
 
 

@@ -131,6 +131,28 @@ class GrowingLayer(DynamicLayer):
             return self.keys, self.values
         return self._k[:, :, :read], self._v[:, :, :read]  # [B, H_kv, read, D], tail masked
 
+    def room_for(self, rows: int, dtype: torch.dtype, kv_heads: int, head_dim: int) -> int | None:
+        """For a caller that writes `rows` new positions into `buffers()` itself (as `update` would,
+        asymagent/kv/lean_forward.py): the length attention then reads, if the buffers exist and
+        hold it (dtype, heads, head size; writable here); None where `update` must run (it grows
+        or initialises them). Call `advance(rows)` after writing."""
+        k = self._k
+        if k is None or k.dtype != dtype or k.shape[0] != 1 or k.shape[1] != kv_heads or k.shape[-1] != head_dim:
+            return None
+        read = self.attended(self._len + rows)
+        if read > k.shape[-2] or (k.is_inference() and not torch.is_inference_mode_enabled()):
+            return None
+        return read
+
+    def buffers(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """The key and value buffers [1, H_kv, capacity, D]; positions [0, length) are cached."""
+        return self._k, self._v
+
+    def advance(self, rows: int) -> None:
+        """The `rows` positions after the cached ones, written into `buffers()`, are now cached."""
+        self._len += rows
+        self._view()
+
     def _adopt(self, keys: torch.Tensor, values: torch.Tensor) -> None:
         """Make `keys`/`values` [B, H_kv, L, D] the (full) buffers, e.g. after a batch reorder."""
         self._k, self._v, self._len = keys, values, keys.shape[-2]

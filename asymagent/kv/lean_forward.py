@@ -24,6 +24,19 @@ Bit-identical to the transformers forward, by construction and by check:
   forwards) and compares the logits bit for bit; a model that differs stays on the transformers
   forward and the reason is reported (`LeanReport.why`).
 
+Decode and verify forwards take a shorter road still (`_Direct`, `_direct_layer`): when a
+forward is one the engine's CPU path would run through the fused packed kernels, grouped
+attention rows (asymagent/kv/attention.py) and a GrowingCache with room, with no row padding
+needed (the linear and attention row floors already met), every per-call decision those
+functions make (row floors, the attention interface's branches, the additive grouped mask, the
+cache's room check) is made once per forward and each layer runs as one function of tensor ops:
+the same ops in the same order on the same tensors, so the same bits (the attach check runs it:
+its 1- and 4-token forwards take this road; tests/test_lean_forward.py compares it with the
+general loop). Measured: ~4 ms of a ~33 ms one-token forward at 1,500 cached tokens was that
+Python (docs/results.md, "The Python out of decoding"). Anything else (a first forward on an
+empty cache, a layer whose cache must grow, padding rows, ASYMAGENT_ROW_FLOORS toggled, other
+attention) takes the general loop, layer by layer.
+
 Scope: `LlamaForCausalLM` bodies (the embedded verifier, the drafter) without biases, with a SiLU
 MLP and full attention in every layer, on the CPU, over a DynamicCache or GrowingCache (the
 StaticKV / CUDA-graph path, asymagent/kv/static_cache.py, is separate). Used by
@@ -38,7 +51,9 @@ version counter moves) is re-fused on the next forward.
 
 from __future__ import annotations
 
+import contextlib
 import os
+import threading
 from dataclasses import dataclass
 
 import torch
@@ -118,7 +133,13 @@ class _Layer:
             m.packed_weight, m.packed_key = None, None
 
     def current(self) -> None:
-        if self.sources != tuple(_version(m.weight) for m in (self.q, self.k, self.v, self.gate, self.up)):
+        """Re-fuse when a source weight was replaced or changed in place since `fuse`."""
+        weights = [m.weight for m in (self.q, self.k, self.v, self.gate, self.up)]
+        try:  # `_version` inline: this runs for every layer of every forward
+            sources = tuple([(w.data_ptr(), w._version) for w in weights])
+        except RuntimeError:  # an inference tensor has no version counter
+            sources = tuple(_version(w) for w in weights)
+        if self.sources != sources:
             self.fuse()
 
 
@@ -140,6 +161,60 @@ def why_not(model: torch.nn.Module) -> str | None:
     if p.device.type != "cpu":
         return f"device {p.device.type} (CPU only: CUDA decodes through static caches and graphs)"
     return None
+
+
+_ROAD = threading.local()  # `general` set: this thread's forwards take the general loop
+
+
+@contextlib.contextmanager
+def general_loop():
+    """Inside the block (this thread) every layer runs the general loop, as before the direct road:
+    what evals/probes/overhead_ab.py times against it and the tests compare it with."""
+    saved = getattr(_ROAD, "general", False)
+    _ROAD.general = True
+    try:
+        yield
+    finally:
+        _ROAD.general = saved
+
+
+@dataclass
+class _Direct:
+    """What every layer of one forward shares on the direct road (see the module doc): rotary
+    tables [1, 1, T, D], the grouped additive mask [1, 1, G*T, L], the head counts."""
+
+    cos: torch.Tensor
+    sin_signed: torch.Tensor
+    mask: torch.Tensor
+    hq: int
+    hkv: int
+    d: int
+    inter: int
+
+
+def _direct_layer(lay: _Layer, x: torch.Tensor, o_packed: torch.Tensor, down_packed: torch.Tensor,
+                  k_buf: torch.Tensor, v_buf: torch.Tensor, start: int, read: int, f: _Direct) -> torch.Tensor:
+    """One decoder layer of a decode / verify forward, x [1, T, H] -> [1, T, H]: the general loop's
+    fused branch with `cache.update`, `gqa_sdpa_forward` -> `_grouped_rows` and `PackedLinear.forward`
+    written out (their checks made once per forward by `LeanForward._direct`). The new keys and
+    values go to positions [start, start + T) of the cache's buffers [1, Hkv, capacity, D];
+    attention reads `read` positions."""
+    rows, hq, hkv, d = x.shape[1], f.hq, f.hkv, f.d
+    h = _rms(x, lay.norm1.weight, lay.norm1.variance_epsilon)  # [1, T, H]
+    qkv = packed_linear.packed_forward(h, lay.qkv_packed)  # [1, T, (Hq+2Hkv)*D]
+    qkv = qkv.view(1, rows, hq + 2 * hkv, d).transpose(1, 2)  # [1, Hq+2Hkv, T, D]
+    qk = _rope(qkv[:, : hq + hkv], f.cos, f.sin_signed)  # [1, Hq+Hkv, T, D]
+    k_buf[:, :, start:start + rows].copy_(qk[:, hq:])
+    v_buf[:, :, start:start + rows].copy_(qkv[:, hq + hkv:])
+    grouped = qk[:, :hq].reshape(1, hkv, (hq // hkv) * rows, d)  # [1, Hkv, G*T, D]
+    out = F.scaled_dot_product_attention(grouped, k_buf[:, :, :read], v_buf[:, :, :read],
+                                         attn_mask=f.mask, scale=lay.attn.scaling)  # [1, Hkv, G*T, D]
+    out = out.view(1, hq, rows, d)[:, :, :rows].transpose(1, 2).contiguous()  # [1, T, Hq, D]
+    x = x + packed_linear.packed_forward(out.reshape(1, rows, -1).contiguous(), o_packed)
+    h = _rms(x, lay.norm2.weight, lay.norm2.variance_epsilon)
+    gu = packed_linear.packed_forward(h, lay.gu_packed)  # [1, T, 2*I]
+    act = F.silu(gu[..., : f.inter]) * gu[..., f.inter:]  # [1, T, I]
+    return x + packed_linear.packed_forward(act, down_packed)
 
 
 class LeanForward:
@@ -207,7 +282,13 @@ class LeanForward:
         # the fused kernels: bf16 on the CPU, while PackedLinear's kernel works (packed_linear.py)
         packed = (self.fused and x.dtype == torch.bfloat16 and x.device.type == "cpu"
                   and packed_linear.enabled())
+        direct = self._direct(attention, packed, cos, sin_signed, mask, x)
         for i, lay in enumerate(self.layers):
+            if direct is not None:
+                out = self._direct_step(i, lay, x, cache, direct)
+                if out is not None:
+                    x = out
+                    continue
             fused = packed and rows <= getattr(lay.q, "max_rows", 0)
             h = _rms(x, lay.norm1.weight, lay.norm1.variance_epsilon)  # [1, T, H]
             if fused:
@@ -231,6 +312,56 @@ class LeanForward:
                 act = F.silu(lay.gate.forward(h)) * lay.up.forward(h)
             x = x + lay.down.forward(act)
         return x
+
+    def _direct(self, attention, packed: bool, cos: torch.Tensor, sin_signed: torch.Tensor,
+                mask, x: torch.Tensor) -> _Direct | None:
+        """The direct road's shared inputs for this forward (module doc), or None: the forward
+        is one the general loop would run through the fused packed kernels, `gqa_sdpa_forward`'s
+        grouped rows and plain packed calls for o and down, none of them padding its rows."""
+        from asymagent.kv.attention import gqa_sdpa_forward, grouped_rows_mask
+        from asymagent.modeling.packed_linear import PackedLinear
+
+        rows = x.shape[1]
+        if (not packed or attention is not gqa_sdpa_forward or x.shape[0] != 1 or torch.is_grad_enabled()
+                or getattr(_ROAD, "general", False)):
+            return None
+        lay = self.layers[0]
+        if type(lay.o) is not PackedLinear or type(lay.down) is not PackedLinear:
+            return None
+        lay.current()
+        hq, hkv, d = self.heads, self.kv_heads, self.head_dim
+        unpadded = all(packed_linear.needs_no_padding(rows, p, n_in, x.dtype) for p, n_in in (
+            (lay.qkv_packed, x.shape[-1]), (lay.o._current_packed(), hq * d),
+            (lay.gu_packed, x.shape[-1]), (lay.down._current_packed(), self.intermediate)))
+        grouped = grouped_rows_mask(rows, hq, hkv, mask, x.dtype, x.device) if unpadded else None
+        if grouped is None:
+            return None
+        return _Direct(cos=cos, sin_signed=sin_signed, mask=grouped, hq=hq, hkv=hkv, d=d,
+                       inter=self.intermediate)
+
+    def _direct_step(self, i: int, lay: _Layer, x: torch.Tensor, cache, f: _Direct) -> torch.Tensor | None:
+        """Layer `i` on the direct road, or None (the general loop runs it): the kernels must be
+        the fused and packed ones for these rows and the layer's cache a GrowingLayer with room."""
+        from asymagent.kv.growing_cache import GrowingLayer
+        from asymagent.modeling.packed_linear import PackedLinear
+
+        rows = x.shape[1]
+        o, down = lay.o, lay.down
+        if (rows > getattr(lay.q, "max_rows", 0) or type(o) is not PackedLinear
+                or type(down) is not PackedLinear or rows > o.max_rows or rows > down.max_rows):
+            return None
+        layer_cache = cache.layers[i] if i < len(getattr(cache, "layers", ())) else None
+        if type(layer_cache) is not GrowingLayer:
+            return None
+        read = layer_cache.room_for(rows, x.dtype, f.hkv, f.d)
+        if read is None:  # the general loop's cache.update grows or initialises the buffers
+            return None
+        lay.current()
+        k_buf, v_buf = layer_cache.buffers()
+        out = _direct_layer(lay, x, o._current_packed(), down._current_packed(), k_buf, v_buf,
+                            layer_cache.get_seq_length(), read, f)
+        layer_cache.advance(rows)
+        return out
 
     def hidden(self, input_ids: torch.Tensor, cache) -> torch.Tensor:
         """[1, T] -> final (normed) hidden states [1, T, H], as `model.model(...).last_hidden_state`."""

@@ -117,6 +117,12 @@ def packed_rows_forward(x: torch.Tensor, packed: torch.Tensor,
     return out.reshape(*x.shape[:-1], out.shape[-1])
 
 
+def needs_no_padding(rows: int, packed: torch.Tensor, n_in: int, dtype: torch.dtype) -> bool:
+    """Whether `packed_rows_forward` of `rows` rows (x [..., n_in]) is `packed_forward` as it is
+    (the rows meet this CPU's linear row floor), so a caller may call that directly."""
+    return rows >= linear_floor(dtype, _shape(packed, n_in))
+
+
 LINEAR_CANDIDATES = (1, 2, 4)  # row floors the probe tries, smallest first
 
 

@@ -1,7 +1,7 @@
-"""Per-forward overheads of the CPU forward, before and after, interleaved: row-floor padding, the grouped mask, the prefill mask, the fresh prefill's causal call.
+"""Per-forward overheads of the CPU forward, before and after, interleaved: row-floor padding, the grouped mask, the prefill mask, the fresh prefill's causal call, the direct road.
 
     python -m asymagent.evals.probes.overhead_ab [--context 1000] [--repeats 25] [--threads 2] \
-        [--prefill-rows 490] [--changes pad,mask,prefill_mask,fresh_causal] [--json PATH]
+        [--prefill-rows 490] [--changes pad,mask,prefill_mask,fresh_causal,direct] [--json PATH]
 
 One process, the embedded verifier as the engine loads it (bf16 where the CPU has bf16 units,
 packed linears, lean forward, row floors, grouped attention rows), `--context` random tokens
@@ -20,7 +20,10 @@ bit-identical; the medians and their ratio are reported.
 - `fresh_causal`: a prefill of `--prefill-rows` and of 1024 tokens on an EMPTY cache (a
   conversation's first prompt, a long prompt's first chunk) under its mask (before:
   `attention.masked_fresh_prefill()`) vs as SDPA's `is_causal` (now: the kernel skips the blocks
-  above the diagonal).
+  above the diagonal);
+- `direct`: 1-, 4- and 17-token forwards (a decode, verifies) through the lean forward's general
+  loop, every per-call decision made in every layer (before: `lean_forward.general_loop()`), vs
+  the direct road, those decisions made once per forward (now; asymagent/kv/lean_forward.py).
 """
 
 from __future__ import annotations
@@ -48,7 +51,7 @@ def main(argv=None) -> int:
     p.add_argument("--repeats", type=int, default=25)
     p.add_argument("--threads", type=int, default=None)
     p.add_argument("--prefill-rows", type=int, default=490, help="rows of the prefill_mask forward")
-    p.add_argument("--changes", default="pad,mask,prefill_mask,fresh_causal")
+    p.add_argument("--changes", default="pad,mask,prefill_mask,fresh_causal,direct")
     p.add_argument("--json", metavar="PATH")
     args = p.parse_args(argv)
 
@@ -58,6 +61,7 @@ def main(argv=None) -> int:
     import asymagent.modeling.packed_linear as packed_linear
     from asymagent.engine import Engine
     from asymagent.kv.cache import ModelCache
+    from asymagent.kv.lean_forward import general_loop
     from asymagent.modeling.row_floor import pad_rows
 
     if args.threads:
@@ -68,21 +72,23 @@ def main(argv=None) -> int:
     cache.prefill(ids[: args.context])
     settings = {"pad": ({"pad": pad_rows_repeat}, {}), "mask": ({"per_layer_masks": True}, {}),
                 "prefill_mask": ({"sdpa_converts_masks": True}, {}),
-                "fresh_causal": ({"masked_fresh": True, "fresh": True}, {"fresh": True})}
+                "fresh_causal": ({"masked_fresh": True, "fresh": True}, {"fresh": True}),
+                "direct": ({"general_loop": True}, {})}
     rows_of = {"pad": (1, 4), "mask": (1, 4), "prefill_mask": (args.prefill_rows,),
-               "fresh_causal": (args.prefill_rows, 1024)}
+               "fresh_causal": (args.prefill_rows, 1024), "direct": (1, 4, 17)}
     fresh = ModelCache(engine.verifier)  # the fresh_causal forwards: an empty cache each time
 
     def forward(setting: dict, rows: int):
         attention.pad_rows = packed_linear.pad_rows = setting.get("pad", pad_rows)
         masks = (attention.per_layer_masks() if setting.get("per_layer_masks") else
                  attention.sdpa_converts_masks() if setting.get("sdpa_converts_masks") else
-                 attention.masked_fresh_prefill() if setting.get("masked_fresh") else contextlib.nullcontext())
+                 attention.masked_fresh_prefill() if setting.get("masked_fresh") else
+                 general_loop() if setting.get("general_loop") else contextlib.nullcontext())
         on, start = (fresh, 0) if setting.get("fresh") else (cache, args.context)
         on.crop(start)
         with masks:
             t0 = time.perf_counter()
-            logits = on.forward_logits(ids[start: start + rows], min(rows, 4))  # [<=4, V]
+            logits = on.forward_logits(ids[start: start + rows], rows if rows <= 32 else 4)  # [<=32, V]
             return time.perf_counter() - t0, logits
 
     result = {"command": " ".join(["python -m asymagent.evals.probes.overhead_ab"] + (argv or [])),

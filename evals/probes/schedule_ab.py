@@ -1,6 +1,6 @@
-"""A/B of the decode schedule on the bench workload: the plain probe, copied drafts' length, drafter rows, the drafter's deferred prefill.
+"""A/B of the decode schedule on the bench workload: the plain probe, copied drafts' length, drafter rows, the drafter's deferred prefill, the lean forward's direct road.
 
-    python -m asymagent.evals.probes.schedule_ab [--change probe|lookup_k=N|drafter_rows|defer_drafter] [--modes spec,asym]
+    python -m asymagent.evals.probes.schedule_ab [--change probe|lookup_k=N|drafter_rows|defer_drafter|direct] [--modes spec,asym]
         [--steps 12] [--passes 2] [--threads 2] [--workloads bench] [--episodes 2]
         [--max-steps 6] [--json PATH]
 
@@ -22,15 +22,18 @@ apart). "new" is the engine as shipped, "old" the change undone:
 - `defer_drafter`: the drafter's full-view prefill runs at the first round that asks the drafter
   model for drafts (new; `RequestPlan.defer_drafter`) vs with the verifier's, before decoding
   (old).
+- `direct`: decode and verify forwards of the CPU lean forward take the direct road (new;
+  asymagent/kv/lean_forward.py) vs the general loop (old: `lean_forward.general_loop()`).
 
 Reports per mode and pass group the wall seconds of each path, the ratio of the sums, the median
 per-step ratio, decode seconds, plain steps and rounds, and whether the output token ids are
-identical on every step (they must be: neither change can change a token in these modes).
+identical on every step (they must be: no change can change a token in these modes).
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import dataclasses
 import os
 import statistics
@@ -63,6 +66,7 @@ def measure(change: str, modes: list, steps: int, passes: int, max_new_tokens: i
     from asymagent.evals.running.engine_setup import build_engine, reset_suffix_stores, use_suffix_store
     from asymagent.engine import ContextLengthError
     from asymagent.evals.running.frontier import conversations
+    from asymagent.kv.lean_forward import general_loop
 
     convs = [c for w in workloads for c in conversations(w, "test", episodes, max_steps, steps)]
     all_steps = [step for c in convs for step in c.steps]
@@ -88,13 +92,13 @@ def measure(change: str, modes: list, steps: int, passes: int, max_new_tokens: i
         return dataclasses.replace(shipped_plan(*args, **kwargs), defer_drafter=False)
 
     old_plan = {"drafter_rows": rows_always, "defer_drafter": prefill_now}
-    if change in ("probe", "drafter_rows", "defer_drafter"):
+    if change in ("probe", "drafter_rows", "defer_drafter", "direct"):
         specs = {"new": shipped_spec, "old": shipped_spec}
     elif change.startswith("lookup_k="):
         specs = {"new": dataclasses.replace(shipped_spec, lookup_k=int(change.split("=", 1)[1])),
                  "old": shipped_spec}
     else:
-        raise SystemExit(f"unknown --change {change!r} (probe, lookup_k=N, drafter_rows, defer_drafter)")
+        raise SystemExit(f"unknown --change {change!r} (probe, lookup_k=N, drafter_rows, defer_drafter, direct)")
     paths = {(m, p, g): _Path() for m in modes for p in ("new", "old") for g in ("first", "later")}
     identical = {m: True for m in modes}
     skipped = 0  # (step, mode) pairs over the context limit
@@ -115,11 +119,14 @@ def measure(change: str, modes: list, steps: int, passes: int, max_new_tokens: i
                                 path == "old" and change in old_plan) else shipped_plan
                             key = f"schedule-ab-{mode}-{path}"
                             use_suffix_store(engine, key)
+                            road = general_loop() if (change == "direct" and path == "old") \
+                                else contextlib.nullcontext()
                             t0 = time.perf_counter()
                             try:
-                                r = engine.chat(step.history, tools=step.tools, mode=mode,
-                                                max_new_tokens=max_new_tokens, temperature=0.0,
-                                                tool_choice=step.tool_choice, cache_key=key)
+                                with road:
+                                    r = engine.chat(step.history, tools=step.tools, mode=mode,
+                                                    max_new_tokens=max_new_tokens, temperature=0.0,
+                                                    tool_choice=step.tool_choice, cache_key=key)
                             except ContextLengthError:  # over the model's limit: as the frontier,
                                 skipped += 1  # the step is left out (both paths: same prompt)
                                 bar.update(2)
@@ -166,7 +173,7 @@ def measure(change: str, modes: list, steps: int, passes: int, max_new_tokens: i
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(prog="python -m asymagent.evals.probes.schedule_ab",
                                 description=__doc__.splitlines()[0])
-    p.add_argument("--change", default="probe", help="probe | lookup_k=N | drafter_rows | defer_drafter")
+    p.add_argument("--change", default="probe", help="probe | lookup_k=N | drafter_rows | defer_drafter | direct")
     p.add_argument("--modes", default="spec,asym")
     p.add_argument("--steps", type=int, default=12, help="bench steps")
     p.add_argument("--workloads", default="bench", help="bench, suites or domain:NAME, comma separated")
