@@ -136,7 +136,7 @@ class _Layer:
         """Re-fuse when a source weight was replaced or changed in place since `fuse`."""
         weights = [m.weight for m in (self.q, self.k, self.v, self.gate, self.up)]
         try:  # `_version` inline: this runs for every layer of every forward
-            sources = tuple([(w.data_ptr(), w._version) for w in weights])
+            sources = tuple([(w.data_ptr(), torch.Tensor._version.__get__(w)) for w in weights])
         except RuntimeError:  # an inference tensor has no version counter
             sources = tuple(_version(w) for w in weights)
         if self.sources != sources:
@@ -331,8 +331,8 @@ class LeanForward:
         lay.current()
         hq, hkv, d = self.heads, self.kv_heads, self.head_dim
         unpadded = all(packed_linear.needs_no_padding(rows, p, n_in, x.dtype) for p, n_in in (
-            (lay.qkv_packed, x.shape[-1]), (lay.o._current_packed(), hq * d),
-            (lay.gu_packed, x.shape[-1]), (lay.down._current_packed(), self.intermediate)))
+            (lay.qkv_packed, x.shape[-1]), (lay.o.current_packed(), hq * d),
+            (lay.gu_packed, x.shape[-1]), (lay.down.current_packed(), self.intermediate)))
         grouped = grouped_rows_mask(rows, hq, hkv, mask, x.dtype, x.device) if unpadded else None
         if grouped is None:
             return None
@@ -358,7 +358,7 @@ class LeanForward:
             return None
         lay.current()
         k_buf, v_buf = layer_cache.buffers()
-        out = _direct_layer(lay, x, o._current_packed(), down._current_packed(), k_buf, v_buf,
+        out = _direct_layer(lay, x, o.current_packed(), down.current_packed(), k_buf, v_buf,
                             layer_cache.get_seq_length(), read, f)
         layer_cache.advance(rows)
         return out

@@ -169,7 +169,9 @@ class PackedLinear(torch.nn.Linear):
     packed_key: tuple | None
     max_rows: int
 
-    def _current_packed(self) -> torch.Tensor | None:
+    def current_packed(self) -> torch.Tensor | None:
+        """The packed copy of the current weight (re-made when the weight was replaced or changed
+        in place since it was packed)."""
         w = self.weight
         key = _key(w)
         if self.packed_key != key:
@@ -190,7 +192,7 @@ class PackedLinear(torch.nn.Linear):
                 and _DISABLED["why"] is None
                 and not (torch.is_grad_enabled() and (input.requires_grad or w.requires_grad))):
             try:
-                return packed_rows_forward(input, self._current_packed(), self.bias)
+                return packed_rows_forward(input, self.current_packed(), self.bias)
             except Exception as exc:  # noqa: BLE001 - fall back for good, once
                 disable(exc)
         return F.linear(input, w, self.bias)
