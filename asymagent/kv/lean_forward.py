@@ -32,8 +32,8 @@ functions make (row floors, the attention interface's branches, the additive gro
 cache's room check) is made once per forward and each layer runs as one function of tensor ops:
 the same ops in the same order on the same tensors, so the same bits (the attach check runs it:
 its 1- and 4-token forwards take this road; tests/test_lean_forward.py compares it with the
-general loop). Measured: ~4 ms of a ~33 ms one-token forward at 1,500 cached tokens was that
-Python (docs/results.md, "The Python out of decoding"). Anything else (a first forward on an
+general loop). Measured: 2.4-3.2 ms less per decode or verify forward (5-8%; docs/results.md,
+"The Python out of decoding"). Anything else (a first forward on an
 empty cache, a layer whose cache must grow, padding rows, ASYMAGENT_ROW_FLOORS toggled, other
 attention) takes the general loop, layer by layer.
 
