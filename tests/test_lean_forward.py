@@ -230,3 +230,31 @@ def test_direct_road_not_taken_in_float32(monkeypatch):
     cache = ModelCache(model)
     for n in (40, 1, 4, 1):
         cache.forward_logits(list(range(10, 10 + n)), keep=n)
+
+
+@needs_packed
+def test_direct_road_failure_falls_back_to_the_general_loop(monkeypatch):
+    """A kernel failure on the direct road switches packing off (once, with a warning) and the
+    general loop re-runs the layer: the same logits and cache as a forward without the road."""
+    from asymagent.modeling import packed_linear
+
+    model = _model(torch.bfloat16, pack=True)
+    assert attach(model).fused
+    monkeypatch.setitem(packed_linear._DISABLED, "why", None)  # restored after the test
+    general, direct = ModelCache(model), ModelCache(model)
+    ids = torch.randint(0, 256, (70,), generator=torch.Generator().manual_seed(4)).tolist()
+    for c in (general, direct):
+        c.forward_logits(ids, keep=1)
+    with lean_forward.general_loop():
+        want = general.forward_logits([5, 6, 7], keep=3)
+
+    def broken(*args):
+        raise RuntimeError("kernel gone")
+
+    monkeypatch.setattr(lean_forward, "_direct_layer", broken)
+    with pytest.warns(RuntimeWarning, match="kernel gone"):
+        got = direct.forward_logits([5, 6, 7], keep=3)
+    assert packed_linear._DISABLED["why"] is not None
+    assert torch.equal(got, want)
+    for la, lb in zip(general.cache.layers, direct.cache.layers):
+        assert torch.equal(la.keys, lb.keys) and torch.equal(la.values, lb.values)

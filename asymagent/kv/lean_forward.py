@@ -190,6 +190,7 @@ class _Direct:
     hkv: int
     d: int
     inter: int
+    off: bool = False  # the packed kernel failed in this forward: the general loop from here on
 
 
 def _direct_layer(lay: _Layer, x: torch.Tensor, o_packed: torch.Tensor, down_packed: torch.Tensor,
@@ -347,7 +348,7 @@ class LeanForward:
 
         rows = x.shape[1]
         o, down = lay.o, lay.down
-        if (rows > getattr(lay.q, "max_rows", 0) or type(o) is not PackedLinear
+        if (f.off or rows > getattr(lay.q, "max_rows", 0) or type(o) is not PackedLinear
                 or type(down) is not PackedLinear or rows > o.max_rows or rows > down.max_rows):
             return None
         layer_cache = cache.layers[i] if i < len(getattr(cache, "layers", ())) else None
@@ -358,8 +359,13 @@ class LeanForward:
             return None
         lay.current()
         k_buf, v_buf = layer_cache.buffers()
-        out = _direct_layer(lay, x, o.current_packed(), down.current_packed(), k_buf, v_buf,
-                            layer_cache.get_seq_length(), read, f)
+        try:
+            out = _direct_layer(lay, x, o.current_packed(), down.current_packed(), k_buf, v_buf,
+                                layer_cache.get_seq_length(), read, f)
+        except Exception as exc:  # noqa: BLE001 - as `_fused`: packing off for good, once; the
+            packed_linear.disable(exc)  # general loop re-runs this layer (the cache has not
+            f.off = True  # advanced: its write of these positions is repeated)
+            return None
         layer_cache.advance(rows)
         return out
 
