@@ -119,9 +119,8 @@ def gqa_sdpa_forward(module: torch.nn.Module, query: torch.Tensor, key: torch.Te
             or kwargs.get("output_attentions", False)):
         return sdpa_attention_forward(module, query, key, value, attention_mask, dropout=dropout,
                                       scaling=scaling, is_causal=is_causal, **kwargs)
-    if (q_len <= GROUP_ROWS and dropout == 0.0 and query.dtype == torch.bfloat16
-            and _same_rows_as_batched(query, attention_mask) and attention_mask.shape[1] == 1
-            and query.shape[1] == key.shape[1] * groups and grouped_rows_exact()):
+    if dropout == 0.0 and _groups_rows(q_len, query.shape[1], key.shape[1], groups, attention_mask,
+                                       query.dtype, query.device, query.shape[0]):
         return _grouped_rows(query, key, value, attention_mask, scaling, groups)
     if (q_len >= CAUSAL_ROWS and query.device.type == "cpu" and not getattr(_MASKS, "masked_fresh", False)
             and _fresh_causal(attention_mask, q_len)):  # a prefill on an empty cache: the kernel
@@ -145,6 +144,17 @@ def gqa_sdpa_forward(module: torch.nn.Module, query: torch.Tensor, key: torch.Te
     return out.transpose(1, 2).contiguous(), None  # [B, q, Hq, D]
 
 
+def _groups_rows(rows: int, heads: int, kv_heads: int, groups: int, attention_mask: torch.Tensor | None,
+                 dtype: torch.dtype, device: torch.device, batch: int) -> bool:
+    """Whether `gqa_sdpa_forward` runs a (dropout-free) forward of `rows` query rows over `heads`
+    query and `kv_heads` key/value heads in `groups` as grouped rows (`_grouped_rows`): bf16 on
+    the CPU, batch 1, a mask shared by the heads, at most GROUP_ROWS rows, where this CPU's
+    kernel gives the per-head call's bits. The one rule for both callers."""
+    return (groups > 1 and attention_mask is not None and rows <= GROUP_ROWS and batch == 1
+            and dtype == torch.bfloat16 and device.type == "cpu" and attention_mask.shape[1] == 1
+            and heads == kv_heads * groups and grouped_rows_exact())
+
+
 def grouped_rows_mask(rows: int, heads: int, kv_heads: int, attention_mask: torch.Tensor | None,
                       dtype: torch.dtype, device: torch.device) -> torch.Tensor | None:
     """The additive mask [1, 1, G*rows, L] with which `gqa_sdpa_forward` would run a forward of
@@ -152,11 +162,9 @@ def grouped_rows_mask(rows: int, heads: int, kv_heads: int, attention_mask: torc
     padding them (`_grouped_rows`); None where it would take another branch or pad. For a caller
     that runs the grouped call itself, the decision made once per forward (asymagent/kv/lean_forward.py)."""
     groups = heads // kv_heads if kv_heads else 0
-    if (groups <= 1 or heads != kv_heads * groups or attention_mask is None or rows > GROUP_ROWS
-            or dtype != torch.bfloat16 or device.type != "cpu" or attention_mask.dim() != 4
-            or attention_mask.shape[0] != 1 or attention_mask.shape[1] != 1
-            or attention_mask.shape[2] != rows or not grouped_rows_exact()
-            or groups * rows < attention_floor(dtype)):
+    if (not _groups_rows(rows, heads, kv_heads, groups, attention_mask, dtype, device, 1)
+            or attention_mask.dim() != 4 or attention_mask.shape[0] != 1
+            or attention_mask.shape[2] != rows or groups * rows < attention_floor(dtype)):
         return None
     return _group_mask(attention_mask, groups, rows, dtype)
 
