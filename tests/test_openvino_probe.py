@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from asymagent.evals.probes import openvino_decode as probe
-from tests.conftest import make_tiny_llama
+from conftest import make_tiny_llama
 
 
 def test_write_hf_adds_the_transformers4_rope_key(tmp_path):
@@ -27,7 +27,7 @@ def test_write_hf_adds_the_transformers4_rope_key(tmp_path):
 def test_engine_runner_appends_as_one_forward():
     """The runner feeds a context, an appended block and single tokens into one cache: each
     returned row is the logits a single float32 forward gives at that position."""
-    from tests.conftest import make_tiny_smollm_engine
+    from conftest import make_tiny_smollm_engine
 
     engine = make_tiny_smollm_engine()
     runner = probe.EngineRunner(engine)

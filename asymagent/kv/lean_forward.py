@@ -59,7 +59,10 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
+from asymagent.kv.attention import gqa_sdpa_forward, grouped_rows_mask
+from asymagent.kv.growing_cache import GrowingLayer
 from asymagent.modeling import packed_linear
+from asymagent.modeling.packed_linear import PackedLinear
 
 ATTR = "asymagent_lean"  # the attached LeanForward on the *ForCausalLM
 CHECK_ROWS = (1, 4, 40)  # forward sizes compared with transformers at attach time (after a prefill)
@@ -222,8 +225,6 @@ class LeanForward:
     """The decoder forward of one LlamaForCausalLM (see the module doc); `attach` makes one."""
 
     def __init__(self, model: torch.nn.Module, fuse: bool) -> None:
-        from asymagent.modeling.packed_linear import PackedLinear
-
         self.model = model
         self.body = model.model
         cfg = model.config
@@ -247,8 +248,6 @@ class LeanForward:
     # ------------------------------------------------------------------ pieces
     def _mask(self, cache, x: torch.Tensor, positions: torch.Tensor, past: int, rows: int):
         """The causal mask transformers would build for this forward ([1, 1, T, L] bool, or None)."""
-        from asymagent.kv.growing_cache import GrowingLayer
-
         first = cache.layers[0] if getattr(cache, "layers", None) else None
         if isinstance(first, GrowingLayer) and first.attend_align > 1:
             # an aligned read (growing_cache.py): the mask is never skipped; key j is seen by the
@@ -319,9 +318,6 @@ class LeanForward:
         """The direct road's shared inputs for this forward (module doc), or None: the forward
         is one the general loop would run through the fused packed kernels, `gqa_sdpa_forward`'s
         grouped rows and plain packed calls for o and down, none of them padding its rows."""
-        from asymagent.kv.attention import gqa_sdpa_forward, grouped_rows_mask
-        from asymagent.modeling.packed_linear import PackedLinear
-
         rows = x.shape[1]
         if (not packed or attention is not gqa_sdpa_forward or x.shape[0] != 1 or torch.is_grad_enabled()
                 or getattr(_ROAD, "general", False)):
@@ -343,9 +339,6 @@ class LeanForward:
     def _direct_step(self, i: int, lay: _Layer, x: torch.Tensor, cache, f: _Direct) -> torch.Tensor | None:
         """Layer `i` on the direct road, or None (the general loop runs it): the kernels must be
         the fused and packed ones for these rows and the layer's cache a GrowingLayer with room."""
-        from asymagent.kv.growing_cache import GrowingLayer
-        from asymagent.modeling.packed_linear import PackedLinear
-
         rows = x.shape[1]
         o, down = lay.o, lay.down
         if (f.off or rows > getattr(lay.q, "max_rows", 0) or type(o) is not PackedLinear
