@@ -35,6 +35,32 @@ def make_tiny_llama(vocab_size: int = 256, layers: int = 2, hidden: int = 64, he
     return model
 
 
+def make_tiny_qwen2(vocab_size: int = 256, layers: int = 2, hidden: int = 64, heads: int = 4,
+                    kv_heads: int = 2, seed: int = 0, max_positions: int = 2048):
+    """A randomly initialised Qwen2ForCausalLM of the reference pair's layout (q/k/v biases, rope
+    theta 1e6, tied head, GQA) small enough for unit tests (fp32, eval mode)."""
+    from transformers import Qwen2Config, Qwen2ForCausalLM
+
+    torch.manual_seed(seed)
+    config = Qwen2Config(
+        vocab_size=vocab_size, hidden_size=hidden, intermediate_size=hidden * 2,
+        num_hidden_layers=layers, num_attention_heads=heads, num_key_value_heads=kv_heads,
+        max_position_embeddings=max_positions, tie_word_embeddings=True, rope_theta=1e6,
+        use_sliding_window=False, bos_token_id=1, eos_token_id=2, pad_token_id=2,
+    )
+    model = Qwen2ForCausalLM(config)
+    with torch.no_grad():
+        model.model.embed_tokens.weight.mul_(8.0)  # peaked distributions, as make_tiny_llama
+        for layer in model.model.layers:  # random biases (init leaves them 0: a bias bug hides)
+            for proj in (layer.self_attn.q_proj, layer.self_attn.k_proj, layer.self_attn.v_proj):
+                proj.bias.normal_(0.0, 0.5)
+    model.eval()
+    return model
+
+
+TINY_FAMILIES = {"llama": make_tiny_llama, "qwen2": make_tiny_qwen2}
+
+
 @pytest.fixture
 def tiny_llama():
     return make_tiny_llama

@@ -13,14 +13,17 @@ from asymagent.kv.growing_cache import GrowingCache
 from asymagent.kv import lean_forward
 from asymagent.kv.lean_forward import ATTR, attach, lean_of, why_not
 from asymagent.modeling.packed_linear import kernel_available, pack_linears
-from conftest import make_tiny_llama
+from conftest import TINY_FAMILIES, make_tiny_llama, make_tiny_qwen2
 
 needs_packed = pytest.mark.skipif(kernel_available() is not None,
                                   reason=f"no packed bf16 linear kernel: {kernel_available()}")
 
 
-def _model(dtype=torch.float32, seed: int = 0, pack: bool = False):
-    model = make_tiny_llama(hidden=128, heads=4, kv_heads=2, layers=2, seed=seed).to(dtype)
+FAMILIES = pytest.mark.parametrize("family", sorted(TINY_FAMILIES))
+
+
+def _model(dtype=torch.float32, seed: int = 0, pack: bool = False, family: str = "llama"):
+    model = TINY_FAMILIES[family](hidden=128, heads=4, kv_heads=2, layers=2, seed=seed).to(dtype)
     use_gqa_attention(model)
     if pack:
         assert pack_linears(model).packed > 0
@@ -47,10 +50,11 @@ def _run_both(model, lengths, seed: int = 0):
     return pairs
 
 
+@FAMILIES
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-def test_same_logits_and_hidden_states_as_transformers(dtype):
+def test_same_logits_and_hidden_states_as_transformers(dtype, family):
     """Prefill, decode steps and verify forwards: every logit and hidden state bit-identical."""
-    model = _model(dtype)
+    model = _model(dtype, family=family)
     report = attach(model)
     assert report.attached and report.why is None
     for n, a, b, ha, hb in _run_both(model, [70, 1, 1, 5, 2, 33, 1, 100, 3]):
@@ -59,9 +63,11 @@ def test_same_logits_and_hidden_states_as_transformers(dtype):
 
 
 @needs_packed
-def test_fused_packed_kernels_same_bits_as_the_separate_layers():
-    """bf16 with packed linears: q|k|v and gate|up run as one kernel each, same bits."""
-    model = _model(torch.bfloat16, pack=True)
+@FAMILIES
+def test_fused_packed_kernels_same_bits_as_the_separate_layers(family):
+    """bf16 with packed linears: q|k|v (with Qwen2's biases) and gate|up run as one kernel each,
+    same bits."""
+    model = _model(torch.bfloat16, pack=True, family=family)
     report = attach(model)
     assert report.attached and report.fused
     for n, a, b, ha, hb in _run_both(model, [70, 1, 4, 1, 32, 33, 2]):
@@ -128,6 +134,10 @@ def test_refused_models_and_switches(monkeypatch):
     biased = make_tiny_llama()
     biased.config.attention_bias = True
     assert "bias" in why_not(biased)
+    assert why_not(make_tiny_qwen2()) is None  # Qwen2's q/k/v biases are its family's
+    windowed = make_tiny_qwen2()
+    windowed.config.use_sliding_window = True
+    assert "sliding" in why_not(windowed)
     assert "LlamaForCausalLM" in why_not(torch.nn.Linear(2, 2))
     # a copy carries no LeanForward (its fused kernels belong to the original's weights)
     twin = copy.deepcopy(model)
@@ -148,26 +158,29 @@ def test_a_model_that_differs_is_left_on_transformers(monkeypatch):
     assert not report.attached and "differ" in report.why and lean_of(model) is None
 
 
-def test_engine_attaches_and_reports(monkeypatch):
+@FAMILIES
+def test_engine_attaches_and_reports(monkeypatch, family):
     from asymagent.engine import Engine
 
-    engine = Engine(_model(seed=1), _model(seed=2))
+    engine = Engine(_model(seed=1, family=family), _model(seed=2, family=family))
     assert engine.runtime["lean_forward"] == {"verifier": "on", "drafter": "on"}
     assert lean_of(engine.verifier) is not None
     monkeypatch.setenv("ASYMAGENT_LEAN_FORWARD", "0")
-    off = Engine(_model(seed=1))
+    off = Engine(_model(seed=1, family=family))
     assert off.runtime["lean_forward"] == {"verifier": "off: ASYMAGENT_LEAN_FORWARD=0"}
 
 
+@FAMILIES
 @pytest.mark.parametrize("mode", ["full", "spec", "asym"])
-def test_engine_greedy_tokens_equal_with_and_without(monkeypatch, mode):
+def test_engine_greedy_tokens_equal_with_and_without(monkeypatch, mode, family):
     from asymagent.engine import Engine
 
     prompt = torch.randint(3, 256, (120,), generator=torch.Generator().manual_seed(9)).tolist()
     outs = []
     for off in ("0", "1"):
         monkeypatch.setenv("ASYMAGENT_LEAN_FORWARD", off)
-        engine = Engine(_model(torch.bfloat16, seed=1), _model(torch.bfloat16, seed=2))
+        engine = Engine(_model(torch.bfloat16, seed=1, family=family),
+                        _model(torch.bfloat16, seed=2, family=family))
         outs.append(engine.generate(prompt, mode=mode, max_new_tokens=24, temperature=0.0).token_ids)
     assert outs[0] == outs[1]
 
@@ -189,11 +202,12 @@ def test_a_hooked_model_runs_through_transformers():
 
 
 @needs_packed
-def test_direct_road_same_bits_and_cache_as_the_general_loop(monkeypatch):
+@FAMILIES
+def test_direct_road_same_bits_and_cache_as_the_general_loop(monkeypatch, family):
     """bf16, packed, grouped rows: decode and verify forwards take the direct road (each layer one
     function, its checks made once per forward) and give the general loop's logits and cached keys
     and values bit for bit, through cache growth (a layer without room takes the general loop)."""
-    model = _model(torch.bfloat16, pack=True)
+    model = _model(torch.bfloat16, pack=True, family=family)
     assert attach(model).fused
     used = []
     real = lean_forward._direct_layer

