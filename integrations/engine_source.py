@@ -77,7 +77,13 @@ def check_source(verifier: str, drafter: str | None, mode: str = "asym") -> None
     """Refuse a verifier/drafter pair that cannot work, reading no weights: a ValueError or
     ModelNotFoundError (an OSError) naming the argument."""
     from asymagent.modeling.loading import check_drafter_source, check_model_source
+    from asymagent.modeling.pairs import check_pair, pair_name
 
+    if pair_name(verifier) is not None:  # "pair:NAME": its parts installed (PairNotInstalledError)
+        check_pair(pair_name(verifier))
+        if drafter is not None and not drafter.startswith("layers:"):
+            check_drafter_source(drafter)
+        return
     check_model_source(verifier)
     if drafter is not None and drafter.startswith("layers:"):
         n = drafter.split(":", 1)[1]
@@ -111,8 +117,9 @@ def open_engine(verifier: str = "default", drafter: str | None = None, *, mode: 
         # and head): speculation works without a trained drafter, at lower acceptance.
         from asymagent.modeling.drafter import build_drafter
         from asymagent.modeling.loading import load_model
+        from asymagent.modeling.pairs import resolve_sources
 
-        ver = load_model(verifier, dtype=dtype)
+        ver = load_model(resolve_sources(verifier, "")[0], dtype=dtype)
         if device is not None:
             ver.model.to(device)
         draft = build_drafter(ver.model, num_layers=int(drafter.split(":", 1)[1]),

@@ -34,6 +34,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="a directory/.gguf/HF id/.safetensors drafter, or 'layers:N' for an "
                              "untrained drafter made of the verifier's first N layers (unset: the "
                              "shipped drafter of the embedded verifier)")
+    parser.add_argument("--pair", default=None, metavar="NAME",
+                        help="a named verifier + drafter pair instead of --verifier/--drafter: "
+                             "'qwen2.5-coder' (Qwen2.5-Coder 1.5B + 0.5B; `make setup-pair` "
+                             "installs it; docs/pair.md)")
     parser.add_argument("--num-speculative-tokens", type=int, default=None, metavar="K",
                         help="draft tokens per round, SpecConfig.k (vLLM's name; adaptive K "
                              "starts there; unset: --config's, else 2)")

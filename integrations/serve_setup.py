@@ -41,6 +41,20 @@ def resolve_dtype(name: str, device: str):
     return name
 
 
+def use_pair(args) -> None:
+    """`--pair NAME`: the verifier becomes "pair:NAME" (its drafter the pair's unless --drafter
+    names another); refused with --verifier/--model or a positional model beside it."""
+    name = getattr(args, "pair", None)
+    if name is None:
+        return
+    from asymagent.modeling.pairs import PAIR_PREFIX, get_pair
+
+    get_pair(name)  # an unknown name: ValueError listing the known ones
+    if args.verifier not in ("default", PAIR_PREFIX + name):
+        raise ValueError(f"--pair {name} and --verifier/--model {args.verifier!r} both name a verifier")
+    args.verifier = PAIR_PREFIX + name
+
+
 def check_args(args) -> None:
     """Refuse mistakes before any model loads (integrations/cli.py prints them on one line)."""
     from asymagent.integrations.engine_source import check_source
@@ -50,6 +64,7 @@ def check_args(args) -> None:
         if args.verifier not in ("default", model):
             raise ValueError(f"the model is given twice: {model!r} and --model {args.verifier!r}")
         args.verifier = model
+    use_pair(args)
     if not 0 <= args.port <= 65535:
         raise ValueError(f"--port must be in 0..65535, got {args.port}")
     for flag, value, low in (("--max-queue", args.max_queue, 1), ("--max-tokens", args.max_tokens, 1),

@@ -170,3 +170,26 @@ def check_pair(name: str) -> None:
     pair = get_pair(name)
     part_paths(pair.verifier)
     part_paths(pair.drafter)
+
+
+PAIR_PREFIX = "pair:"  # a model source naming a pair: "pair:qwen2.5-coder"
+
+
+def pair_name(source) -> str | None:
+    """The pair a model source names ("pair:NAME"), else None."""
+    source = str(source) if source is not None else ""
+    return source[len(PAIR_PREFIX):] if source.startswith(PAIR_PREFIX) else None
+
+
+def resolve_sources(verifier, drafter=None, *, progress: bool | None = None) -> tuple[str, str | None]:
+    """(verifier, drafter) as load_model takes them: a "pair:NAME" verifier becomes its assembled
+    GGUF and, when no drafter is given, the pair's drafter GGUF (the real LM drafter); any other
+    source passes through unchanged."""
+    name = pair_name(verifier)
+    if name is None:
+        return verifier, drafter
+    pair = get_pair(name)
+    ver = assemble(pair.verifier, progress=progress)
+    if drafter is None or pair_name(drafter) == name:
+        drafter = str(assemble(pair.drafter, progress=progress))
+    return str(ver), drafter

@@ -51,7 +51,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--tool-choice", default="auto", choices=("auto", "required"),
                    help="our modes' tool_choice (peers are unconstrained either way)")
     p.add_argument("--prompt-lookup-tokens", type=int, default=10, help="hf_prompt_lookup's n-gram draft length")
-    p.add_argument("--verifier", default="default", help="verifier (default: embedded SmolLM2)")
+    p.add_argument("--verifier", default="default", help="verifier (default: embedded SmolLM2; pair:NAME: a named pair)")
+    p.add_argument("--pair", dest="verifier", type=lambda name: "pair:" + name, metavar="NAME",
+                   help="a named verifier + drafter pair (as --verifier pair:NAME): 'qwen2.5-coder' "
+                        "(`make setup-pair`; docs/pair.md)")
     p.add_argument("--drafter", default=None, help="drafter .safetensors (default: the shipped one)")
     p.add_argument("--compression", metavar="FILE", default=None,
                    help="CompressionConfig YAML/JSON for the verifier's view (default: tool_output 64/32)")

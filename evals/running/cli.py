@@ -45,7 +45,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--no-teacher-forced", action="store_true", help="free-running only (task success)")
     p.add_argument("--json", metavar="PATH", help="write the results JSON here")
     p.add_argument("--report", metavar="DIR", help="write report.md + PNG plots here")
-    p.add_argument("--verifier", default="default")
+    p.add_argument("--verifier", default="default", help="'default', a model source, or pair:NAME")
+    p.add_argument("--pair", dest="verifier", type=lambda name: "pair:" + name, metavar="NAME",
+                   help="a named verifier + drafter pair (as --verifier pair:NAME): 'qwen2.5-coder' "
+                        "(`make setup-pair`; docs/pair.md)")
     p.add_argument("--drafter", default=None, help="drafter .safetensors (default: the shipped one)")
     p.add_argument("--compression", metavar="FILE", default=None,
                    help="CompressionConfig YAML/JSON for the verifier's view (default: tool_output 64/32)")

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import weakref
 from dataclasses import dataclass
+from pathlib import Path
 
 
 @dataclass
@@ -66,7 +67,21 @@ def build_engine(verifier: str = "default", drafter: str | None = None, *, spec=
         from asymagent.context.views import CompressionConfig
 
         compression = CompressionConfig()
-    loaded = load_model(verifier, dtype=dtype)
+    from asymagent.modeling.pairs import get_pair, pair_name, resolve_sources
+
+    pair = pair_name(verifier)
+    if pair is not None:  # a named pair: its verifier, and its LM drafter unless --drafter is given
+        ver_path, lm_drafter = resolve_sources(verifier, None)
+        loaded = load_model(ver_path, dtype=dtype)
+        if drafter is None:
+            dra = load_model(lm_drafter, dtype=dtype).model
+            return EngineSetup(Engine(loaded.model, dra, loaded.tokenizer, spec=spec, compression=compression,
+                                      max_sessions=max_sessions, compile=compile,
+                                      verifier_fingerprint=loaded.fingerprint),
+                               f"{verifier}: {get_pair(pair).description}", f"{Path(lm_drafter).name} (the pair's LM)",
+                               False)
+    else:
+        loaded = load_model(verifier, dtype=dtype)
     ver_desc = EMBEDDED_VERIFIER_ID if verifier in ("default", "embedded", "smollm2") else loaded.source
     if drafter is not None:
         model = load_drafter(drafter, loaded.model)

@@ -298,7 +298,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--repeats", type=int, default=2)
     p.add_argument("--group", type=int, default=3, help="points measured together with one run of mode full")
     p.add_argument("--max-new-tokens", type=int, default=64)
-    p.add_argument("--verifier", default="default")
+    p.add_argument("--verifier", default="default", help="'default', a model source, or pair:NAME")
+    p.add_argument("--pair", dest="verifier", type=lambda name: "pair:" + name, metavar="NAME",
+                   help="a named verifier + drafter pair (as --verifier pair:NAME): 'qwen2.5-coder' "
+                        "(`make setup-pair`; docs/pair.md)")
     p.add_argument("--drafter", default=None, help="drafter .safetensors (default: the shipped one)")
     p.add_argument("--quiet", action="store_true")
 
