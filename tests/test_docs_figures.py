@@ -10,6 +10,10 @@ docs/results/ holds only what the reference pages (README.md and docs/*.md but t
 every file they cite is there. docs/log.md keeps its entries word for word: a JSON it names that
 no reference page cites any more was removed from docs/results/ and its figures are checked
 against the copy git keeps (the version before the commit that removed it).
+
+And what keeps the pages reference pages: docs/results.md the current figures on <= 250 lines,
+no dated run in results.md or context.md, the log newest first, docs/architecture.md listing
+exactly the probes there are, each probe's parser from evals/probes/harness.py.
 """
 
 from __future__ import annotations
@@ -151,3 +155,48 @@ def test_pointers_and_numbers_are_read_as_the_pages_write_them():
     document = {"modes": {"asym/x": {"speedup": 2.7157}}}
     assert round(resolve(document, "/modes/asym~1x/speedup"), 2) == 2.72
     assert NUMBER.findall("2.72x [2.06-3.45]") == ["2.72", "2.06", "3.45"]
+
+
+# The reference pages stay short and say what is; the lab bench stays cleared (issue 46).
+PROBES = ROOT / "evals" / "probes"
+TIME_OF_DAY = re.compile(r"\b\d\d:\d\d\b")
+DATE = re.compile(r"\b(20\d\d-\d\d-\d\d)\b")
+
+
+def headings(page: Path) -> list[str]:
+    """The page's Markdown headings (outside code fences)."""
+    found, fence = [], False
+    for line in page.read_text().splitlines():
+        if line.startswith("```"):
+            fence = not fence
+        elif not fence and re.match(r"#+ ", line):
+            found.append(line)
+    return found
+
+
+def test_results_page_is_the_current_figures_on_one_short_page():
+    page = ROOT / "docs" / "results.md"
+    assert len(page.read_text().splitlines()) <= 250
+    for name in ("results.md", "context.md"):
+        dated = [h for h in headings(ROOT / "docs" / name) if TIME_OF_DAY.search(h)]
+        assert not dated, f"docs/{name}: dated runs belong in docs/log.md: {dated}"
+
+
+def test_log_entries_are_newest_first():
+    dates = [DATE.search(h).group(1) for h in headings(LOG) if h.startswith("## ") and DATE.search(h)]
+    entries = [h for h in headings(LOG) if h.startswith("## ")]
+    assert len(dates) == len(entries), "every log entry's heading carries its date"
+    assert dates == sorted(dates, reverse=True)
+
+
+def test_architecture_lists_exactly_the_probes_there_are():
+    text = (ROOT / "docs" / "architecture.md").read_text()
+    listed = set(re.findall(r"`evals/probes/(\w+)\.py`", text))
+    present = {p.stem for p in PROBES.glob("*.py") if p.stem != "__init__"}
+    assert listed == present, f"listed, not there: {listed - present}; there, not listed: {present - listed}"
+
+
+def test_probes_take_their_arguments_and_json_from_the_harness():
+    """Each probe is only its measurement: the parser comes from evals/probes/harness.py."""
+    own = [p.name for p in PROBES.glob("*.py") if p.name != "harness.py" and "ArgumentParser(" in p.read_text()]
+    assert not own, f"probes building their own parser: {own}"
