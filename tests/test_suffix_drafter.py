@@ -148,13 +148,3 @@ def test_plain_probe_waits_for_a_judgment_of_the_model():
     choice.record_round("model", 2, 2, 3, 0.01, 0.05)
     assert choice.want_probe()
 
-
-def test_schedule_ab_undoes_only_the_deferral():
-    """The A/B probe's old rule (evals/probes/schedule_ab.py) probes after the first round, the
-    shipped rule does not: the probe's "old" path is the behaviour before the change."""
-    from asymagent.evals.probes.schedule_ab import _old_rule
-
-    choice = DraftChoice(AdaptiveK(k=2))
-    assert not _old_rule(choice) and not choice.want_probe()
-    choice.record_round("suffix", 16, 16, 17, 0.0, 0.06)
-    assert _old_rule(choice) and not choice.want_probe()

@@ -250,20 +250,19 @@ def _switched(flag: str):
 
 def sdpa_converts_masks():
     """Inside the block (this thread) the per-head path hands SDPA the bool mask, which SDPA
-    converts in every layer, as before the additive form: what evals/probes/overhead_ab.py times
-    against it."""
+    converts in every layer, as before the additive form (the A/B that timed it: docs/log.md)."""
     return _switched("bool_flat")
 
 
 def masked_fresh_prefill():
     """Inside the block (this thread) a prefill on an empty cache runs under its mask, as before
-    `is_causal` took it (what evals/probes/overhead_ab.py and the tests compare it with)."""
+    `is_causal` took it (what the tests compare it with; the A/B that timed it: docs/log.md)."""
     return _switched("masked_fresh")
 
 
 def per_layer_masks():
     """Inside the block (this thread) the grouped mask is built in every layer, as before the
-    once-per-forward memo: what evals/probes/overhead_ab.py times against it."""
+    once-per-forward memo (the A/B that timed it: docs/log.md)."""
     return _switched("per_layer")
 
 

@@ -204,7 +204,7 @@ _ROAD = threading.local()  # `general` set: this thread's forwards take the gene
 @contextlib.contextmanager
 def general_loop():
     """Inside the block (this thread) every layer runs the general loop, as before the direct road:
-    what evals/probes/overhead_ab.py times against it and the tests compare it with."""
+    what the tests compare it with (the A/B that timed it: docs/log.md, "The Python out of decoding")."""
     saved = getattr(_ROAD, "general", False)
     _ROAD.general = True
     try:

@@ -68,7 +68,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def add_workload_arguments(p: argparse.ArgumentParser, steps: int) -> None:
-    """The bench workload's options for probes on it (suffix_drafts, plain_profile)."""
+    """The bench workload's options for probes on it (suffix_drafts)."""
     p.add_argument("--suite", default="records")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--steps", type=int, default=steps)

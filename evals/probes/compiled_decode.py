@@ -17,10 +17,10 @@ machine's copy bandwidth (evals/bench/machine_limits.py): the decode floor is by
 
 from __future__ import annotations
 
-import argparse
 import copy
-import json
 import os
+
+from asymagent.evals.probes.harness import finish, parser
 
 
 def measure(context: int, repeats: int, rounds: int) -> dict:
@@ -96,18 +96,12 @@ def measure(context: int, repeats: int, rounds: int) -> dict:
 
 
 def main(argv=None) -> int:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p = parser(__doc__, "compiled_decode")
     p.add_argument("--context", type=int, default=1000)
     p.add_argument("--repeats", type=int, default=10)
     p.add_argument("--rounds", type=int, default=2)
-    p.add_argument("--json", metavar="PATH")
     args = p.parse_args(argv)
-    doc = measure(args.context, args.repeats, args.rounds)
-    print(json.dumps(doc, indent=2))
-    if args.json:
-        with open(args.json, "w") as f:
-            json.dump(doc, f, indent=2)
-    return 0
+    return finish(measure(args.context, args.repeats, args.rounds), args.json, show=True)
 
 
 if __name__ == "__main__":

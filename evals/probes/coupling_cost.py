@@ -22,8 +22,9 @@ Two measurements on the bench workload (suite `records`, dev seed 0, teacher-for
 from __future__ import annotations
 
 import argparse
-import json
 import time
+
+from asymagent.evals.probes.harness import finish, parser
 
 RULES = ("exact", "coupled")
 
@@ -37,7 +38,6 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="comma list of mode labels with SpecConfig overrides (as the bench's)")
     p.add_argument("--analytic", action="store_true", help="also the exact per-draft acceptance")
     p.add_argument("--top", type=int, default=64, help="tokens i summed exactly (--analytic)")
-    p.add_argument("--json", metavar="PATH")
 
 
 def _summary(records: list) -> dict:
@@ -138,7 +138,7 @@ def main(argv=None) -> int:
     from asymagent.evals.running.engine_setup import build_engine
     from asymagent.evals.running.runner import split_mode_labels
 
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p = parser(__doc__, "coupling_cost")
     add_arguments(p)
     args = p.parse_args(argv)
     work = workload("records", 0, args.steps)
@@ -162,10 +162,7 @@ def main(argv=None) -> int:
                   f"mean accepted len {s['mean_accepted_len']}  lookup rounds {s['lookup_rounds']}")
     if "per_draft" in out:
         print("per draft:", out["per_draft"])
-    if args.json:
-        with open(args.json, "w") as f:
-            json.dump(out, f, indent=2)
-    return 0
+    return finish(out, args.json)
 
 
 if __name__ == "__main__":

@@ -15,10 +15,9 @@ in one process with the given mode label and reports the steps whose tokens diff
 
 from __future__ import annotations
 
-import argparse
-import json
 import time
-from pathlib import Path
+
+from asymagent.evals.probes.harness import finish, parser
 
 RULES = ("exact", "coupled")
 
@@ -92,12 +91,11 @@ def run_bench_twice(label: str, steps: int = 12) -> dict:
 
 
 def main(argv=None) -> int:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p = parser(__doc__, "determinism")
     p.add_argument("--seeds", type=int, default=30)
     p.add_argument("--prompts", type=int, default=16)
     p.add_argument("--new-tokens", type=int, default=20)
     p.add_argument("--bench", metavar="LABEL", help="decode the bench workload twice with LABEL")
-    p.add_argument("--json", metavar="PATH")
     args = p.parse_args(argv)
     t0 = time.perf_counter()
     if args.bench:
@@ -105,11 +103,7 @@ def main(argv=None) -> int:
     else:
         out = run_tiny(args.seeds, args.prompts, args.new_tokens)
     out["total_s"] = round(time.perf_counter() - t0, 1)
-    text = json.dumps(out, indent=2)
-    print(text)
-    if args.json:
-        Path(args.json).write_text(text + "\n")
-    return 0
+    return finish(out, args.json, show=True)
 
 
 if __name__ == "__main__":

@@ -19,6 +19,8 @@ import statistics
 import time
 from pathlib import Path
 
+from asymagent.evals.probes.harness import run_verb
+
 
 def heldout_conversations(n: int, seed: int = 4242) -> list[list[dict]]:
     """Held-out-domain episodes cut just before an assistant turn that follows a tool output."""
@@ -254,6 +256,4 @@ def main(args) -> int:
 
 
 if __name__ == "__main__":
-    _p = argparse.ArgumentParser(prog="python -m asymagent.evals.probes.drafter_measure", description=__doc__.splitlines()[0])
-    add_arguments(_p)
-    raise SystemExit(main(_p.parse_args()))
+    raise SystemExit(run_verb(__doc__, "drafter_measure", add_arguments, main))

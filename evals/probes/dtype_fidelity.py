@@ -17,9 +17,10 @@ wall-clock totals are reported but are not a speed measurement (see the bench fo
 
 from __future__ import annotations
 
-import argparse
 import json
 import time
+
+from asymagent.evals.probes.harness import finish, parser, write
 
 
 def run_outputs(dtypes: list, suites: list, seeds: list, modes: list, max_steps: int,
@@ -67,14 +68,13 @@ def compare(raw: dict, dtypes: list, modes: list) -> dict:
 
 
 def main(argv=None) -> int:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p = parser(__doc__, "dtype_fidelity")
     p.add_argument("--dtypes", default="float32,bfloat16,int8")
     p.add_argument("--suites", default="records,fs_audit,tickets,injection")
     p.add_argument("--seeds", default="0,1", help="dev seeds")
     p.add_argument("--modes", default="full")
     p.add_argument("--max-steps", type=int, default=8)
     p.add_argument("--max-new-tokens", type=int, default=96)
-    p.add_argument("--json", metavar="PATH")
     p.add_argument("--raw", metavar="PATH", help="write the raw outputs here (to --combine later)")
     p.add_argument("--combine", metavar="RAW", nargs="+",
                    help="no run: merge raw files of separate runs (one per dtype, in parallel) "
@@ -96,9 +96,7 @@ def main(argv=None) -> int:
         raw = run_outputs(split(args.dtypes), settings["suites"], settings["seeds"], split(args.modes),
                           args.max_steps, args.max_new_tokens, progress=not args.quiet)
         raw["settings"] = settings
-        if args.raw:
-            with open(args.raw, "w") as f:
-                json.dump(raw, f, indent=2)
+        write(raw, args.raw)
     dtypes = ["float32"] + [d for d in raw["outputs"] if d != "float32"]
     if "float32" not in raw["outputs"]:
         return 0  # a partial run (see --combine)
@@ -106,10 +104,7 @@ def main(argv=None) -> int:
     for key, row in doc["results"].items():
         print(f"{key:24s} steps {row['steps']:3d}  step_accuracy {row['step_accuracy']:.3f}  "
               f"fidelity_vs_float32 {row['fidelity_vs_float32']:.3f}  wall {row['wall_s_total']:.0f} s")
-    if args.json:
-        with open(args.json, "w") as f:
-            json.dump(doc, f, indent=2)
-    return 0
+    return finish(doc, args.json)
 
 
 if __name__ == "__main__":

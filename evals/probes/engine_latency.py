@@ -20,6 +20,8 @@ import argparse
 import json
 import statistics
 
+from asymagent.evals.probes.harness import finish, run_verb
+
 PROMPTS = [
     "Explain in a few sentences why the sky is blue.",
     "Write a Python function that returns the n-th Fibonacci number.",
@@ -116,14 +118,8 @@ def main(args: argparse.Namespace) -> int:
         }
     for name, r in report.items():
         print(f"{name:28s} {json.dumps(r)}")
-    if args.json:
-        with open(args.json, "w") as f:
-            json.dump({"tokens": args.tokens, "repeats": args.repeats, "k": args.k,
-                       "configs": report}, f, indent=2)
-    return 0
+    return finish({"tokens": args.tokens, "repeats": args.repeats, "k": args.k, "configs": report}, args.json)
 
 
 if __name__ == "__main__":
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    add_arguments(parser)
-    raise SystemExit(main(parser.parse_args()))
+    raise SystemExit(run_verb(__doc__, "engine_latency", add_arguments, main))

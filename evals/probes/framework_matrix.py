@@ -17,13 +17,14 @@ imports nothing of the server.
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import importlib.util
 import json
 import os
 import time
 import traceback
+
+from asymagent.evals.probes.harness import finish, parser
 
 WEATHER_PARAMS = {"type": "object", "properties": {
     "city": {"type": "string", "maxLength": 12}, "unit": {"type": "string", "enum": ["C", "F"]}},
@@ -252,15 +253,13 @@ def table(rows: list[dict]) -> str:
 
 
 def main(argv: list | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m asymagent.evals.probes.framework_matrix",
-                                     description=__doc__.split("\n")[0])
-    parser.add_argument("--url", default="http://127.0.0.1:8000", help="the server (loopback)")
-    parser.add_argument("--model", default="asymagent", help="the served model name")
-    parser.add_argument("--json", default=None, help="also write the rows as JSON to this file")
-    args = parser.parse_args(argv)
+    p = parser(__doc__, "framework_matrix", json_help="also write the rows as JSON to this file")
+    p.add_argument("--url", default="http://127.0.0.1:8000", help="the server (loopback)")
+    p.add_argument("--model", default="asymagent", help="the served model name")
+    args = p.parse_args(argv)
     host = args.url.split("://", 1)[-1].split("/")[0].rsplit(":", 1)[0]
     if host not in ("127.0.0.1", "localhost", "[::1]"):
-        parser.error(f"--url must be a loopback address, got {args.url}")
+        p.error(f"--url must be a loopback address, got {args.url}")
     rows = []
     for framework, (_, checks) in FRAMEWORKS.items():
         for path in checks:
@@ -268,10 +267,7 @@ def main(argv: list | None = None) -> int:
             print(f"{framework:30s} {path:9s} {rows[-1]['works']} ({rows[-1]['seconds']} s)",
                   flush=True)
     print(table(rows))
-    if args.json:
-        with open(args.json, "w") as f:
-            json.dump(rows, f, indent=1)
-    return 0 if all(r["works"] is not False for r in rows) else 1
+    return finish(rows, args.json, indent=1, status=0 if all(r["works"] is not False for r in rows) else 1)
 
 
 if __name__ == "__main__":

@@ -21,10 +21,10 @@ A policy whose lost steps are mostly `visible` is at the limit of what keeping t
 
 from __future__ import annotations
 
-import argparse
 import json
 import re
-import sys
+
+from asymagent.evals.probes.harness import command, finish, parser
 
 _WORD_CHAR = re.compile(r"[A-Za-z0-9_\-./@:]")
 
@@ -97,23 +97,17 @@ def probe(runs: list, policy: str) -> dict:
 
 
 def main(argv=None) -> int:
-    p = argparse.ArgumentParser(prog="python -m asymagent.evals.probes.gap_sources",
-                                description=__doc__.splitlines()[0])
+    p = parser(__doc__, "gap_sources")
     p.add_argument("--frontier", required=True, help="frontier JSON files (records kept), comma-separated")
     p.add_argument("--policy", default="asym")
-    p.add_argument("--json", metavar="PATH")
     args = p.parse_args(argv)
-    from asymagent.evals.bench.bench import write_json
-
     runs = [json.load(open(path)) for path in args.frontier.split(",") if path.strip()]
     result = probe(runs, args.policy)
-    given = sys.argv[1:] if argv is None else argv
-    result["command"] = " ".join(["python -m asymagent.evals.probes.gap_sources"] + given)
+    result["command"] = command("gap_sources", argv)
     for w, c in list(result["workloads"].items()) + [("total", result["total"])]:
         print(f"{w:16s} steps {c['steps']:3d}  differ {c['differ']:3d}: removed {c['removed']:3d}  "
               f"visible {c['visible']:3d}  unseen {c['unseen']:3d}  short {c['short']:3d}")
-    write_json(args.json, result)
-    return 0
+    return finish(result, args.json)
 
 
 if __name__ == "__main__":

@@ -41,6 +41,8 @@ import statistics
 import sys
 import time
 
+from asymagent.evals.probes.harness import run_verb
+
 SHAPES = {  # LlamaConfig fields of real models (weights random)
     "smollm2-360m": dict(hidden_size=960, intermediate_size=2560, num_hidden_layers=32,
                          num_attention_heads=15, num_key_value_heads=5, vocab_size=49152,
@@ -421,6 +423,4 @@ def main(args: argparse.Namespace) -> int:
 
 
 if __name__ == "__main__":
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    add_arguments(parser)
-    raise SystemExit(main(parser.parse_args()))
+    raise SystemExit(run_verb(__doc__, "gpu_bench", add_arguments, main))

@@ -14,6 +14,7 @@ import sys
 import torch
 
 from asymagent.kv.attention import ATTN_NAME, register
+from asymagent.evals.probes.harness import median_ms_of, parser, timed
 
 def _probe_prompt(tokenizer, n_tokens: int) -> list:
     """~n_tokens of deterministic natural text: this package's own source, tokenized."""
@@ -28,17 +29,12 @@ def _probe_prompt(tokenizer, n_tokens: int) -> list:
 
 def growing_cache_probe(argv: list | None = None) -> None:
     """`python -m asymagent.evals.probes.kv_probes growing-cache`: full-context greedy decode, stock vs growing, A/B."""
-    import argparse
-    import statistics
-    import time
-
     from asymagent.kv import cache as cache_mod
     from asymagent.engine import Engine
 
-    p = argparse.ArgumentParser(description=growing_cache_probe.__doc__)
+    p = parser(growing_cache_probe.__doc__, "kv_probes growing-cache", with_json=False, repeats=8)
     p.add_argument("--prompt-tokens", type=int, default=4000, help="prompt length (tokens)")
     p.add_argument("--new-tokens", type=int, default=32, help="greedy tokens decoded per run")
-    p.add_argument("--repeats", type=int, default=8, help="interleaved A/B pairs")
     args = p.parse_args(argv)
     try:
         engine = Engine.from_default()
@@ -62,10 +58,9 @@ def growing_cache_probe(argv: list | None = None) -> None:
                                             cache_key=name).token_ids
         for _ in range(args.repeats):
             for name in kinds:  # warm sessions: crop back to the prompt, decode again
-                t0 = time.perf_counter()
-                r = engine.generate(prompt, mode="full", max_new_tokens=args.new_tokens,
-                                    cache_key=name)
-                times[name].append(time.perf_counter() - t0)
+                r, seconds = timed(engine.generate, prompt, mode="full", max_new_tokens=args.new_tokens,
+                                   cache_key=name)
+                times[name].append(seconds)
                 if r.token_ids != outputs[name]:
                     raise SystemExit(f"{name}: the decode changed between runs")
     finally:
@@ -74,11 +69,11 @@ def growing_cache_probe(argv: list | None = None) -> None:
                   for n in kinds}
     same = outputs["stock"] == outputs["growing"]
     print(f"caches: {kinds_used}; token ids identical: {same} ({len(outputs['stock'])} tokens)")
-    base = statistics.median(times["stock"])
+    base = median_ms_of(times["stock"])
     for name, ts in times.items():
-        med = statistics.median(ts)
-        per_token = med * 1e3 / len(outputs[name])
-        print(f"{name:8s} median {med * 1e3:8.1f} ms  ({per_token:6.2f} ms/token,"
+        med = median_ms_of(ts)
+        per_token = med / len(outputs[name])
+        print(f"{name:8s} median {med:8.1f} ms  ({per_token:6.2f} ms/token,"
               f" {base / med:.3f}x vs stock)  runs: {' '.join(f'{t * 1e3:.0f}' for t in ts)}")
     if not same:
         raise SystemExit("stock and growing caches decoded different tokens")
@@ -88,17 +83,13 @@ def growing_cache_probe(argv: list | None = None) -> None:
 
 def attention_probe(argv: list | None = None) -> None:
     """`python -m asymagent.evals.probes.kv_probes attention`: time one cached K+1-token forward, sdpa vs ours, A/B."""
-    import argparse
     import copy
-    import statistics
-    import time
 
     from asymagent.modeling.loading import load_model
 
-    p = argparse.ArgumentParser(description=attention_probe.__doc__)
+    p = parser(attention_probe.__doc__, "kv_probes attention", with_json=False, repeats=12)
     p.add_argument("--context", type=int, default=2000, help="cached positions")
     p.add_argument("--queries", type=int, default=3, help="tokens fed on top (K+1)")
-    p.add_argument("--repeats", type=int, default=12, help="interleaved A/B pairs")
     args = p.parse_args(argv)
     model = load_model("default").model
     register()
@@ -113,13 +104,11 @@ def attention_probe(argv: list | None = None) -> None:
             for name in times:
                 model.set_attn_implementation(name)
                 fresh = copy.deepcopy(cache)
-                t0 = time.perf_counter()
-                model(new, cache=fresh, use_cache=True)
-                times[name].append(time.perf_counter() - t0)
-    base = statistics.median(times["sdpa"])
+                times[name].append(timed(model, new, cache=fresh, use_cache=True)[1])
+    base = median_ms_of(times["sdpa"])
     for name, ts in times.items():
-        med = statistics.median(ts)
-        print(f"{name:16s} {med * 1e3:8.1f} ms  ({base / med:.2f}x vs sdpa)")
+        med = median_ms_of(ts)
+        print(f"{name:16s} {med:8.1f} ms  ({base / med:.2f}x vs sdpa)")
 
 
 

@@ -17,11 +17,11 @@ are identical on every step (they must be: both changes are bit-identical).
 
 from __future__ import annotations
 
-import argparse
-import json
 import os
 import statistics
 import time
+
+from asymagent.evals.probes.harness import command, finish, parser
 
 
 def measure(modes: list, steps: int, max_new_tokens: int, dtype: str = "auto") -> dict:
@@ -86,14 +86,12 @@ def measure(modes: list, steps: int, max_new_tokens: int, dtype: str = "auto") -
 
 
 def main(argv=None) -> int:
-    p = argparse.ArgumentParser(prog="python -m asymagent.evals.probes.lean_ab",
-                                description=__doc__.splitlines()[0])
+    p = parser(__doc__, "lean_ab")
     p.add_argument("--modes", default="full,spec,asym")
     p.add_argument("--steps", type=int, default=12)
     p.add_argument("--max-new-tokens", type=int, default=32)
     p.add_argument("--threads", type=int, default=0, help="torch threads (0: leave as is)")
     p.add_argument("--dtype", default="auto", help="the verifier's dtype (asymagent --dtype names)")
-    p.add_argument("--json", metavar="PATH")
     args = p.parse_args(argv)
     if args.threads:
         import torch
@@ -101,16 +99,14 @@ def main(argv=None) -> int:
         torch.set_num_threads(args.threads)
     doc = measure([m.strip() for m in args.modes.split(",") if m.strip()], args.steps, args.max_new_tokens,
                   args.dtype)
-    doc["command"] = "python -m asymagent.evals.probes.lean_ab " + " ".join(argv if argv is not None else __import__("sys").argv[1:])
+    doc["command"] = command("lean_ab", argv)
     doc["date"] = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())
     for mode, r in doc["results"].items():
         print(f"{mode:8s} new {r['new_wall_s']:6.2f} s  old {r['old_wall_s']:6.2f} s  "
               f"{r['speedup']:.2f}x (median step {r['median_step_speedup']:.2f}x)  "
               f"decode {r['old_decode_s']:.2f} -> {r['new_decode_s']:.2f} s  identical tokens: {r['identical_tokens']}")
-    if args.json:
-        with open(args.json, "w") as f:
-            json.dump(doc, f, indent=1)
-    return 0 if all(r["identical_tokens"] for r in doc["results"].values()) else 1
+    return finish(doc, args.json, indent=1,
+                  status=0 if all(r["identical_tokens"] for r in doc["results"].values()) else 1)
 
 
 if __name__ == "__main__":

@@ -38,11 +38,12 @@ measurement of the runtime, not an engine backend.
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import statistics
 import time
+
+from asymagent.evals.probes.harness import finish, parser
 
 
 def available() -> str | None:
@@ -221,7 +222,7 @@ def measure(ir_dir: str, contexts: list, append: int, decode_tokens: int, repeat
 
 
 def main(argv=None) -> int:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p = parser(__doc__, "openvino_decode")
     p.add_argument("--ir", help="folder of optimum-intel's OpenVINO export (openvino_model.xml)")
     p.add_argument("--write-hf", metavar="DIR", help="write the embedded verifier as a transformers folder and exit")
     p.add_argument("--contexts", default="1000,4000")
@@ -230,10 +231,7 @@ def main(argv=None) -> int:
     p.add_argument("--repeats", type=int, default=3)
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--kv-precision", default="bf16", help="OpenVINO KV_CACHE_PRECISION ('' for its default)")
-    p.add_argument("--json", metavar="PATH")
     args = p.parse_args(argv)
-    from asymagent.evals.bench.bench import write_json
-
     if args.write_hf:
         print(write_hf(args.write_hf))
         return 0
@@ -249,8 +247,7 @@ def main(argv=None) -> int:
     for n, entry in doc["results"].items():
         print(n, json.dumps({r: {k: v for k, v in entry[r].items() if k != "repeats"}
                              for r in ("openvino", "engine")}, indent=1))
-    write_json(args.json, doc)
-    return 0
+    return finish(doc, args.json)
 
 
 if __name__ == "__main__":

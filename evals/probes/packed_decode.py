@@ -26,10 +26,11 @@ like the engine, unless `--time-grouped` forces grouped rows to time them (`grou
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import time
+
+from asymagent.evals.probes.harness import finish, parser
 
 
 class _Runner:
@@ -189,7 +190,7 @@ def measure(context: int, repeats: int, rounds: int, verify_rows: int, prefill: 
 
 
 def main(argv=None) -> int:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p = parser(__doc__, "packed_decode")
     p.add_argument("--context", type=int, default=1000)
     p.add_argument("--repeats", type=int, default=10)
     p.add_argument("--rounds", type=int, default=3)
@@ -198,15 +199,11 @@ def main(argv=None) -> int:
     p.add_argument("--profile", action="store_true")
     p.add_argument("--time-grouped", action="store_true",
                    help="time grouped attention rows even where they are not the per-head bits")
-    p.add_argument("--json", metavar="PATH")
     args = p.parse_args(argv)
     doc = measure(args.context, args.repeats, args.rounds, args.verify_rows, args.prefill, args.profile,
                   args.time_grouped)
     print(json.dumps({k: v for k, v in doc.items() if k != "packed_equals_plain_by_rows"}, indent=2))
-    if args.json:
-        with open(args.json, "w") as f:
-            json.dump(doc, f, indent=2)
-    return 0
+    return finish(doc, args.json)
 
 
 if __name__ == "__main__":

@@ -24,9 +24,9 @@ its row floor), the verifier's linear shapes through F.linear padded to the line
 
 from __future__ import annotations
 
-import argparse
-import json
 import time
+
+from asymagent.evals.probes.harness import finish, parser
 
 
 def _compare(a, b) -> dict:
@@ -148,12 +148,11 @@ def measure(trials: int, context: int, rows: int, dtype: str = "auto") -> dict:
 
 
 def main(argv=None) -> int:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p = parser(__doc__, "position_bits")
     p.add_argument("--trials", type=int, default=6)
     p.add_argument("--context", type=int, default=300, help="prompt tokens before the compared ones")
     p.add_argument("--rows", type=int, default=8, help="tokens decoded one by one / verified at once")
     p.add_argument("--dtype", default="auto")
-    p.add_argument("--json", metavar="PATH")
     args = p.parse_args(argv)
     doc = measure(args.trials, args.context, args.rows, args.dtype)
     v = doc["verifier"]
@@ -163,10 +162,7 @@ def main(argv=None) -> int:
     for name, k in doc["kernels"].items():
         if isinstance(k, dict):
             print(f"  {name}: {k['identical']}/{k['positions']} identical")
-    if args.json:
-        with open(args.json, "w") as f:
-            json.dump(doc, f, indent=1)
-    return 0
+    return finish(doc, args.json, indent=1)
 
 
 if __name__ == "__main__":

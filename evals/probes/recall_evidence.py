@@ -22,8 +22,9 @@ An evidence is useful when it fires at (or before) the divergence and rarely els
 
 from __future__ import annotations
 
-import argparse
 import json
+
+from asymagent.evals.probes.harness import finish, parser
 
 
 def _logprobs(model, ids: list):
@@ -89,13 +90,11 @@ def probe(frontier: dict, policy: str) -> list:
     return rows
 
 
-def main() -> int:
-    p = argparse.ArgumentParser(prog="python -m asymagent.evals.probes.recall_evidence",
-                                description=__doc__.splitlines()[0])
+def main(argv=None) -> int:
+    p = parser(__doc__, "recall_evidence")
     p.add_argument("--frontier", required=True, help="a frontier JSON of the bench with policies full and --policy")
     p.add_argument("--policy", default="asym")
-    p.add_argument("--json", metavar="PATH")
-    args = p.parse_args()
+    args = p.parse_args(argv)
     rows = probe(json.load(open(args.frontier)), args.policy)
     for r in rows:
         print(f"step {r['step']:2d}: diverges at {r['diverges_at']}, copy {r['copy']}, copy_any {r['copy_any']}, copy_any_length {r['copy_any_length']}, "
@@ -103,10 +102,7 @@ def main() -> int:
               f"drafter argmax not in top 5 at {len(r['drafter_argmax_not_in_top5'])}/{r['tokens']} positions, "
               f"verifier top-2 margin at divergence {r['margin_at_divergence']}, lowest at "
               f"{r['lowest_margin_positions']} ({', '.join('%.2f' % m for m in r['lowest_margins'])})")
-    if args.json:
-        with open(args.json, "w") as f:
-            json.dump(rows, f, indent=1)
-    return 0
+    return finish(rows, args.json, indent=1)
 
 
 if __name__ == "__main__":

@@ -17,12 +17,11 @@ same algorithm in C++, when the package is importable: the dependency candidate 
 
 from __future__ import annotations
 
-import argparse
 import json
-import statistics
-import time
 
 import numpy as np
+
+from asymagent.evals.probes.harness import finish, median_ms_of, parser, timed
 
 
 def replay(propose, prompt: list, output: list, k: int) -> dict:
@@ -31,9 +30,8 @@ def replay(propose, prompt: list, output: list, k: int) -> dict:
     times = []
     while j < len(output):
         budget = min(k, len(output) - j - 1)
-        t0 = time.perf_counter()
-        draft = propose(prompt + output[:j], budget) if budget > 0 else []
-        times.append(time.perf_counter() - t0)
+        draft, seconds = timed(lambda: propose(prompt + output[:j], budget) if budget > 0 else [])
+        times.append(seconds)
         n = 0
         while n < len(draft) and j + n < len(output) and draft[n] == output[j + n]:
             n += 1
@@ -80,9 +78,9 @@ def arctic_drafter(factor: float, min_prob: float, max_depth: int):
 
 
 def main(argv=None) -> int:
-    from asymagent.evals.bench.bench import add_workload_arguments, write_json
+    from asymagent.evals.bench.bench import add_workload_arguments
 
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p = parser(__doc__, "suffix_drafts", with_json=False)
     add_workload_arguments(p, steps=12)
     p.add_argument("--k", type=int, default=16, help="draft budget per round")
     p.add_argument("--factor", type=float, default=4.0)
@@ -150,7 +148,7 @@ def main(argv=None) -> int:
         summary[name] = {"tokens_per_forward": tokens / rounds, "rounds": rounds, "tokens": tokens,
                          "drafted": sum(r["drafted"] for r in recs),
                          "accepted": sum(r["accepted"] for r in recs),
-                         "propose_ms_median": 1e3 * statistics.median(times),
+                         "propose_ms_median": median_ms_of(times),
                          "propose_ms_p90": 1e3 * float(np.percentile(times, 90))}
     doc = {"workload": {k: v for k, v in work.items() if k not in ("histories", "tools")},
            "prompt_tokens": [len(x) for x in prompts],
@@ -159,8 +157,7 @@ def main(argv=None) -> int:
         print(f"{name:12s} tok/fwd {d['tokens_per_forward']:.2f}  rounds {d['rounds']:4d}  "
               f"drafted {d['drafted']:5d}  accepted {d['accepted']:4d}  "
               f"propose {d['propose_ms_median']:.3f} ms (p90 {d['propose_ms_p90']:.3f})")
-    write_json(args.json, doc)
-    return 0
+    return finish(doc, args.json)
 
 
 if __name__ == "__main__":

@@ -9,17 +9,18 @@ sampled with a seed), the wall time of both, and any exception raised in a threa
 
 from __future__ import annotations
 
-import argparse
 import json
 import threading
 import time
+
+from asymagent.evals.probes.harness import finish, parser, timed
 
 PROMPTS = ["Hello", "What is 2+2?", "Name a colour.", "Say hi.", "Spell cat.", "Count to 3.",
            "Name a fruit.", "What day follows Monday?"]
 
 
-def main(argv=None) -> None:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+def main(argv=None) -> int:
+    p = parser(__doc__, "thread_probe")
     p.add_argument("--threads", type=int, default=4)
     p.add_argument("--max-new-tokens", type=int, default=16)
     args = p.parse_args(argv)
@@ -34,9 +35,7 @@ def main(argv=None) -> None:
         return engine.chat(max_new_tokens=args.max_new_tokens, cache_key=f"{prefix}{i}",
                            **requests[i]).token_ids
 
-    t0 = time.perf_counter()
-    alone = [call(i, "alone-") for i in range(args.threads)]
-    t_alone = time.perf_counter() - t0
+    alone, t_alone = timed(lambda: [call(i, "alone-") for i in range(args.threads)])
     got, errors = [None] * args.threads, []
 
     def run(i: int) -> None:
@@ -52,10 +51,11 @@ def main(argv=None) -> None:
     for t in threads:
         t.join()
     t_threads = time.perf_counter() - t0
-    print(json.dumps({"threads": args.threads, "equal_to_one_by_one": got == alone,
-                      "errors": errors, "one_by_one_s": round(t_alone, 2),
-                      "concurrent_s": round(t_threads, 2)}))
+    doc = {"threads": args.threads, "equal_to_one_by_one": got == alone, "errors": errors,
+           "one_by_one_s": round(t_alone, 2), "concurrent_s": round(t_threads, 2)}
+    print(json.dumps(doc))
+    return finish(doc, args.json)
 
 
 if __name__ == "__main__":
-    main()
+    raise SystemExit(main())

@@ -11,9 +11,10 @@ call per step with log-probs, each on its own cold cache session and SuffixStore
 
 from __future__ import annotations
 
-import argparse
 import json
 import sys
+
+from asymagent.evals.probes.harness import parser, write
 
 # name -> (mode, chat keywords)
 RUNS = {
@@ -83,16 +84,14 @@ def compare(before: dict, after: dict) -> list:
 
 
 def main(argv=None) -> int:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--json", required=True, help="write {run: [token ids per step]} here")
+    p = parser(__doc__, "token_identity", json_help="write {run: [token ids per step]} here", json_required=True)
     p.add_argument("--compare", metavar="BEFORE", help="compare with an earlier --json file")
     p.add_argument("--steps", type=int, default=8)
     p.add_argument("--max-new-tokens", type=int, default=32)
     p.add_argument("--runs", default=",".join(RUNS), help="comma list of " + ", ".join(RUNS))
     args = p.parse_args(argv)
     out = run(args.steps, args.max_new_tokens, args.runs.split(","))
-    with open(args.json, "w") as f:
-        json.dump(out, f)
+    write(out, args.json, indent=None)
     if args.compare:
         with open(args.compare) as f:
             diffs = compare(json.load(f), out)
