@@ -192,3 +192,19 @@ def test_template_errors_become_value_errors(smollm_tokenizer):
     assert fmt.render_text([{"role": "user", "content": "hi"}]).startswith("<|im_start|>user")
     with pytest.raises(ValueError, match="roles must alternate"):
         fmt.render_ids([{"role": "user", "content": "q"}, {"role": "tool", "content": "x"}])
+
+
+def test_code_fences_around_tool_calls_are_no_content():
+    """Qwen2.5-Coder wraps its Hermes calls in a ```json fence: the calls are parsed and the empty
+    fence left behind is not the turn's content; a fence with text in it, or text beside the
+    call, stays content."""
+    from asymagent.chat.output_parsing import parse_output
+
+    call = '<tool_call>\n{"name": "get_order", "arguments": {"order_id": "A-1234"}}\n</tool_call>'
+    for text in (f"```json\n{call}\n```", f"```\n{call}\n```", f"```json\n{call}", f"{call}\n{call}"):
+        out = parse_output(text)
+        assert out.content == "" and out.tool_calls and not out.invalid_tool_calls, text
+        assert out.tool_calls[0]["function"]["name"] == "get_order"
+    out = parse_output(f"Looking it up.\n```json\n{call}\n```")
+    assert out.content.startswith("Looking it up.") and len(out.tool_calls) == 1
+    assert parse_output("```json\n{}\n```").content == "```json\n{}\n```"  # no call: untouched

@@ -33,6 +33,9 @@ def new_call_id() -> str:
 _TOOL_CALL_BLOCK = re.compile(r"<tool_call>(.*?)(?:</tool_call>|$)", re.S)
 _LOOKS_LIKE_CALL = re.compile(r'^\s*\{\s*"(?:name|function)"\s*:', re.S)
 _DECODER = json.JSONDecoder()
+# what a model wraps its calls in and leaves behind once they are taken out: Qwen2.5-Coder writes
+# "```json\n<tool_call>...</tool_call>\n```" (the fence alone is no content of the turn)
+_ONLY_FENCES = re.compile(r"^(?:\s*```[\w+.-]*)*\s*$")
 
 
 def _call_from_obj(obj) -> tuple[dict | None, str | None]:
@@ -127,6 +130,8 @@ def parse_output(text) -> ParsedOutput:
         else:
             _parse_json_calls(text, out, keep)
         out.content = "".join(keep).strip()
+        if out.tool_calls and _ONLY_FENCES.match(out.content):
+            out.content = ""
         return out
     except Exception as exc:  # pragma: no cover - belt and braces: parsing must never raise
         return ParsedOutput(content=str(text), invalid_tool_calls=[
