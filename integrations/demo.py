@@ -31,6 +31,10 @@ def check_args(args) -> None:
         raise ValueError(f"unknown suite {args.suite!r}; use one of {', '.join(SUITES)}")
     if args.max_new_tokens < 1 or (args.k is not None and args.k < 1):
         raise ValueError("--max-new-tokens and --k must be >= 1")
+    if getattr(args, "pair", None) is not None:
+        from asymagent.modeling.pairs import check_pair
+
+        check_pair(args.pair)  # unknown name / parts missing: one line with the pip command
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -45,19 +49,27 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--max-new-tokens", type=int, default=64)
     p.add_argument("--k", type=int, default=None, help="draft tokens per round (SpecConfig.k)")
     p.add_argument("--json", default=None, help="write per-step stats and totals here")
+    p.add_argument("--pair", default=None, metavar="NAME",
+                   help="run on a named model pair instead of the embedded default: 'qwen2.5-coder' "
+                        "(`make setup-pair`; docs/pair.md)")
     p.add_argument("--no-live", action="store_true", help="plain output (logs, README captures)")
     p.add_argument("--trace-dir", metavar="DIR", default=None,
                    help="capture each step of the run (mode --mode) as a JSONL trace line in DIR "
                         "(asymagent/trace_capture.py; input of train-drafter --traces and asymagent tune)")
 
 
-def load_engine(console, k: int | None = None):
-    """Engine.from_default(); without a trained drafter, a 2-layer cut of the verifier."""
+def load_engine(console, k: int | None = None, pair: str | None = None):
+    """Engine.from_default() (without a trained drafter, a 2-layer cut of the verifier), or
+    Engine.from_pair(pair)."""
     from asymagent.engine import Engine
     from asymagent.modeling.loading import ModelNotFoundError
     from asymagent.spec_config import SpecConfig
 
     spec = SpecConfig(k=k) if k else None
+    if pair is not None:
+        from asymagent.modeling.pairs import get_pair
+
+        return Engine.from_pair(pair, spec=spec), f"{get_pair(pair).drafter.file_name} (the pair's LM drafter)"
     try:
         return Engine.from_default(spec=spec), "trained drafter (asymagent/assets)"
     except ModelNotFoundError as exc:
@@ -172,7 +184,7 @@ def main(args) -> int:
     from asymagent.modeling.cpu_dtype import describe
 
     t0 = time.perf_counter()
-    engine, drafter_desc = load_engine(console, args.k)
+    engine, drafter_desc = load_engine(console, args.k, getattr(args, "pair", None))
     console.print(f"Engine: SmolLM2-135M-Instruct verifier + {drafter_desc}; "
                   f"loaded in {time.perf_counter() - t0:.1f} s; SpecConfig k={engine.spec.k} "
                   f"beta={engine.spec.beta} acceptance={engine.spec.acceptance} "

@@ -193,3 +193,14 @@ def resolve_sources(verifier, drafter=None, *, progress: bool | None = None) -> 
     if drafter is None or pair_name(drafter) == name:
         drafter = str(assemble(pair.drafter, progress=progress))
     return str(ver), drafter
+
+
+def check_model_source(source, **kw) -> None:
+    """`loading.check_model_source` that also takes "pair:NAME" (its parts must be installed)."""
+    from asymagent.modeling import loading
+
+    name = pair_name(source)
+    if name is not None:
+        check_pair(name)
+    else:
+        loading.check_model_source(source, **kw)

@@ -129,7 +129,8 @@ def check_args(args) -> None:
     """Refuse mistakes before any model loads (`asymagent` prints them on one line, exit 2)."""
     from asymagent.evals.suites.environments import SUITES
     from asymagent.evals.running.runner import split_mode_labels
-    from asymagent.modeling.loading import check_drafter_source, check_model_source
+    from asymagent.modeling.loading import check_drafter_source
+    from asymagent.modeling.pairs import check_model_source
 
     if args.suite not in SUITES:
         raise ValueError(f"unknown suite {args.suite!r}; use one of {', '.join(SUITES)}")
@@ -451,8 +452,12 @@ def _llama_peer(verifier: str, work: dict, engine) -> tuple:
     reason = available()
     if reason is not None:
         return None, f"skipped: {reason}"
+    from asymagent.modeling.pairs import pair_name, resolve_sources
+
     if verifier in ("default", "embedded", "smollm2"):
         gguf = find_embedded_gguf()
+    elif pair_name(verifier) is not None:  # the pair's verifier GGUF (assembled already)
+        gguf = resolve_sources(verifier, "")[0]
     elif str(verifier).endswith(".gguf"):
         gguf = verifier
     else:

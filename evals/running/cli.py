@@ -87,7 +87,8 @@ def check_args(args) -> None:
 
     from asymagent.evals.suites.environments import SUITES
     from asymagent.evals.running.runner import parse_mode
-    from asymagent.modeling.loading import check_drafter_source, check_model_source
+    from asymagent.modeling.loading import check_drafter_source
+    from asymagent.modeling.pairs import check_model_source
 
     if args.suite.endswith(".jsonl") or os.path.isdir(args.suite):
         if not (os.path.isfile(args.suite) or os.path.isdir(args.suite)):

@@ -308,7 +308,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 def check_args(args) -> None:
     """Refuse mistakes before any model loads (`asymagent` prints them on one line, exit 2)."""
-    from asymagent.modeling.loading import check_drafter_source, check_model_source
+    from asymagent.modeling.loading import check_drafter_source
+    from asymagent.modeling.pairs import check_model_source
     from asymagent.traces import load_traces
 
     if not 0.0 <= args.min_fidelity <= 1.0:
