@@ -268,3 +268,23 @@ def test_engine_cuda_graphs_same_tokens_and_rollback(mode, overrides, temperatur
         full = Engine(verifier=verifier, cuda_graphs=True).generate(
             prompt, mode="full", max_new_tokens=40, temperature=temperature, seed=7)
         assert full.token_ids == runs[True][0]
+
+
+@pytest.mark.parametrize("mode, overrides", [("spec", {}), ("asym", {"paper": True})])
+def test_qwen2_static_kv_same_tokens(mode, overrides, served):
+    """The reference pair's family (q/k/v biases, rope theta 1e6, tied head) on the static-shape
+    path, with a drafter of its own width (a real LM drafter, not a cut of the verifier): the
+    same tokens as the dynamic cache, through rollbacks and prefix reuse."""
+    from conftest import make_tiny_qwen2
+
+    model = make_tiny_qwen2(seed=0, hidden=64)
+    drafter = make_tiny_qwen2(seed=1, layers=1, hidden=32)  # its own embeddings and head
+    prompt = random_prompts(1, length=40, seed=3)[0]
+    comp = prompt[10:] + prompt[2:8] if mode_of(mode).compressed else None
+    results = []
+    for static in (False, True):
+        engine = Engine(verifier=model, drafter=drafter, spec=_spec(overrides), static_kv=static)
+        first, second, _ = _agent_steps(engine, prompt, comp, mode, new=24, keep=6, temperature=0.0)
+        results.append((first.token_ids, second.token_ids, first.stats.accepted))
+    assert results[0] == results[1]
+    assert served.get("model", 0) > 0  # the static engine's rounds ran as graph-shaped calls
