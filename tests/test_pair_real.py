@@ -1,0 +1,66 @@
+"""The reference pair itself (Qwen2.5-Coder 1.5B verifier + 0.5B LM drafter), end to end: runs
+only where its part packages are installed (`make setup-pair`), skipped cleanly elsewhere (CI
+never downloads its 1.6 GB). The same code paths are pinned on tiny random Qwen2 models in
+test_lean_forward.py, test_static_kv.py and test_pairs.py."""
+
+import pytest
+
+from asymagent.modeling.pairs import PairNotInstalledError, check_pair
+
+try:
+    check_pair("qwen2.5-coder")
+    MISSING = None
+except PairNotInstalledError as exc:
+    MISSING = str(exc)
+
+pytestmark = [pytest.mark.pair, pytest.mark.slow,
+              pytest.mark.skipif(MISSING is not None, reason=f"the pair is not installed: {MISSING}")]
+
+TOOLS = [{"type": "function", "function": {
+    "name": "get_order", "description": "Look up an order by its id",
+    "parameters": {"type": "object", "properties": {"order_id": {"type": "string"}},
+                   "required": ["order_id"]}}}]
+
+
+@pytest.fixture(scope="module")
+def engine():
+    from asymagent.engine import Engine
+
+    return Engine.from_pair("qwen2.5-coder")
+
+
+def test_lean_forward_attached_to_both_models(engine):
+    assert engine.runtime["lean_forward"]["verifier"] in ("on", "fused")
+    assert engine.runtime["lean_forward"]["drafter"] in ("on", "fused")
+
+
+def test_greedy_spec_and_asym_equal_full_token_for_token(engine):
+    """Token level, no compression: spec and asym (beta 0 and the paper's beta 1 with the 0.5B
+    drafter's delta) are the verifier alone, bit for bit (module doc of asymagent/engine.py)."""
+    from asymagent.spec_config import SpecConfig
+
+    prompt = engine.tokenizer.apply_chat_template(
+        [{"role": "user", "content": "Write a Python function that returns the n-th Fibonacci number."}],
+        add_generation_prompt=True, tokenize=False)
+    ids = engine.tokenizer(prompt, add_special_tokens=False)["input_ids"]
+    full = engine.generate(ids, mode="full", max_new_tokens=40).token_ids
+    assert len(full) == 40
+    for mode in ("spec", "asym"):
+        r = engine.generate(ids, mode=mode, max_new_tokens=40)
+        assert r.token_ids == full, mode
+        assert r.stats.accepted > 0  # the 0.5B drafter's drafts were taken
+    engine.spec, saved = SpecConfig(beta=1.0, acceptance="exact"), engine.spec
+    try:
+        assert engine.generate(ids, mode="asym", max_new_tokens=40).token_ids == full
+    finally:
+        engine.spec = saved
+
+
+@pytest.mark.parametrize("tool_choice", ["auto", "required"])
+def test_the_models_own_tool_call_format(engine, tool_choice):
+    """A `<tool_call>` block (under the grammar when required), parsed into a call, no content."""
+    r = engine.chat([{"role": "user", "content": "Where is my order A-1234? Look it up."}], tools=TOOLS,
+                    tool_choice=tool_choice, mode="asym", max_new_tokens=64)
+    assert [c["function"]["name"] for c in r.tool_calls] == ["get_order"]
+    assert '"A-1234"' in r.tool_calls[0]["function"]["arguments"]
+    assert r.text in ("", None)
