@@ -115,6 +115,13 @@ class SpecConfig:
     suffix_factor: float = 4.0  # a match of m tokens drafts at most suffix_factor * m tokens
     suffix_min_prob: float = 0.1  # stop a path where its estimated probability falls below this
     suffix_max_depth: int = 32  # longest context suffix matched
+    # False: copied drafts only (suffix / prompt lookup); the drafter model never runs, neither
+    # its full-view prefill nor its steps. For a drafter model whose prefill of the whole history
+    # costs more than its drafts save: on agent steps (long contexts, short outputs) a 0.5B LM
+    # drafter reads ~1/3 of a 1.5B verifier's bytes per token of the full view (docs/pair.md).
+    # Needs copied drafts (lookup_ngram > 0) and nothing that reads the drafter's rows (beta 0,
+    # no cda, no escalate_jsd).
+    draft_model: bool = True
 
     @classmethod
     def paper(cls, **overrides) -> "SpecConfig":
@@ -156,7 +163,11 @@ class SpecConfig:
             raise ValueError(f"SpecConfig.lookup_ngram must be an integer >= 0, got {self.lookup_ngram!r}")
         if not isinstance(self.lookup_k, int) or self.lookup_k < 1:
             raise ValueError(f"SpecConfig.lookup_k must be an integer >= 1, got {self.lookup_k!r}")
-        for name in ("adaptive_k", "fuse_bonus"):  # a string "False" would be truthy
+        if not self.draft_model and (not self.lookup_ngram or self.beta or self.acceptance == "cda"
+                                     or self.escalate_jsd is not None):
+            raise ValueError("SpecConfig.draft_model=False needs copied drafts (lookup_ngram > 0) "
+                             "and nothing that reads the drafter model (beta 0, no cda, no escalate_jsd)")
+        for name in ("adaptive_k", "fuse_bonus", "draft_model"):  # a string "False" would be truthy
             if not isinstance(getattr(self, name), bool):
                 raise ValueError(f"SpecConfig.{name} must be True or False, got {getattr(self, name)!r}")
         if self.suffix_factor <= 0 or not (0.0 <= self.suffix_min_prob <= 1.0) or self.suffix_max_depth < 2:

@@ -249,3 +249,20 @@ def test_drafter_prefill_waits_for_the_first_model_round(verifier, monkeypatch):
     assert r.stats.draft_source.get("model", 0) > 0 or r.stats.rounds == r.stats.lookup_rounds
     if r.stats.draft_source.get("model", 0):
         assert r.stats.drafter_prefill_tokens == len(second)  # both requests' prompt, once
+
+
+@pytest.mark.parametrize("mode", ["spec", "asym"])
+def test_copied_drafts_only_never_run_the_drafter_model(verifier, full_outputs, mode):
+    """SpecConfig(draft_model=False): suffix drafts only; the drafter model is never prefilled or
+    stepped, the output is still the verifier's (prompts that repeat themselves, so copies exist)."""
+    engine = Engine(verifier=verifier, drafter=make_model(seed=1, layers=1),
+                    spec=SpecConfig(draft_model=False))
+    for prompt, want in zip(random_prompts(N_PROMPTS), full_outputs):
+        r = engine.generate(prompt, mode=mode, max_new_tokens=NEW)
+        assert r.token_ids == want
+        assert r.stats.drafter_prefill_tokens == 0
+        assert "model" not in r.stats.draft_source  # rounds: suffix drafts or plain steps
+    with pytest.raises(ValueError, match="draft_model=False needs"):
+        SpecConfig(draft_model=False, beta=1.0)
+    with pytest.raises(ValueError, match="draft_model=False needs"):
+        SpecConfig(draft_model=False, lookup_ngram=0)

@@ -91,16 +91,16 @@ def _drafters(spec: SpecConfig, mode: Mode, temperature: float, reasons: dict) -
         reasons["drafters"] = "lookup_ngram=0: the drafter model only"
         return ("model",), False
     if not spec.suffix:
-        reasons["drafters"] = "suffix=False: prompt lookup, then the drafter model"
-        return ("lookup", "model"), False
+        reasons["drafters"] = "suffix=False: prompt lookup" + (", then the drafter model" if spec.draft_model else "")
+        return (("lookup", "model") if spec.draft_model else ("lookup",)), False
     # earlier responses only where drafts cannot change the output: with cda or exact at T > 0
     # the rounds' layout is part of the rule, and a store that other requests filled would make
     # the output depend on them (same seed, same output)
     store = spec.position_invariant(mode, temperature)
     reasons["drafters"] = "suffix drafts (full view" + (" + earlier responses" if store else
                                                         " only: the rule is not position-invariant") \
-        + "), then the drafter model"
-    return ("suffix", "model"), store
+        + ("), then the drafter model" if spec.draft_model else "); draft_model=False: no drafter model")
+    return (("suffix", "model") if spec.draft_model else ("suffix",)), store
 
 
 def plan_request(mode: Mode, spec: SpecConfig, temperature: float, *, two_views: bool,
