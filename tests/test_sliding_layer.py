@@ -17,6 +17,7 @@ from asymagent.kv import sliding_layer
 from asymagent.kv.cache import ModelCache
 from asymagent.kv.growing_cache import GrowingLayer, croppable_to
 from asymagent.kv.sliding_layer import SlidingLayer
+from asymagent.kv.static_cache import StaticKVOptions
 from families import make_family
 
 WINDOW = 8
@@ -28,13 +29,15 @@ def _reference(model, ids: list) -> torch.Tensor:
         return model(input_ids=torch.tensor([ids]), use_cache=False).logits[0].float()
 
 
+@pytest.mark.parametrize("static", [False, True], ids=["dynamic", "static"])
 @pytest.mark.parametrize("family", ["mistral", "gemma3_text"])
-def test_logits_match_full_forward_through_rollbacks(family, monkeypatch):
+def test_logits_match_full_forward_through_rollbacks(family, static, monkeypatch):
     monkeypatch.setattr(sliding_layer, "TAIL", 4)  # a short tail: shifts and refusals happen often
     model = make_family(family, vocab=256, window=WINDOW, seed=3)
     rng = random.Random(0)
     seq = [rng.randrange(3, 256) for _ in range(1000)]
-    cache = ModelCache(model)
+    # static: the StaticKV (CUDA graphs' and the compiled CPU path's cache) with its band mask
+    cache = ModelCache(model, static=StaticKVOptions() if static else None)
     fed: list = []  # the token ids whose K/V the cache should hold
 
     def feed(n: int) -> None:
@@ -49,9 +52,9 @@ def test_logits_match_full_forward_through_rollbacks(family, monkeypatch):
         assert torch.equal(got.argmax(-1), want.argmax(-1))
 
     feed(20)  # prefill past the window
-    layers = cache.cache.layers
-    kinds = {type(layer) for layer in layers}
-    assert SlidingLayer in kinds and (family != "gemma3_text" or GrowingLayer in kinds)
+    kinds = {type(layer) for layer in cache.cache.layers}
+    if not static:
+        assert SlidingLayer in kinds and (family != "gemma3_text" or GrowingLayer in kinds)
     resets = 0
     for step in range(80):
         feed(rng.choice([1, 2, 4, 5, 8, 16]))  # a decode, a K+1 verify, a prefill chunk
@@ -60,13 +63,15 @@ def test_logits_match_full_forward_through_rollbacks(family, monkeypatch):
         back = 40 if step % 20 == 19 else rng.choice([0, 0, 1, 3, 4])
         if 0 < back < len(fed):
             keep = len(fed) - back
-            ok = croppable_to(cache.cache, keep)
+            ok = static or croppable_to(cache.cache, keep)  # a StaticKV holds every position
             cache.crop(keep)
             del fed[keep:]
             assert ok == (len(cache.tokens) == keep)  # refused crops drop the cache
             resets += not ok
             assert ok or back > 4  # within the tail: always served without a re-prefill
-    assert resets > 0  # the refusal path ran (and re-prefilled correctly)
+    assert (resets > 0) != static  # the refusal path ran (and re-prefilled correctly)
+    if static:
+        return
     sliding = next(layer for layer in cache.cache.layers if isinstance(layer, SlidingLayer))
     assert sliding.keys.shape[-2] <= 2 * (WINDOW - 1 + 4) + 64  # bounded: window + tail, not the length
 
