@@ -4,7 +4,9 @@ Each is made in the test from its transformers config (no download): 2 layers (G
 layers and one global), 4 query heads over 2 key/value heads, the real SmolLM2 vocabulary by
 default so the embedded tokenizer drives it. `window` sets the sliding window of the families
 that have one (Mistral: every layer; Gemma 3: its local layers). Embeddings are scaled up (as
-conftest's tiny Llama) so the logits are peaked enough for speculation to accept and reject.
+conftest's tiny Llama) so the logits are peaked enough for speculation to accept and reject; the
+head is untied and the weights drawn wider than transformers' default (`init`), so the greedy
+output is varied text, not one token repeated (a tied random head predicts the last token again).
 """
 
 from __future__ import annotations
@@ -16,13 +18,14 @@ WINDOWED = ("mistral", "gemma3_text")
 
 
 def make_family(family: str, vocab: int = 49152, window: int = 16, seed: int = 0,
-                layers: int = 2, embed_scale: float = 8.0) -> torch.nn.Module:
+                layers: int = 2, embed_scale: float = 8.0, init: float = 0.1) -> torch.nn.Module:
     """A randomly initialised *ForCausalLM of `family` (float32, eval mode)."""
     import transformers as T
 
     common = dict(vocab_size=vocab, hidden_size=64, intermediate_size=128, num_hidden_layers=layers,
                   num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=4096,
-                  bos_token_id=1, eos_token_id=2, pad_token_id=2, tie_word_embeddings=True)
+                  bos_token_id=1, eos_token_id=2, pad_token_id=2, tie_word_embeddings=False,
+                  initializer_range=init)
     configs = {
         "llama": lambda: T.LlamaConfig(**common),
         "qwen2": lambda: T.Qwen2Config(**common),

@@ -107,3 +107,32 @@ def test_aligned_reads_mask_the_tail():
             assert offset == 151 and length % 64 == 0 and length > 99 + rows
         keys, _ = layer.update(k[:, :, 250:254], k[:, :, 250:254])
     assert keys.shape[-2] == 128 and torch.equal(keys[:, :, :103], k[:, :, 151:254])
+
+
+@pytest.mark.parametrize("family", ["mistral", "gemma3_text"])
+def test_engine_static_and_dynamic_agree_past_the_window(family):
+    """Greedy spec == full on the dynamic cache and on the StaticKV (the CUDA-graph path's cache
+    and its one-call rounds, run eagerly here), over prompts of one session that extend each
+    other far past the window."""
+    from asymagent.engine import Engine
+    from asymagent.modeling.drafter import build_drafter
+    from asymagent.spec_config import SpecConfig
+
+    model = make_family(family, vocab=256, window=WINDOW, seed=4)
+    drafter = build_drafter(model, num_layers=1)
+    rng = random.Random(1)
+    first = [rng.randrange(3, 256) for _ in range(40)]
+    extra = [[rng.randrange(3, 256) for _ in range(5)] for _ in range(3)]  # each turn's new text
+    runs = {}
+    for static in (False, True):
+        engine = Engine(verifier=model, drafter=drafter, static_kv=static,
+                        spec=SpecConfig(k=4, adaptive_k=False))
+        assert bool(engine.static_roles) == static
+        for mode in ("full", "spec"):
+            out, prompt = [], list(first)
+            for turn in range(3):  # each prompt extends the last with its answer and new text
+                r = engine.generate(prompt, mode=mode, max_new_tokens=16, cache_key=mode)
+                out.append(r.token_ids)
+                prompt = prompt + r.token_ids + extra[turn]
+            runs[static, mode] = out
+    assert runs[False, "spec"] == runs[False, "full"] == runs[True, "full"] == runs[True, "spec"]
