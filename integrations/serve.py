@@ -52,8 +52,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="seconds from arrival to completion before a request is cut off")
     parser.add_argument("--mode", default="asym", choices=MODES,
                         help="decoding mode when a request does not set `mode`")
-    parser.add_argument("--max-tokens", type=int, default=256,
-                        help="completion tokens when a request sets no max_tokens")
+    parser.add_argument("--max-tokens", type=int, default=None,
+                        help="cap on completion tokens when a request sets no max_tokens (unset: "
+                             "no cap, as OpenAI and vLLM: the end token or the context limit)")
     parser.add_argument("--temperature", type=float, default=0.0,
                         help="temperature when a request sets none (0 = greedy, the paper's)")
     parser.add_argument("--suffix-store", metavar="FILE", default=None,

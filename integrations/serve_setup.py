@@ -52,7 +52,7 @@ def check_args(args) -> None:
         args.verifier = model
     if not 0 <= args.port <= 65535:
         raise ValueError(f"--port must be in 0..65535, got {args.port}")
-    for flag, value, low in (("--max-queue", args.max_queue, 1), ("--max-tokens", args.max_tokens, 1),
+    for flag, value, low in (("--max-queue", args.max_queue, 1), ("--max-tokens", args.max_tokens or 1, 1),
                              ("--max-sessions", args.max_sessions, 1),
                              ("--max-body-bytes", args.max_body_bytes, 1),
                              ("--max-model-len", args.max_model_len, 2),

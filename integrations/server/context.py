@@ -35,7 +35,7 @@ class Limits:
 
     request_timeout: float = 600.0
     default_mode: str = "asym"
-    default_max_tokens: int = 256
+    default_max_tokens: int | None = None  # None: no cap, the context limit bounds a completion
     default_temperature: float = 0.0
     max_queue: int = 16
     max_model_len: int | None = None
@@ -43,7 +43,8 @@ class Limits:
     def check(self) -> None:
         if self.default_mode not in MODES:
             raise ValueError(f"default_mode must be one of {MODES}, got {self.default_mode!r}")
-        if self.request_timeout <= 0 or self.default_max_tokens < 1:
+        if self.request_timeout <= 0 or (self.default_max_tokens is not None
+                                         and self.default_max_tokens < 1):
             raise ValueError("request_timeout must be > 0, default_max_tokens >= 1")
         if self.max_model_len is not None and self.max_model_len < 2:
             raise ValueError(f"max_model_len must be >= 2, got {self.max_model_len}")

@@ -122,7 +122,7 @@ class Responses:
         head = [{"role": "system", "content": req.instructions}] if req.instructions else []
         fmt = req.text.format.to_engine() if req.text and req.text.format else None
         return Turn(head + history + messages, req.chat_tools(), req.engine_tool_choice(), fmt,
-                    req.max_output_tokens or self.ctx.limits.default_max_tokens,
+                    req.max_output_tokens or self.ctx.limits.default_max_tokens,  # None: no cap
                     req.prompt_cache_key, req.parallel_tool_calls)
 
     async def create(self, req: ResponseRequest, request: Request):

@@ -260,7 +260,8 @@ class ChatCompletionRequest(SamplingFields):
             return self.tool_choice.model_dump()
         return self.tool_choice
 
-    def max_new_tokens(self, default: int) -> int:
+    def max_new_tokens(self, default: int | None) -> int | None:
+        """The completion cap: the request's, else the server's (None: none, the context bounds it)."""
         return self.max_completion_tokens or self.max_tokens or default
 
 

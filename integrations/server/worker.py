@@ -244,6 +244,8 @@ class EngineWorker:
     def _admit(self, task: Task) -> int | Failed:
         """The prompt's length, or the 400 for a prompt that is refused or does not fit."""
         where, max_new = task.where, task.max_new_tokens
+        uncapped = getattr(task, "uncapped", False) and self.max_context is not None
+        max_new = 1 if uncapped else max_new  # no cap asked: whatever room the context leaves
         try:
             if self._chat_format is None:
                 from asymagent.chat.chat_format import ChatFormat
@@ -252,6 +254,8 @@ class EngineWorker:
                     ChatFormat(self.engine.tokenizer)
             prompt_tokens = task.prompt_tokens(self.engine, self._chat_format)
             if self.max_context is None or prompt_tokens + max_new <= self.max_context:
+                if uncapped:
+                    task.cap(self.max_context - prompt_tokens)
                 return prompt_tokens
             # in modes compressed and asym the verifier reads the compressed view: the full one
             # may be longer than the model's context (the drafter reads it whole)
@@ -260,6 +264,8 @@ class EngineWorker:
             what = "messages or tools" if where == "messages" else where
             return Failed(400, f"invalid {what}: {exc}", param=where)
         if seen is not None and seen + max_new <= self.max_context:
+            if uncapped:
+                task.cap(self.max_context - seen)
             return prompt_tokens
         shown = prompt_tokens if seen is None else seen
         note = "" if seen is None or seen == prompt_tokens else \
