@@ -62,10 +62,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                              "start, written after every response), so drafting improves across restarts")
     parser.add_argument("--max-sessions", type=int, default=8,
                         help="conversations whose KV caches the engine keeps (LRU)")
-    parser.add_argument("--model-name", "--served-model-name", dest="model_name",
-                        default=DEFAULT_MODEL_NAME,
-                        help="the model id on /v1/models; requests must name it "
-                             "(--served-model-name: vLLM's name)")
+    parser.add_argument("--model-name", "--served-model-name", dest="model_name", nargs="+",
+                        default=[DEFAULT_MODEL_NAME], metavar="NAME",
+                        help="the model id(s) on /v1/models; requests must name one of them, "
+                             "answers carry the first (--served-model-name: vLLM's name)")
     parser.add_argument("--max-model-len", type=int, default=None,
                         help="context limit (prompt + completion) below the model's own (unset: "
                              "the model's max_position_embeddings)")

@@ -251,6 +251,30 @@ def test_no_completion_cap_by_default_the_context_bounds_it(smollm_tokenizer):
         assert r["usage"]["completion_tokens"] == 7
 
 
+def test_served_model_names_several(smollm_tokenizer):
+    """vLLM's --served-model-name takes several names: each is listed and accepted, answers
+    carry the first; any other name is still a 404."""
+    import argparse
+
+    from asymagent.integrations.serve import add_arguments
+
+    parser = argparse.ArgumentParser()
+    add_arguments(parser)
+    assert parser.parse_args(["m", "--served-model-name", "a", "b"]).model_name == ["a", "b"]
+    assert parser.parse_args([]).model_name == ["asymagent"]
+    app = create_app(tiny_engine(smollm_tokenizer), model_name=["gpt-local", "mine"],
+                     default_max_tokens=2)
+    with serving(app) as url:
+        assert [m["id"] for m in httpx.get(url + "/v1/models").json()["data"]] == ["gpt-local", "mine"]
+        assert httpx.get(url + "/v1/models/mine").json()["id"] == "mine"
+        for name in ("gpt-local", "mine"):
+            r = httpx.post(url + "/v1/chat/completions", json={"model": name, "messages": USER},
+                           timeout=60)
+            assert r.status_code == 200 and r.json()["model"] == "gpt-local"
+        r = httpx.post(url + "/v1/chat/completions", json={"model": "other", "messages": USER})
+        assert r.status_code == 404
+
+
 def test_bad_input_is_4xx_with_an_error_body(server):
     url = server[0] + "/v1/chat/completions"
     ok = {"model": "asymagent", "messages": USER}
