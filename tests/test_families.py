@@ -124,6 +124,15 @@ def test_served_with_the_openai_client(family_engine):
         call = r.choices[0].message.tool_calls[0]
         assert call.function.name == "get_weather"
         assert schema_errors(json.loads(call.function.arguments), WEATHER["function"]["parameters"]) == []
+        events = list(client.responses.create(
+            model="asymagent", input=TURNS[0], max_output_tokens=16, stream=True,
+            extra_body={"mode": "spec"}))
+        deltas = [e.delta for e in events if e.type == "response.output_text.delta"]
+        final = events[-1].response
+        assert "".join(deltas) == final.output_text
+        # a delta per token (a round's accepted drafts are not one delta): every token of this
+        # random text but one that ends mid-character is its own delta
+        assert len(deltas) >= final.usage.output_tokens - 2
         done = client.completions.create(model="asymagent", prompt=SYSTEM * 2, max_tokens=8,
                                          extra_body={"mode": "spec"})
         assert done.choices[0].text and done.usage.prompt_tokens > WINDOW

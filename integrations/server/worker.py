@@ -7,7 +7,7 @@ tokenizers are not safe to mutate from two threads). The asyncio side submits a 
 `asyncio.Queue` fed with `loop.call_soon_threadsafe`:
 
   Started           the prompt fits and generation is under way (sent with the first tokens)
-  TextDelta(text)   newly decoded text after a decoding round (never a split UTF-8 character)
+  TextDelta(text)   newly decoded text, one per token (never a split UTF-8 character)
   Finished(result)  the engine's result (finish_reason "cancelled" if it was stopped)
   Failed(...)       an error to answer with (status + OpenAI error fields; errors.py)
 
@@ -294,9 +294,10 @@ class EngineWorker:
             announce()
             if job.first_token is None and len(new_ids):
                 job.first_token = time.monotonic()
-            text = detok.feed(list(new_ids))
-            if text:
-                job.emit(TextDelta(text, tokens=len(detok.ids)))
+            for token in list(new_ids):  # a delta per token, as OpenAI and vLLM stream
+                text = detok.feed([token])
+                if text:
+                    job.emit(TextDelta(text, tokens=len(detok.ids)))
             if job.cancel.is_set():
                 return False
             if time.monotonic() > job.deadline:
