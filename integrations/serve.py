@@ -66,6 +66,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         default=[DEFAULT_MODEL_NAME], metavar="NAME",
                         help="the model id(s) on /v1/models; requests must name one of them, "
                              "answers carry the first (--served-model-name: vLLM's name)")
+    parser.add_argument("--chat-template", metavar="FILE|STRING", default=None,
+                        help="the chat template (a Jinja file, or the template itself) for a model "
+                             "without one, or to replace its own (vLLM's flag); text completions "
+                             "need none")
     parser.add_argument("--max-model-len", type=int, default=None,
                         help="context limit (prompt + completion) below the model's own (unset: "
                              "the model's max_position_embeddings)")
@@ -131,6 +135,9 @@ def main(args) -> int:
 
         torch.set_num_threads(args.threads)
     engine = load_engine(args)
+    if getattr(engine.tokenizer, "chat_template", None) is None:
+        logging.warning("the model has no chat template: /v1/completions works, chat requests are "
+                        "refused; give one with --chat-template FILE|STRING")
     writer = None
     if args.trace_dir:
         from asymagent.trace_capture import TraceWriter

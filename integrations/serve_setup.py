@@ -74,6 +74,10 @@ def check_args(args) -> None:
         raise ValueError(f"--temperature must be in 0..2, got {args.temperature}")
     if args.config:
         read_config(args.config)
+    if getattr(args, "chat_template", None) is not None:
+        from asymagent.context.rendering import chat_template_text
+
+        args.chat_template = chat_template_text(args.chat_template)  # read once, before any model
     check_source(args.verifier, args.drafter, args.mode)
     resolve_device(args.device)
     if getattr(args, "suffix_store", None):
@@ -144,4 +148,16 @@ def load_engine(args):
         from asymagent.decoding.suffix_store import SuffixStore
 
         engine.suffix_store = SuffixStore(path=args.suffix_store)
+    if getattr(args, "chat_template", None) is not None:
+        use_chat_template(engine, args.chat_template)
     return engine
+
+
+def use_chat_template(engine, template: str) -> None:
+    """Give the engine's tokenizer `template` (--chat-template) and check at start that it renders
+    a conversation append-stably (a ValueError naming the flag otherwise: exit 1, one line)."""
+    engine.tokenizer.chat_template = template
+    try:
+        engine.chat_format  # built now from the new template (the first chat would build it)
+    except ValueError as exc:
+        raise ValueError(f"--chat-template: {exc}") from None

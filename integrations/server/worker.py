@@ -247,7 +247,7 @@ class EngineWorker:
         uncapped = getattr(task, "uncapped", False) and self.max_context is not None
         max_new = 1 if uncapped else max_new  # no cap asked: whatever room the context leaves
         try:
-            if self._chat_format is None:
+            if self._chat_format is None and where != "prompt":  # a text completion needs none
                 from asymagent.chat.chat_format import ChatFormat
 
                 self._chat_format = getattr(self.engine, "chat_format", None) or \
