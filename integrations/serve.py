@@ -56,8 +56,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="seconds from arrival to completion before a request is cut off")
     parser.add_argument("--mode", default="asym", choices=MODES,
                         help="decoding mode when a request does not set `mode`")
-    parser.add_argument("--max-tokens", type=int, default=256,
-                        help="completion tokens when a request sets no max_tokens")
+    parser.add_argument("--max-tokens", type=int, default=None,
+                        help="cap on completion tokens when a request sets no max_tokens (unset: "
+                             "no cap, as OpenAI and vLLM: the end token or the context limit)")
     parser.add_argument("--temperature", type=float, default=0.0,
                         help="temperature when a request sets none (0 = greedy, the paper's)")
     parser.add_argument("--suffix-store", metavar="FILE", default=None,
@@ -65,10 +66,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                              "start, written after every response), so drafting improves across restarts")
     parser.add_argument("--max-sessions", type=int, default=8,
                         help="conversations whose KV caches the engine keeps (LRU)")
-    parser.add_argument("--model-name", "--served-model-name", dest="model_name",
-                        default=DEFAULT_MODEL_NAME,
-                        help="the model id on /v1/models; requests must name it "
-                             "(--served-model-name: vLLM's name)")
+    parser.add_argument("--model-name", "--served-model-name", dest="model_name", nargs="+",
+                        default=[DEFAULT_MODEL_NAME], metavar="NAME",
+                        help="the model id(s) on /v1/models; requests must name one of them, "
+                             "answers carry the first (--served-model-name: vLLM's name)")
+    parser.add_argument("--chat-template", metavar="FILE|STRING", default=None,
+                        help="the chat template (a Jinja file, or the template itself) for a model "
+                             "without one, or to replace its own (vLLM's flag); text completions "
+                             "need none")
     parser.add_argument("--max-model-len", type=int, default=None,
                         help="context limit (prompt + completion) below the model's own (unset: "
                              "the model's max_position_embeddings)")
@@ -134,6 +139,9 @@ def main(args) -> int:
 
         torch.set_num_threads(args.threads)
     engine = load_engine(args)
+    if getattr(engine.tokenizer, "chat_template", None) is None:
+        logging.warning("the model has no chat template: /v1/completions works, chat requests are "
+                        "refused; give one with --chat-template FILE|STRING")
     writer = None
     if args.trace_dir:
         from asymagent.trace_capture import TraceWriter

@@ -67,7 +67,7 @@ def check_args(args) -> None:
     use_pair(args)
     if not 0 <= args.port <= 65535:
         raise ValueError(f"--port must be in 0..65535, got {args.port}")
-    for flag, value, low in (("--max-queue", args.max_queue, 1), ("--max-tokens", args.max_tokens, 1),
+    for flag, value, low in (("--max-queue", args.max_queue, 1), ("--max-tokens", args.max_tokens or 1, 1),
                              ("--max-sessions", args.max_sessions, 1),
                              ("--max-body-bytes", args.max_body_bytes, 1),
                              ("--max-model-len", args.max_model_len, 2),
@@ -89,6 +89,10 @@ def check_args(args) -> None:
         raise ValueError(f"--temperature must be in 0..2, got {args.temperature}")
     if args.config:
         read_config(args.config)
+    if getattr(args, "chat_template", None) is not None:
+        from asymagent.context.rendering import chat_template_text
+
+        args.chat_template = chat_template_text(args.chat_template)  # read once, before any model
     check_source(args.verifier, args.drafter, args.mode)
     resolve_device(args.device)
     if getattr(args, "suffix_store", None):
@@ -159,4 +163,16 @@ def load_engine(args):
         from asymagent.decoding.suffix_store import SuffixStore
 
         engine.suffix_store = SuffixStore(path=args.suffix_store)
+    if getattr(args, "chat_template", None) is not None:
+        use_chat_template(engine, args.chat_template)
     return engine
+
+
+def use_chat_template(engine, template: str) -> None:
+    """Give the engine's tokenizer `template` (--chat-template) and check at start that it renders
+    a conversation append-stably (a ValueError naming the flag otherwise: exit 1, one line)."""
+    engine.tokenizer.chat_template = template
+    try:
+        engine.chat_format  # built now from the new template (the first chat would build it)
+    except ValueError as exc:
+        raise ValueError(f"--chat-template: {exc}") from None

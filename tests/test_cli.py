@@ -48,7 +48,7 @@ def parse_serve(*argv):
 def test_vllm_style_aliases():
     args = parse_serve("--model", "./m", "--served-model-name", "mine", "--max-model-len", "4096",
                        "--dtype", "bfloat16", "--device", "cpu", "--threads", "2")
-    assert (args.verifier, args.model_name, args.max_model_len) == ("./m", "mine", 4096)
+    assert (args.verifier, args.model_name, args.max_model_len) == ("./m", ["mine"], 4096)
     assert (args.dtype, args.device, args.threads) == ("bfloat16", "cpu", 2)
     assert parse_serve("--verifier", "./v", "--model-name", "x").verifier == "./v"
 

@@ -108,3 +108,46 @@ def test_warm_start_continues_from_an_exported_drafter(tmp_path, smollm_tokenize
     assert second["warm_start"]["steps"] == 8 and second["steps"] == 2
     with pytest.raises(ValueError, match="--layers"):
         warm_start_layers(build_drafter(loaded.model, 1), loaded.model, str(exported))
+
+
+def test_budget_is_wall_clock_raw_text_and_the_run_ends_with_a_verdict(tmp_path, smollm_tokenizer,
+                                                                       tiny_llama, capsys):
+    """A base model (no chat template) trains on raw-text transcripts; --max-minutes bounds the
+    whole run, data and the closing evaluation included; the last line compares the drafter with
+    the untrained layers:N and the suffix drafts alone."""
+    import copy
+    import time
+
+    from asymagent.training.data import render_messages
+
+    tok = copy.deepcopy(smollm_tokenizer)
+    tok.chat_template = None
+    text = tok.decode(render_messages(tok, [{"role": "user", "content": "hi"}], True))
+    assert text == "user: hi\n\nassistant:"
+    budget_s = 12.0
+    t0 = time.monotonic()
+    card = run(_cfg(tmp_path, max_minutes=budget_s / 60, max_steps=0, heldout_episodes=2),
+               loaded=_loaded(tok, tiny_llama))
+    wall = time.monotonic() - t0
+    # the budget stops training early enough for the closing evaluation: at most one step
+    # (~0.1-0.5 s here) and the evaluation's estimate error past it
+    assert card["steps"] > 0 and wall < budget_s + 3.0, wall
+    assert card["wall_minutes"] <= budget_s / 60 + 0.05
+    for key in ("heldout_top1_agreement_layers_untrained", "heldout_top1_agreement_suffix_only"):
+        assert 0.0 <= card[key] <= 1.0
+    last = capsys.readouterr().out.strip().splitlines()[-1]
+    assert last.startswith("train-drafter: ") and "layers:2" in last and "suffix drafts alone" in last
+    assert ("WORSE" in last) != card["drafter_beats_baselines"]
+
+
+def test_verdict_says_plainly_when_the_drafter_is_worse():
+    from asymagent.training.verdict import Verdict
+
+    worse = Verdict(trained=0.0074, layers=0.31, suffix=0.12, n_layers=1, k=2, tokens=900)
+    line = worse.line()
+    assert "0.7%" in line and "WORSE than the untrained layers:1" in line
+    assert "--drafter layers:1" in line and "WORSE than the suffix drafts alone" in line
+    assert worse.per_round(0.5) == pytest.approx(0.75)
+    best = Verdict(trained=0.6, layers=0.3, suffix=0.2, n_layers=2, k=3, tokens=900)
+    assert "best of the three" in best.line() and "WORSE" not in best.line()
+    assert best.as_card()["drafter_beats_baselines"] is True

@@ -18,6 +18,7 @@ from asymagent.kv import growing_cache
 from asymagent.kv.cache import ModelCache
 from asymagent.engine import Engine
 from asymagent.kv.growing_cache import GrowingCache, GrowingLayer
+from asymagent.kv.sliding_layer import SlidingLayer
 from asymagent.spec_config import SpecConfig
 from test_engine_models import make_model, noisy_copy, random_prompts
 
@@ -79,9 +80,11 @@ def test_config_layers_and_reset():
                         max_window_layers=1)
     stock = DynamicCache(config=mixed)
     grown = GrowingCache(config=mixed)
-    want = [GrowingLayer if type(layer) is DynamicLayer else type(layer) for layer in stock.layers]
+    growing = {DynamicLayer: GrowingLayer, DynamicSlidingWindowLayer: SlidingLayer}
+    want = [growing.get(type(layer), type(layer)) for layer in stock.layers]
     assert [type(layer) for layer in grown.layers] == want
-    assert DynamicSlidingWindowLayer in want  # the sliding layer stays stock
+    assert SlidingLayer in want  # the sliding layer keeps its window + a rollback tail
+    assert grown.layers[want.index(SlidingLayer)].sliding_window == 16
     k = torch.randn(1, 2, 5, 8)
     cache.update(k, k, 0)
     cache.layers[0].reset()

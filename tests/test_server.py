@@ -230,6 +230,51 @@ def test_the_servers_context_limit_is_the_verifiers():
     assert context_limit(SimpleNamespace(verifier=model(None), drafter=model(1024))) is None
 
 
+def test_no_completion_cap_by_default_the_context_bounds_it(smollm_tokenizer):
+    """Without max_tokens (and without --max-tokens) a completion runs to the end token or the
+    context limit, as OpenAI and vLLM (agent SDKs treat a cut answer as an error); --max-tokens
+    is an opt-in cap; an explicit max_tokens still over the context is a 400."""
+    engine = tiny_engine(smollm_tokenizer, max_positions=160)
+    body = {"model": "asymagent", "messages": USER, "mode": "full"}
+    with serving(create_app(engine, max_queue=4, request_timeout=120)) as url:
+        r = httpx.post(url + "/v1/chat/completions", json=body, timeout=120).json()
+        usage = r["usage"]
+        assert r["choices"][0]["finish_reason"] == "length"  # a random model never ends
+        assert usage["prompt_tokens"] + usage["completion_tokens"] == 160
+        resp = httpx.post(url + "/v1/responses", json={"model": "asymagent", "input": "Hi",
+                                                       "mode": "full"}, timeout=120).json()
+        assert resp["usage"]["input_tokens"] + resp["usage"]["output_tokens"] == 160
+        over = httpx.post(url + "/v1/chat/completions", json={**body, "max_tokens": 200}, timeout=60)
+        assert over.status_code == 400 and over.json()["error"]["code"] == "context_length_exceeded"
+    with serving(create_app(engine, max_queue=4, default_max_tokens=7)) as url:
+        r = httpx.post(url + "/v1/chat/completions", json=body, timeout=120).json()
+        assert r["usage"]["completion_tokens"] == 7
+
+
+def test_served_model_names_several(smollm_tokenizer):
+    """vLLM's --served-model-name takes several names: each is listed and accepted, answers
+    carry the first; any other name is still a 404."""
+    import argparse
+
+    from asymagent.integrations.serve import add_arguments
+
+    parser = argparse.ArgumentParser()
+    add_arguments(parser)
+    assert parser.parse_args(["m", "--served-model-name", "a", "b"]).model_name == ["a", "b"]
+    assert parser.parse_args([]).model_name == ["asymagent"]
+    app = create_app(tiny_engine(smollm_tokenizer), model_name=["gpt-local", "mine"],
+                     default_max_tokens=2)
+    with serving(app) as url:
+        assert [m["id"] for m in httpx.get(url + "/v1/models").json()["data"]] == ["gpt-local", "mine"]
+        assert httpx.get(url + "/v1/models/mine").json()["id"] == "mine"
+        for name in ("gpt-local", "mine"):
+            r = httpx.post(url + "/v1/chat/completions", json={"model": name, "messages": USER},
+                           timeout=60)
+            assert r.status_code == 200 and r.json()["model"] == "gpt-local"
+        r = httpx.post(url + "/v1/chat/completions", json={"model": "other", "messages": USER})
+        assert r.status_code == 404
+
+
 def test_bad_input_is_4xx_with_an_error_body(server):
     url = server[0] + "/v1/chat/completions"
     ok = {"model": "asymagent", "messages": USER}

@@ -143,7 +143,10 @@ def test_previous_response_id_continues_and_store_false_forgets(client):
     ({"input": [{"type": "input_image_call"}]}, "input.0.type"),
     ({"input": [{"role": "user", "content": [{"type": "input_image", "image_url": "x"}]}]},
      "input.0.content.0.type"),
-    ({"input": "hi", "reasoning": {"effort": "high"}}, "reasoning"),
+    ({"input": "hi", "reasoning": {"effort": "high"}}, "reasoning.effort"),
+    ({"input": "hi", "reasoning": {"effort": "minimal"}}, "reasoning.effort"),
+    ({"input": "hi", "reasoning": {"summary": "detailed"}}, "reasoning.summary"),
+    ({"input": "hi", "text": {"verbosity": "loud"}}, "text.verbosity"),
     ({"input": "hi", "tools": [{"type": "web_search"}]}, "tools.0"),
     ({"input": "hi", "conversation": "conv_1"}, "conversation"),
     ({"input": "hi", "context_management": []}, "context_management"),
@@ -152,6 +155,28 @@ def test_refusals_name_the_field(server, body, param):
     r = httpx.post(server[0] + "/v1/responses", json={"model": "asymagent", **body}, timeout=60)
     assert r.status_code == 400, r.text
     assert r.json()["error"]["param"].startswith(param), r.json()
+
+
+def test_neutral_reasoning_and_verbosity_are_accepted_and_echoed(server):
+    """The openai-agents SDK's default model settings ask for no reasoning and low verbosity:
+    values the served model can honour by doing nothing (OpenAI echoes them)."""
+    body = {"model": "asymagent", "input": "hi", "max_output_tokens": 2,
+            "reasoning": {"effort": "none"}, "text": {"verbosity": "low"}}
+    r = httpx.post(server[0] + "/v1/responses", json=body, timeout=60)
+    assert r.status_code == 200, r.text
+    out = r.json()
+    assert out["reasoning"] == {"effort": "none", "summary": None}
+    assert out["text"] == {"format": {"type": "text"}, "verbosity": "low"}
+    plain = httpx.post(server[0] + "/v1/responses", json={"model": "asymagent", "input": "hi",
+                                                          "max_output_tokens": 2}, timeout=60)
+    assert plain.json()["reasoning"] is None and plain.json()["text"]["verbosity"] == "medium"
+    chat = {"model": "asymagent", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 2}
+    for extra, status in (({"reasoning_effort": "none", "verbosity": "low"}, 200),
+                          ({"reasoning_effort": "low"}, 400), ({"verbosity": "loud"}, 400)):
+        r = httpx.post(server[0] + "/v1/chat/completions", json={**chat, **extra}, timeout=60)
+        assert r.status_code == status, r.text
+        if status == 400:
+            assert r.json()["error"]["param"] == next(iter(extra))
 
 
 def test_unknown_route_names_the_path_and_the_endpoints(server):

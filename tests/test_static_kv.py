@@ -188,9 +188,9 @@ def test_switch_off_on_cpu_and_fallbacks(model, monkeypatch):
     assert "eager" in static_kv_unsupported(eager)
     with pytest.warns(UserWarning, match="dynamic KV cache"):
         assert static_roles({"verifier_full": eager}, torch.device("cpu"), static_kv=True) == {}
-    sliding = make_model(seed=2)
-    sliding.config.sliding_window, sliding.config.use_sliding_window = 64, True
-    assert "sliding" in static_kv_unsupported(sliding)
+    chunked = make_model(seed=2)  # sliding layers are supported (tests/test_sliding_layer.py)
+    chunked.config.layer_types = ["chunked_attention"] * chunked.config.num_hidden_layers
+    assert "layer types" in static_kv_unsupported(chunked)
 
 
 def test_static_forward_traces_without_graph_breaks(model):

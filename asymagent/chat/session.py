@@ -57,9 +57,9 @@ def drafter_logprob_fn(engine, cache_key: str, counter: list) -> Callable[[list]
         cache = session.get("drafter_full")
         kept = min(cache.reuse_prefix(full_ids),
                    common_prefix_len(conv.logprob_ids, full_ids))
-        start = max(kept - 1, 0)  # re-feed one token: its output predicts token `kept`
+        cache.crop(max(kept - 1, 0))  # re-feed one token: its output predicts token `kept`
+        start = len(cache)  # kept - 1, or 0 where the crop dropped a sliding-window cache
         head = conv.logprobs[: start + 1] if kept else [0.0]
-        cache.crop(start)
         ids = full_ids[start:-1]
         counter[0] += len(ids)
         out = list(head)

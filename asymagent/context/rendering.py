@@ -149,12 +149,40 @@ def call_json(call: dict) -> str:
     return json.dumps({"name": fn["name"], "arguments": args}, ensure_ascii=False)
 
 
+NO_TEMPLATE = ("the model has no chat template, which chat needs (text completions and generate do "
+               "not): give one (asymagent serve --chat-template FILE|STRING; in Python "
+               "tokenizer.chat_template = ...)")
+
+
+class NoChatTemplate(ValueError):
+    """The tokenizer has no chat template: chat cannot render messages (NO_TEMPLATE says how to
+    give one); token-level generation and text completions still work."""
+
+
+def chat_template_text(value: str) -> str:
+    """A chat template given as a file or as the template itself (vLLM's `--chat-template`): a
+    value holding `{`, `}` or a newline is the template; anything else must name a readable file
+    (a ValueError otherwise, so a mistyped path is not served as a template)."""
+    if any(c in value for c in "{}\n"):
+        return value
+    import os
+
+    if not os.path.isfile(value):
+        raise ValueError(f"--chat-template {value}: no such file, and not a template (a template "
+                         "holds {{ }} or {% %})")
+    with open(value, encoding="utf-8") as fh:
+        text = fh.read()
+    if not text.strip():
+        raise ValueError(f"--chat-template {value}: the file is empty")
+    return text
+
+
 class MessageRenderer:
     """Renders OpenAI-style conversations to append-stable token segments for one tokenizer."""
 
     def __init__(self, tokenizer, cache_size: int = 4096, template_kwargs: dict | None = None):
         if getattr(tokenizer, "chat_template", None) is None:
-            raise ValueError("the tokenizer has no chat template; set tokenizer.chat_template")
+            raise NoChatTemplate(NO_TEMPLATE)
         self.tokenizer = tokenizer
         # extra variables for the template (vLLM's chat_template_kwargs, e.g. enable_thinking)
         self.template_kwargs = dict(template_kwargs or {})

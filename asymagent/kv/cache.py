@@ -12,7 +12,9 @@ raises), and the model forward takes `cache=` (the `past_key_values=` keyword is
 
 A ModelCache made with `static=StaticKVOptions(...)` keeps its K/V in a fixed-capacity StaticKV
 (asymagent/kv/static_cache.py: static shapes, CUDA graphs on CUDA) instead of a DynamicCache;
-tokens, crop and prefix reuse work the same. A model with a LeanForward attached
+tokens, crop and prefix reuse work the same. Sliding-window layers keep their window plus a
+rollback tail (asymagent/kv/sliding_layer.py); a crop further back than that drops the cache and
+the next forward re-prefills (`crop`). A model with a LeanForward attached
 (asymagent/kv/lean_forward.py: the same logits bit for bit, less Python per forward) is run
 through it on a dynamic cache.
 """
@@ -24,6 +26,7 @@ from dataclasses import dataclass, field
 
 import torch
 
+from asymagent.kv.growing_cache import croppable_to
 from asymagent.kv.lean_forward import lean_of
 
 PREFILL_CHUNK = 1024  # prefill longer than this is fed in chunks, with a progress bar
@@ -117,6 +120,12 @@ class ModelCache:
         if keep == 0 and self.static is None:  # a StaticKV keeps its buffers (and graphs)
             self.reset()
             return
+        if self.static is None and not croppable_to(self.cache, keep):
+            # a sliding-window layer no longer holds the window before `keep` (a rollback longer
+            # than its tail, asymagent/kv/sliding_layer.py): drop the cache, the next forward
+            # re-prefills the view from its start (exact, never a wrong window)
+            self.reset()
+            return
         self.cache.crop(-remove)
         del self.tokens[keep:]
 
@@ -133,7 +142,7 @@ class ModelCache:
         """Crop to the longest common prefix with `view_ids[:-1]`; returns the tokens kept."""
         keep = common_prefix_len(self.tokens, view_ids[: max(len(view_ids) - 1, 0)])
         self.crop(keep)
-        return keep
+        return len(self.tokens)  # 0 where the crop had to drop a sliding-window cache
 
     def pending(self, view: View) -> list:
         """Tokens of `view` not yet in the cache (the next forward feeds them first)."""

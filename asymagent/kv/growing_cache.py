@@ -27,8 +27,10 @@ bf16). With `attend_align = 64` the layer hands attention the buffer up to the n
 keys/values (`layer.keys`) keep their exact length.
 
 `GrowingCache(config=...)` is `DynamicCache(config=...)` with every plain `DynamicLayer` replaced
-by a `GrowingLayer`; sliding-window, chunked, hybrid, indexed and dummy layers stay stock (a
-sliding layer keeps at most `sliding_window - 1` positions, so its cat is bounded anyway).
+by a `GrowingLayer` and every `DynamicSlidingWindowLayer` by a `SlidingLayer`
+(asymagent/kv/sliding_layer.py: the window plus a rollback tail, so rejected drafts and a new
+turn's prefix reuse can crop it past the window); chunked, hybrid, indexed and dummy layers stay
+stock (`croppable_to` says when a crop would need what they dropped).
 Inference only: an update that needs autograd (inputs requiring grad) falls back to a cat.
 
 `python -m asymagent.evals.probes.kv_probes growing-cache` times a full-context greedy decode on the
@@ -41,7 +43,9 @@ import functools
 
 import torch
 from transformers import DynamicCache
-from transformers.cache_utils import DynamicLayer
+from transformers.cache_utils import DynamicLayer, DynamicSlidingWindowLayer
+
+from asymagent.kv.sliding_layer import SlidingLayer
 
 GROWTH = 1.5  # a full buffer is reallocated at this multiple of its capacity...
 HEADROOM = 256  # ...and with at least this many free positions (the first allocation too)
@@ -221,8 +225,32 @@ class GrowingCache(DynamicCache):
         super().__init__(config=config)
         if self.layer_class_to_replicate is DynamicLayer:  # no config: layers made on first use
             self.layer_class_to_replicate = functools.partial(GrowingLayer, attend_align=attend_align)
-        self.layers = [GrowingLayer(attend_align=attend_align) if type(layer) is DynamicLayer else layer
-                       for layer in self.layers]
+        self.layers = [_growing(layer, attend_align) for layer in self.layers]
+
+
+def _growing(layer, attend_align: int):
+    """The growing counterpart of a stock layer (full: GrowingLayer, sliding: SlidingLayer)."""
+    if type(layer) is DynamicLayer:
+        return GrowingLayer(attend_align=attend_align)
+    if type(layer) is DynamicSlidingWindowLayer:
+        return SlidingLayer(layer.sliding_window, attend_align=attend_align)
+    return layer
+
+
+def croppable_to(cache, keep: int) -> bool:
+    """Whether every layer of `cache` can be cropped to `keep` positions and still serve the next
+    forward: a SlidingLayer that dropped the window before `keep`, or a stock sliding/chunked
+    layer past its window (it keeps no past), cannot."""
+    for layer in getattr(cache, "layers", ()):
+        check = getattr(layer, "can_crop_to", None)
+        if check is not None:
+            if not check(keep):
+                return False
+        elif getattr(layer, "is_sliding", False) and keep < layer.get_seq_length():
+            window = getattr(layer, "sliding_window", None)
+            if window is None or layer.get_seq_length() >= window:
+                return False
+    return True
 
 
 def for_model(model: torch.nn.Module) -> GrowingCache:

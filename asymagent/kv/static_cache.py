@@ -22,8 +22,14 @@ the same each time. So here:
 forward eagerly (what the CPU tests exercise). Values equal the dynamic cache's up to float
 reduction order (attention sums over C masked positions instead of the length).
 
-Supported: decoder models whose layers are all full attention under `sdpa` (our GQA sdpa
-included), e.g. Llama, Qwen2/3 without sliding windows, SmolLM2; `static_kv_unsupported` says why
+Sliding-window layers (Mistral, Gemma 3's local layers, Qwen with `use_sliding_window`) keep every
+position too and read a band mask (`j <= position` and `j > position - window`): the same keys
+as transformers' sliding layer, and crop/rollback work anywhere. A model with `layer_types` gets
+the masks by type (`{"full_attention": ..., "sliding_attention": ...}`, which those forwards take
+as given); one without (Mistral, Phi-3: every layer sliding) gets the band mask alone.
+
+Supported: decoder models whose layers are full or sliding attention under `sdpa` (our GQA
+sdpa included), e.g. Llama, Qwen2/3, Mistral, Gemma 3, SmolLM2; `static_kv_unsupported` says why
 not otherwise, and the engine keeps the dynamic cache for them.
 """
 
@@ -40,6 +46,7 @@ GROWTH = 1.5  # a full buffer is reallocated at this multiple of its capacity...
 HEADROOM = 256  # ...and with at least this many free positions (the first allocation too)
 ALIGN = 256  # capacities are a multiple of this many positions (fewer distinct graph shapes)
 ATTENTION = ("sdpa", "asymagent_sdpa")  # a boolean [1, 1, T, C] mask is what these read
+LAYER_TYPES = ("full_attention", "sliding_attention")  # sliding layers read a band mask (step)
 
 
 @dataclass
@@ -57,6 +64,17 @@ class StaticKVOptions:
     rounds: bool = True
 
 
+def sliding_window_of(config) -> int | None:
+    """The sliding window of a model's local layers (every layer's, for a model without
+    `layer_types` such as Mistral), or None where every layer attends to the whole context."""
+    text = config.get_text_config(decoder=True) if hasattr(config, "get_text_config") else config
+    window = getattr(text, "sliding_window", None)
+    if not window or not getattr(text, "use_sliding_window", True):
+        return None
+    types = getattr(text, "layer_types", None)
+    return int(window) if types is None or "sliding_attention" in types else None
+
+
 def static_kv_unsupported(model: torch.nn.Module) -> str | None:
     """Why `model` cannot use a StaticKV, or None if it can."""
     config = getattr(model, "config", None)
@@ -67,10 +85,8 @@ def static_kv_unsupported(model: torch.nn.Module) -> str | None:
         return f"attention implementation {impl!r} (static KV needs one of {ATTENTION})"
     text = config.get_text_config(decoder=True) if hasattr(config, "get_text_config") else config
     types = getattr(text, "layer_types", None) or ["full_attention"]
-    if any(t != "full_attention" for t in types):
-        return f"layer types {sorted(set(types))} (static KV supports full attention only)"
-    if getattr(text, "sliding_window", None) and getattr(text, "use_sliding_window", True):
-        return f"sliding window {text.sliding_window}"
+    if any(t not in LAYER_TYPES for t in types):
+        return f"layer types {sorted(set(types))} (static KV supports {LAYER_TYPES})"
     if getattr(config, "is_encoder_decoder", False):
         return "encoder-decoder model"
     return None
@@ -148,6 +164,9 @@ class StaticKV(Cache):
             self.length = torch.zeros((), dtype=torch.long, device=self.device)  # cached positions
             self.positions = torch.arange(0, device=self.device)  # [C]
         self.write_at = self.positions  # [T] set by each forward before the model runs
+        self.window = sliding_window_of(model.config)  # local layers' window, None: all global
+        text = model.config.get_text_config(decoder=True)
+        self.by_type = getattr(text, "layer_types", None) is not None  # masks keyed by layer type
         self.graphs = None  # asymagent.kv.cuda_graphs.GraphSet on the current buffers
         self.generation = 0  # counts reallocations: graphs recorded on older buffers are stale
         super().__init__(layers=[])
@@ -204,6 +223,9 @@ class StaticKV(Cache):
         t = input_ids.shape[1]
         self.write_at = self.length + self.positions[:t]  # [T]
         mask = (self.positions[None, :] <= self.write_at[:, None])[None, None]  # [1, 1, T, C]
+        if self.window is not None:  # local layers: the window before each position, itself included
+            band = mask & (self.positions[None, :] > self.write_at[:, None] - self.window)[None, None]
+            mask = {"full_attention": mask, "sliding_attention": band} if self.by_type else band
         runner = self.model if head else self.model.base_model
         out = runner(input_ids=input_ids, attention_mask=mask, position_ids=self.write_at[None],
                      cache=self, use_cache=True)

@@ -46,10 +46,28 @@ def parse_mix(spec: str) -> dict[str, float]:
 
 
 def render_messages(tokenizer, messages: list[dict], add_generation_prompt: bool = False) -> list[int]:
-    """Token ids of messages under the tokenizer's chat template (no extra BOS)."""
-    text = tokenizer.apply_chat_template(messages, tokenize=False,
-                                         add_generation_prompt=add_generation_prompt)
+    """Token ids of messages under the tokenizer's chat template (no extra BOS); a tokenizer
+    without one (a base model) gets the conversation as raw text (`raw_transcript`)."""
+    if getattr(tokenizer, "chat_template", None) is None:
+        text = raw_transcript(messages, add_generation_prompt)
+    else:
+        text = tokenizer.apply_chat_template(messages, tokenize=False,
+                                             add_generation_prompt=add_generation_prompt)
     return tokenizer.encode(text, add_special_tokens=False)
+
+
+def raw_transcript(messages: list[dict], add_generation_prompt: bool = False) -> str:
+    """A conversation as plain text, one `role: content` block per message (tool calls as their
+    JSON), for a model without a chat template: what a base model reads and continues."""
+    blocks = []
+    for m in messages:
+        content = m.get("content") or ""
+        if not isinstance(content, str):
+            content = json.dumps(content, ensure_ascii=False)
+        calls = [json.dumps({"name": c["function"]["name"], "arguments": c["function"]["arguments"]},
+                            ensure_ascii=False) for c in m.get("tool_calls") or ()]
+        blocks.append(f"{m['role']}: " + "\n".join([content] * bool(content) + calls))
+    return "\n\n".join(blocks) + ("\n\nassistant:" if add_generation_prompt else "")
 
 
 def general_text_files(max_files: int = 4000, seed: int = 0) -> list[Path]:

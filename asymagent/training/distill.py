@@ -175,6 +175,21 @@ class DistillObjective:
         self.heldout = [s[:cfg.seq_len] for s in heldout_episodes(trainer.tokenizer, cfg.heldout_episodes,
                                                                   seed=cfg.seed + 99)]
         self.run_tokens = 0
+        self.reserve_s = self._closing_cost(trainer)
+
+    def _closing_cost(self, trainer: Trainer) -> float:
+        """Seconds the closing evaluation will take (kept free of training, `Trainer.fit`): five
+        full-vocabulary passes over the held-out episodes (held-out metrics and the verdict:
+        the verifier twice, the trained drafter twice, the untrained layers:N once), timed on
+        the verifier over the first episode."""
+        import torch
+
+        if not self.heldout:
+            return 0.0
+        t = time.monotonic()
+        with torch.no_grad():
+            trainer.verifier(input_ids=torch.tensor([self.heldout[0]]))
+        return 5 * (time.monotonic() - t) * len(self.heldout)
 
     def _self_turns(self, trainer: Trainer) -> list:
         """Verifier-generated assistant turns (made once, kept in OUT/self_turns.jsonl)."""
@@ -230,7 +245,9 @@ def run(cfg: TrainConfig, loaded=None) -> dict:
     import torch
 
     from asymagent.modeling.drafter import build_drafter
+    from asymagent.spec_config import SpecConfig
     from asymagent.training.domains import HELD_OUT_DOMAIN, TRAIN_DOMAINS
+    from asymagent.training.verdict import judge
 
     trainer = Trainer(cfg, loaded, python_seed=True)
     drafter = build_drafter(trainer.verifier, cfg.layers, init_from_verifier=cfg.init == "verifier")
@@ -248,6 +265,7 @@ def run(cfg: TrainConfig, loaded=None) -> dict:
     drafter.eval()
     metrics = heldout_metrics(trainer.verifier, drafter, objective.heldout, draft_vocab=draft_vocab,
                               ranking=ranking)
+    verdict = judge(trainer.verifier, drafter, objective.heldout, cfg.layers, SpecConfig().k)
     wall = trainer.elapsed()
     total_tokens = sum(1 for _ in history) * cfg.batch_size * cfg.seq_len
     card = {
@@ -262,10 +280,14 @@ def run(cfg: TrainConfig, loaded=None) -> dict:
         **({"warm_start": warm_start} if warm_start else {}),
         "final_loss_mean_last_20": round(sum(h["loss"] for h in history[-20:]) / max(1, len(history[-20:])), 4),
         **{k: (round(v, 4) if isinstance(v, float) else v) for k, v in metrics.items()},
+        **verdict.as_card(), "verdict": verdict.line(),
     }
     trainer.export(draft_vocab, card, ("steps", "train_tokens", "wall_minutes",
                                        "heldout_top1_agreement_full_vocab",
                                        "heldout_top1_agreement_draft_vocab"))
+    budget = f"budget {cfg.max_minutes:g} min" if cfg.max_minutes > 0 else f"--max-steps {cfg.max_steps}"
+    print(f"train-drafter: {trainer.step} steps in {wall / 60:.1f} min ({budget}). {verdict.line()}",
+          flush=True)  # the closing line, also under --no-progress
     return card
 
 

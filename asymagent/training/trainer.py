@@ -123,17 +123,23 @@ class Trainer:
         tmp.replace(self.ckpt_path)
 
     def fit(self, objective: Objective) -> None:
-        """The step loop until the budget is spent, then a final checkpoint."""
+        """The step loop until the budget is spent, then a final checkpoint.
+
+        `--max-minutes` is wall clock from the start of the run (loading, data generation and
+        the closing evaluation included): a step is not started when the last step's time plus
+        the objective's `reserve_s` (its closing evaluation) would end past the budget."""
         from tqdm import tqdm
 
         cfg = self.cfg
         last_ckpt = time.monotonic()
         bar = tqdm(desc=objective.desc, unit=objective.unit, disable=cfg.no_progress,
                    mininterval=15)
+        reserve, step_s = getattr(objective, "reserve_s", 0.0), 0.0
         while True:
             progress = self.progress()
-            if progress >= 1.0:
+            if progress >= 1.0 or self.elapsed() + step_s + reserve > self.budget_s:
                 break
+            started = time.monotonic()
             for g in self.opt.param_groups:
                 g["lr"] = lr_at(cfg, self.step, progress)
             self.opt.zero_grad(set_to_none=True)
@@ -147,6 +153,7 @@ class Trainer:
             self.history.append({"step": self.step, **record, "elapsed_s": round(self.elapsed(), 1)})
             bar.update(units)
             bar.set_postfix(step=self.step, **postfix)
+            step_s = time.monotonic() - started
             if cfg.eval_every and self.step % cfg.eval_every == 0:
                 self.drafter.eval()
                 self.history[-1].update(objective.evaluate(self))

@@ -64,6 +64,11 @@ def free_port(host: str) -> int:
         return sock.getsockname()[1]
 
 
+def first_name(names) -> str:
+    """The name answers carry: `--served-model-name` may give several (the first wins)."""
+    return names if isinstance(names, str) else names[0]
+
+
 def app_kwargs_from(args) -> dict:
     """create_app's keyword arguments from the `serve` flags (the same as the single server)."""
     api_key = args.api_key or os.environ.get("ASYMAGENT_API_KEY")
@@ -130,7 +135,7 @@ def build_application(engine_factory: Callable[[], Any], app_kwargs: dict, *, re
     ingress = serve.deployment(
         Ingress, name="ingress", num_replicas=1, ray_actor_options={"num_cpus": 0},
         max_ongoing_requests=max(100, 4 * replicas * ongoing), logging_config=ray_logging(log_level),
-    ).bind(engine, model_name=app_kwargs.get("model_name", "asymagent"),
+    ).bind(engine, model_name=first_name(app_kwargs.get("model_name", "asymagent")),
            max_body_bytes=app_kwargs.get("max_body_bytes", 8 * 2**20),
            request_timeout=app_kwargs.get("request_timeout", 600.0))
     return ingress

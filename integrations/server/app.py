@@ -17,9 +17,9 @@ DEFAULT_MODEL_NAME = "asymagent"
 DEFAULT_MAX_BODY_BYTES = 8 * 2**20
 
 
-def create_app(engine, *, model_name: str = DEFAULT_MODEL_NAME, api_key: str | None = None,
+def create_app(engine, *, model_name: str | list[str] = DEFAULT_MODEL_NAME, api_key: str | None = None,
                max_queue: int = 16, request_timeout: float = 600.0, default_mode: str = "asym",
-               default_max_tokens: int = 256, default_temperature: float = 0.0,
+               default_max_tokens: int | None = None, default_temperature: float = 0.0,
                max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
                cors_origins: list[str] | None = None, max_model_len: int | None = None,
                trace_writer=None):

@@ -30,6 +30,11 @@ from asymagent.integrations.server.streaming import DONE, SSE_HEADERS, error_lin
 from asymagent.chat.session import verifier_view_tokens
 from asymagent.integrations.server.worker import count_prompt_tokens
 
+# A request without a completion cap (OpenAI's and vLLM's default) runs to the end token or the
+# context limit: the worker caps it at the room the context leaves once it knows the prompt
+# (ChatTask.cap); this bound holds only where the model declares no context limit.
+UNCAPPED = 32768
+
 
 def cache_key_for(messages: list[dict], tools: list | None, mode: str,
                   prompt_cache_key: str | None = None, template_kwargs: dict | None = None) -> str:
@@ -58,6 +63,7 @@ class ChatTask:
     request: GenerationRequest  # built once from the HTTP body (chat_task)
     where: str = "messages"
     call_prefix: str = field(default_factory=lambda: "call_" + uuid.uuid4().hex[:22])
+    uncapped: bool = False  # no cap asked: the worker sets the room the context leaves (`cap`)
 
     @property
     def mode(self) -> str:
@@ -74,6 +80,10 @@ class ChatTask:
     @property
     def cache_key(self) -> str:
         return self.request.cache_key
+
+    def cap(self, max_new_tokens: int) -> None:
+        """Bound the completion (the worker, once it knows the prompt's length)."""
+        self.request = self.request.replace(max_new_tokens=max_new_tokens)
 
     def call_id(self, index: int) -> str:
         """The id of this turn's tool call at `index`: the same in the stream, the answer and
@@ -110,7 +120,7 @@ class Turn:
     tools: list[dict] | None  # OpenAI chat tool dicts
     tool_choice: object  # "none" | "auto" | "required" | {"type": "function", "function": ...}
     response_format: dict | None
-    max_new_tokens: int
+    max_new_tokens: int | None  # None: no cap asked (the worker bounds it by the context)
     prompt_cache_key: str | None = None
     parallel_tool_calls: bool | None = None  # the request's; OpenAI's default (None) is true
     chat_template_kwargs: dict | None = None  # vLLM's: extra variables for the chat template
@@ -124,7 +134,7 @@ def chat_task(turn: Turn, sampling: S.SamplingFields, limits, recorder,
     mode = sampling.mode or limits.default_mode
     engine_tools = turn.tools if turn.tool_choice != "none" else None
     request = GenerationRequest(
-        mode=mode, max_new_tokens=turn.max_new_tokens,
+        mode=mode, max_new_tokens=turn.max_new_tokens or UNCAPPED,
         sampling=sampling.sampling_params(limits.default_temperature, seed, eos_ids),
         stop=sampling.stop or (), tools=engine_tools,
         tool_choice=turn.tool_choice if engine_tools else "auto",
@@ -133,7 +143,7 @@ def chat_task(turn: Turn, sampling: S.SamplingFields, limits, recorder,
                                 turn.chat_template_kwargs),
         parallel_tool_calls=turn.parallel_tool_calls is not False,
         chat_template_kwargs=turn.chat_template_kwargs or None)
-    return ChatTask(turn.messages, request)
+    return ChatTask(turn.messages, request, uncapped=turn.max_new_tokens is None)
 
 
 def chat_turn(req: S.ChatCompletionRequest, limits) -> Turn:

@@ -35,7 +35,7 @@ class Limits:
 
     request_timeout: float = 600.0
     default_mode: str = "asym"
-    default_max_tokens: int = 256
+    default_max_tokens: int | None = None  # None: no cap, the context limit bounds a completion
     default_temperature: float = 0.0
     max_queue: int = 16
     max_model_len: int | None = None
@@ -43,7 +43,8 @@ class Limits:
     def check(self) -> None:
         if self.default_mode not in MODES:
             raise ValueError(f"default_mode must be one of {MODES}, got {self.default_mode!r}")
-        if self.request_timeout <= 0 or self.default_max_tokens < 1:
+        if self.request_timeout <= 0 or (self.default_max_tokens is not None
+                                         and self.default_max_tokens < 1):
             raise ValueError("request_timeout must be > 0, default_max_tokens >= 1")
         if self.max_model_len is not None and self.max_model_len < 2:
             raise ValueError(f"max_model_len must be >= 2, got {self.max_model_len}")
@@ -52,9 +53,16 @@ class Limits:
 class ServingContext:
     """What the handlers share; see the module docstring."""
 
-    def __init__(self, engine, *, model_name: str, limits: Limits, api_key: str | None = None,
+    def __init__(self, engine, *, model_name, limits: Limits, api_key: str | None = None,
                  trace_writer=None):
         limits.check()
+        # one name or several (vLLM's --served-model-name A B): requests may name any of them,
+        # answers, metrics and /health carry the first
+        names = (model_name,) if isinstance(model_name, str) else tuple(model_name)
+        if not names or not all(isinstance(n, str) and n for n in names):
+            raise ValueError(f"model_name must be a non-empty name or names, got {model_name!r}")
+        self.model_names = names
+        model_name = names[0]
         self.engine, self.model_name, self.limits = engine, model_name, limits
         self.api_key, self.trace_writer = api_key, trace_writer
         self.metrics = ServerMetrics(model_name)
@@ -168,7 +176,7 @@ class ServingContext:
 
     def check_request(self, req) -> Failed | None:
         """404 for another model's name; 400 for text holding a lone UTF-16 surrogate."""
-        if req.model != self.model_name:
+        if req.model not in self.model_names:
             return model_not_found(req.model)
         bad_text = lone_surrogate_at(req.model_dump(exclude_none=True))
         if bad_text is not None:

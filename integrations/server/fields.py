@@ -63,12 +63,34 @@ REFUSED = {
     "function_call": "the legacy 'function_call' is not supported; use 'tool_choice'",
     "audio": "audio output is not supported (text only)",
     "prediction": "predicted outputs are not supported (speculation drafts are the engine's own)",
-    "reasoning_effort": "the served model has no reasoning mode",
-    "verbosity": "the served model has no verbosity setting",
+    "reasoning_effort": "the served model has no reasoning mode (only 'none' is accepted)",
     "web_search_options": "web search is not supported",
     "best_of": "best_of > 1 is not supported: one completion per request",
     "suffix": "suffix (insertion) is not supported",
 }
+
+
+# Values that ask the served model for nothing it lacks (accepted, ignored, echoed where the API
+# echoes them): a reasoning effort of "none" (OpenAI's value for "do not reason"; the openai-agents
+# SDK sends it by default) and any text verbosity (a length hint; OpenAI's default is "medium").
+NEUTRAL_EFFORT = ("none",)
+VERBOSITY = ("low", "medium", "high")
+
+
+def reasoning_effort(value):
+    """A reasoning effort the served model can honour: None or "none"; anything else asks for
+    reasoning, which it has not (400 naming the field)."""
+    if value is not None and value not in NEUTRAL_EFFORT:
+        raise ValueError(f"reasoning effort {value!r} asks for reasoning: "
+                         f"{REFUSED['reasoning_effort']}")
+    return value
+
+
+def verbosity(value):
+    """A text verbosity: one of VERBOSITY (accepted and ignored) or None."""
+    if value is not None and value not in VERBOSITY:
+        raise ValueError(f"verbosity must be one of {list(VERBOSITY)}, got {value!r}")
+    return value
 
 
 def refuse(name: str, value):

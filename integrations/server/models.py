@@ -1,4 +1,4 @@
-"""GET /v1/models and GET /v1/models/{id}: the one served model (its card)."""
+"""GET /v1/models and GET /v1/models/{id}: the served model's card, once per served name."""
 
 from __future__ import annotations
 
@@ -12,14 +12,14 @@ class Models:
     def __init__(self, ctx):
         self.ctx = ctx
 
-    def card(self) -> S.ModelCard:
-        return S.ModelCard(id=self.ctx.model_name, created=self.ctx.created,
+    def card(self, name: str) -> S.ModelCard:
+        return S.ModelCard(id=name, created=self.ctx.created,
                            max_model_len=self.ctx.worker.max_context)
 
     async def list(self):
-        return S.ModelList(data=[self.card()]).model_dump()
+        return S.ModelList(data=[self.card(name) for name in self.ctx.model_names]).model_dump()
 
     async def get(self, model_id: str):
-        if model_id != self.ctx.model_name:
+        if model_id not in self.ctx.model_names:
             return self.ctx.respond(model_not_found(model_id))
-        return self.card().model_dump()
+        return self.card(model_id).model_dump()

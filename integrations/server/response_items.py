@@ -15,7 +15,8 @@ from typing import Any, Literal, Optional, Union
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
-from asymagent.integrations.server.fields import JsonSchemaFormat, SamplingFields
+from asymagent.integrations.server.fields import (JsonSchemaFormat, SamplingFields,
+                                                  reasoning_effort, verbosity)
 from asymagent.integrations.server.schemas import ChatMessage, FunctionDef
 
 ROLES = ("user", "system", "developer", "assistant")
@@ -79,14 +80,38 @@ class TextFormat(BaseModel):
 class TextConfig(BaseModel):
     model_config = ConfigDict(extra="forbid")
     format: Optional[TextFormat] = None
-    verbosity: Optional[str] = None
+    verbosity: Optional[str] = None  # accepted and echoed, no effect (fields.verbosity)
 
     @field_validator("verbosity")
     @classmethod
     def _verbosity(cls, value):
-        if value is not None:
-            raise ValueError("the served model has no verbosity setting")
+        return verbosity(value)
+
+
+class ReasoningConfig(BaseModel):
+    """Responses' `reasoning`: only what asks for no reasoning (the served model has none)."""
+
+    model_config = ConfigDict(extra="forbid")
+    effort: Optional[str] = None  # None or "none" (fields.reasoning_effort)
+    summary: Optional[str] = None  # None or "auto": a summary of reasoning there is none of
+    generate_summary: Optional[str] = None  # the deprecated name of `summary`
+
+    @field_validator("effort")
+    @classmethod
+    def _effort(cls, value):
+        return reasoning_effort(value)
+
+    @field_validator("summary", "generate_summary")
+    @classmethod
+    def _summary(cls, value):
+        if value not in (None, "auto"):
+            raise ValueError(f"reasoning summary {value!r} asks for a summary of reasoning: "
+                             "the served model has no reasoning mode")
         return value
+
+    def echo(self) -> dict:
+        """What the response object carries (as OpenAI echoes a request's reasoning)."""
+        return {"effort": self.effort, "summary": self.summary or self.generate_summary}
 
 
 class ResponseRequest(SamplingFields):
@@ -109,7 +134,7 @@ class ResponseRequest(SamplingFields):
     prompt_cache_retention: Optional[str] = None
     truncation: Optional[Literal["auto", "disabled"]] = None  # nothing is dropped: over -> 400
     include: Optional[list[str]] = None  # none of the includables exists here
-    reasoning: Optional[dict[str, Any]] = None  # only empty / all-null (no reasoning mode)
+    reasoning: Optional[ReasoningConfig] = None  # only what asks for no reasoning; echoed
     top_logprobs: Optional[int] = Field(default=None, ge=0, le=0)  # log-probs: chat only
     background: Optional[bool] = None  # only false
     conversation: Optional[Any] = None  # refused: use previous_response_id
@@ -120,13 +145,6 @@ class ResponseRequest(SamplingFields):
     def _one_output(cls, value):
         if value != 1:
             raise ValueError("n is not a Responses API field: one output per response")
-        return value
-
-    @field_validator("reasoning")
-    @classmethod
-    def _reasoning(cls, value):
-        if value and any(v is not None for v in value.values()):
-            raise ValueError("the served model has no reasoning mode")
         return value
 
     @field_validator("background")

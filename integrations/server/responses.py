@@ -122,7 +122,7 @@ class Responses:
         head = [{"role": "system", "content": req.instructions}] if req.instructions else []
         fmt = req.text.format.to_engine() if req.text and req.text.format else None
         return Turn(head + history + messages, req.chat_tools(), req.engine_tool_choice(), fmt,
-                    req.max_output_tokens or self.ctx.limits.default_max_tokens,
+                    req.max_output_tokens or self.ctx.limits.default_max_tokens,  # None: no cap
                     req.prompt_cache_key, req.parallel_tool_calls)
 
     async def create(self, req: ResponseRequest, request: Request):
@@ -202,9 +202,11 @@ class ResponseShell:
                        "parameters": t.parameters, "strict": t.strict} for t in req.tools or []],
             "max_output_tokens": req.max_output_tokens, "max_tool_calls": req.max_tool_calls,
             "previous_response_id": req.previous_response_id, "metadata": req.metadata or {},
-            "store": req.store is not False, "text": {"format": fmt},
+            "store": req.store is not False,
+            "text": {"format": fmt, "verbosity": (req.text and req.text.verbosity) or "medium"},
             "truncation": req.truncation or "disabled", "user": req.user,
-            "prompt_cache_key": req.prompt_cache_key, "reasoning": None,
+            "prompt_cache_key": req.prompt_cache_key,
+            "reasoning": req.reasoning.echo() if req.reasoning else None,
             "usage": None if result is None else response_usage(result, prompt_tokens),
         }
         if result is not None:

@@ -22,7 +22,8 @@ from pydantic import (BaseModel, ConfigDict, Field, ValidationInfo, field_valida
 from asymagent.chat.schema_refs import check_refs
 
 from asymagent.integrations.server.fields import (ResponseFormat, SamplingFields,  # noqa: F401
-                                                  StreamOptions, refuse)
+                                                  StreamOptions, reasoning_effort, refuse,
+                                                  verbosity)
 
 MODES = ("full", "compressed", "spec", "asym")  # asymagent.spec_config.MODES (kept light here)
 _TOOL_NAME = re.compile(r"^[A-Za-z0-9_-]{1,64}$")  # OpenAI's rule for function names
@@ -191,16 +192,26 @@ class ChatCompletionRequest(SamplingFields):
     function_call: Optional[Any] = None
     audio: Optional[Any] = None
     prediction: Optional[Any] = None
-    reasoning_effort: Optional[Any] = None
-    verbosity: Optional[Any] = None
+    reasoning_effort: Optional[Any] = None  # only "none" (fields.reasoning_effort)
     web_search_options: Optional[Any] = None
+    # Accepted, no effect (fields.verbosity): the served model has no verbosity setting
+    verbosity: Optional[Any] = None
     chat_template_kwargs: Optional[dict[str, Any]] = None  # vLLM's: extra template variables
 
-    @field_validator("functions", "function_call", "audio", "prediction", "reasoning_effort",
-                     "verbosity", "web_search_options")
+    @field_validator("functions", "function_call", "audio", "prediction", "web_search_options")
     @classmethod
     def _refused(cls, value, info):
         return refuse(info.field_name, value)
+
+    @field_validator("reasoning_effort")
+    @classmethod
+    def _reasoning_effort(cls, value):
+        return reasoning_effort(value)
+
+    @field_validator("verbosity")
+    @classmethod
+    def _verbosity(cls, value):
+        return verbosity(value)
 
     @field_validator("store")
     @classmethod
@@ -249,7 +260,8 @@ class ChatCompletionRequest(SamplingFields):
             return self.tool_choice.model_dump()
         return self.tool_choice
 
-    def max_new_tokens(self, default: int) -> int:
+    def max_new_tokens(self, default: int | None) -> int | None:
+        """The completion cap: the request's, else the server's (None: none, the context bounds it)."""
         return self.max_completion_tokens or self.max_tokens or default
 
 

@@ -7,7 +7,7 @@ tokenizers are not safe to mutate from two threads). The asyncio side submits a 
 `asyncio.Queue` fed with `loop.call_soon_threadsafe`:
 
   Started           the prompt fits and generation is under way (sent with the first tokens)
-  TextDelta(text)   newly decoded text after a decoding round (never a split UTF-8 character)
+  TextDelta(text)   newly decoded text, one per token (never a split UTF-8 character)
   Finished(result)  the engine's result (finish_reason "cancelled" if it was stopped)
   Failed(...)       an error to answer with (status + OpenAI error fields; errors.py)
 
@@ -244,14 +244,18 @@ class EngineWorker:
     def _admit(self, task: Task) -> int | Failed:
         """The prompt's length, or the 400 for a prompt that is refused or does not fit."""
         where, max_new = task.where, task.max_new_tokens
+        uncapped = getattr(task, "uncapped", False) and self.max_context is not None
+        max_new = 1 if uncapped else max_new  # no cap asked: whatever room the context leaves
         try:
-            if self._chat_format is None:
+            if self._chat_format is None and where != "prompt":  # a text completion needs none
                 from asymagent.chat.chat_format import ChatFormat
 
                 self._chat_format = getattr(self.engine, "chat_format", None) or \
                     ChatFormat(self.engine.tokenizer)
             prompt_tokens = task.prompt_tokens(self.engine, self._chat_format)
             if self.max_context is None or prompt_tokens + max_new <= self.max_context:
+                if uncapped:
+                    task.cap(self.max_context - prompt_tokens)
                 return prompt_tokens
             # in modes compressed and asym the verifier reads the compressed view: the full one
             # may be longer than the model's context (the drafter reads it whole)
@@ -260,6 +264,8 @@ class EngineWorker:
             what = "messages or tools" if where == "messages" else where
             return Failed(400, f"invalid {what}: {exc}", param=where)
         if seen is not None and seen + max_new <= self.max_context:
+            if uncapped:
+                task.cap(self.max_context - seen)
             return prompt_tokens
         shown = prompt_tokens if seen is None else seen
         note = "" if seen is None or seen == prompt_tokens else \
@@ -288,9 +294,10 @@ class EngineWorker:
             announce()
             if job.first_token is None and len(new_ids):
                 job.first_token = time.monotonic()
-            text = detok.feed(list(new_ids))
-            if text:
-                job.emit(TextDelta(text, tokens=len(detok.ids)))
+            for token in list(new_ids):  # a delta per token, as OpenAI and vLLM stream
+                text = detok.feed([token])
+                if text:
+                    job.emit(TextDelta(text, tokens=len(detok.ids)))
             if job.cancel.is_set():
                 return False
             if time.monotonic() > job.deadline:
