@@ -257,10 +257,11 @@ class Engine:
         """
         from asymagent.config_file import engine_settings
         from asymagent.modeling.loading import load_model
-        from asymagent.modeling.pairs import resolve_sources
+        from asymagent.modeling.pairs import default_spec_for, resolve_sources
 
         spec, compression = engine_settings(config, spec, compression)
         dtype = for_device(dtype, device)
+        spec = default_spec_for(verifier, spec)  # a named pair's own default (docs/pair.md)
         verifier, drafter = resolve_sources(verifier, drafter)  # "pair:NAME" -> its two GGUFs
         ver = load_model(verifier, dtype=dtype)
         dra = None

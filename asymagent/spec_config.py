@@ -115,12 +115,12 @@ class SpecConfig:
     suffix_factor: float = 4.0  # a match of m tokens drafts at most suffix_factor * m tokens
     suffix_min_prob: float = 0.1  # stop a path where its estimated probability falls below this
     suffix_max_depth: int = 32  # longest context suffix matched
-    # False: copied drafts only (suffix / prompt lookup); the drafter model never runs, neither
-    # its full-view prefill nor its steps. For a drafter model whose prefill of the whole history
-    # costs more than its drafts save: on agent steps (long contexts, short outputs) a 0.5B LM
-    # drafter reads ~1/3 of a 1.5B verifier's bytes per token of the full view (docs/pair.md).
-    # Needs copied drafts (lookup_ngram > 0) and nothing that reads the drafter's rows (beta 0,
-    # no cda, no escalate_jsd).
+    # False: the drafter model proposes no drafts; rounds draft from copies only (suffix / prompt
+    # lookup; none: plain steps). With nothing else reading it (beta 0, no cda, no escalate_jsd)
+    # the drafter model then never runs, neither its full-view prefill nor its steps. For a
+    # drafter model whose prefill of the whole history costs more than its drafts save: on agent
+    # steps (long contexts, short outputs) a 0.5B LM drafter reads ~1/3 of a 1.5B verifier's bytes
+    # per token of the full view (docs/pair.md). beta > 0 or cda still run it for their rows.
     draft_model: bool = True
 
     @classmethod
@@ -163,10 +163,6 @@ class SpecConfig:
             raise ValueError(f"SpecConfig.lookup_ngram must be an integer >= 0, got {self.lookup_ngram!r}")
         if not isinstance(self.lookup_k, int) or self.lookup_k < 1:
             raise ValueError(f"SpecConfig.lookup_k must be an integer >= 1, got {self.lookup_k!r}")
-        if not self.draft_model and (not self.lookup_ngram or self.beta or self.acceptance == "cda"
-                                     or self.escalate_jsd is not None):
-            raise ValueError("SpecConfig.draft_model=False needs copied drafts (lookup_ngram > 0) "
-                             "and nothing that reads the drafter model (beta 0, no cda, no escalate_jsd)")
         for name in ("adaptive_k", "fuse_bonus", "draft_model"):  # a string "False" would be truthy
             if not isinstance(getattr(self, name), bool):
                 raise ValueError(f"SpecConfig.{name} must be True or False, got {getattr(self, name)!r}")

@@ -262,7 +262,8 @@ def test_copied_drafts_only_never_run_the_drafter_model(verifier, full_outputs, 
         assert r.token_ids == want
         assert r.stats.drafter_prefill_tokens == 0
         assert "model" not in r.stats.draft_source  # rounds: suffix drafts or plain steps
-    with pytest.raises(ValueError, match="draft_model=False needs"):
-        SpecConfig(draft_model=False, beta=1.0)
-    with pytest.raises(ValueError, match="draft_model=False needs"):
-        SpecConfig(draft_model=False, lookup_ngram=0)
+    # no copied drafts either: plain steps, the verifier's output still
+    plain = Engine(verifier=verifier, drafter=make_model(seed=1, layers=1),
+                   spec=SpecConfig(draft_model=False, lookup_ngram=0))
+    r = plain.generate(random_prompts(1)[0], mode=mode, max_new_tokens=NEW)
+    assert r.token_ids == full_outputs[0] and r.stats.drafted == 0

@@ -88,8 +88,9 @@ class RequestPlan:
 def _drafters(spec: SpecConfig, mode: Mode, temperature: float, reasons: dict) -> tuple:
     """(drafter names in order, may suffix drafts read the shared store)."""
     if not spec.lookup_ngram:
-        reasons["drafters"] = "lookup_ngram=0: the drafter model only"
-        return ("model",), False
+        reasons["drafters"] = ("lookup_ngram=0: the drafter model only" if spec.draft_model else
+                               "lookup_ngram=0 and draft_model=False: no drafts, plain steps")
+        return (("model",) if spec.draft_model else ()), False
     if not spec.suffix:
         reasons["drafters"] = "suffix=False: prompt lookup" + (", then the drafter model" if spec.draft_model else "")
         return (("lookup", "model") if spec.draft_model else ("lookup",)), False

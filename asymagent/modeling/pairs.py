@@ -58,6 +58,15 @@ class ModelPair:
     verifier: PartedGGUF
     drafter: PartedGGUF
     description: str
+    # SpecConfig fields the pair runs with unless a spec is given (chosen by measurement on dev
+    # seeds; docs/pair.md says which and why)
+    spec_overrides: tuple = ()
+
+    def default_spec(self):
+        """The pair's SpecConfig: SpecConfig() with `spec_overrides`."""
+        from asymagent.spec_config import SpecConfig
+
+        return SpecConfig(**dict(self.spec_overrides))
 
     def pip_command(self) -> str:
         return self.verifier.pip_command() + " && " + self.drafter.pip_command()
@@ -193,6 +202,15 @@ def resolve_sources(verifier, drafter=None, *, progress: bool | None = None) -> 
     if drafter is None or pair_name(drafter) == name:
         drafter = str(assemble(pair.drafter, progress=progress))
     return str(ver), drafter
+
+
+def default_spec_for(source, spec=None):
+    """`spec` if given; else the named pair's default SpecConfig for a "pair:NAME" source; else
+    None (the engine's SpecConfig())."""
+    name = pair_name(source)
+    if spec is not None or name is None:
+        return spec
+    return get_pair(name).default_spec()
 
 
 def check_model_source(source, **kw) -> None:

@@ -70,6 +70,8 @@ def build_engine(verifier: str = "default", drafter: str | None = None, *, spec=
     from asymagent.modeling.pairs import get_pair, pair_name, resolve_sources
 
     pair = pair_name(verifier)
+    if pair is not None and spec is None:  # the pair's own default SpecConfig (docs/pair.md)
+        spec = get_pair(pair).default_spec()
     if pair is not None:  # a named pair: its verifier, and its LM drafter unless --drafter is given
         ver_path, lm_drafter = resolve_sources(verifier, None)
         loaded = load_model(ver_path, dtype=dtype)
