@@ -139,9 +139,10 @@ class _Seq:
 def run_one(call: SeqCall) -> torch.Tensor:
     """`call` as its own forward (the lean forward's road): [1, keep, V] or [1, T, H]."""
     ids = torch.tensor([call.ids], dtype=torch.long)  # [1, T]
+    # LeanForward's own methods, not a subclass's (asymagent/scheduling/batcher.py routes those here)
     if call.keep is None:
-        return call.lean.hidden(ids, call.cache)
-    return call.lean.logits(ids, call.cache, call.keep)
+        return LeanForward.hidden(call.lean, ids, call.cache)
+    return LeanForward.logits(call.lean, ids, call.cache, call.keep)
 
 
 @torch.inference_mode()
