@@ -158,8 +158,8 @@ class Engine:
         `max_num_seqs` (vLLM's name): how many requests may decode at once, their forwards
         gathered round by round into forwards of at most `max_num_batched_tokens` rows
         (asymagent/scheduling/; outputs do not depend on the company); 1 (the default): one
-        request at a time, as before. The cache store then holds at least `max_num_seqs`
-        conversations."""
+        request at a time, as before. Keep `max_sessions` >= `max_num_seqs`, or conversations
+        decoding at once evict each other's caches (their next turns prefill again)."""
         self.verifier = verifier.eval()
         self.drafter = drafter.eval() if drafter is not None else None
         packed = 0
@@ -212,8 +212,7 @@ class Engine:
                                                "lean_forward": lean,
                                                "grouped_attention": _grouped_attention(verifier),
                                                "row_floors": _row_floors(verifier)}
-        self.caches = CacheStore(roles, max_sessions=max(max_sessions, max_num_seqs),
-                                 static=self.static_roles)
+        self.caches = CacheStore(roles, max_sessions=max_sessions, static=self.static_roles)
         self._chat_format: ChatFormat | None = None  # built on first use (`chat_format`)
         self._format_lock = threading.Lock()  # builds chat_format once (not the request lock)
         self._chat_formats: dict = {}  # template kwargs (JSON) -> ChatFormat (chat_format_for)
