@@ -212,6 +212,7 @@ class Engine:
                                                "lean_forward": lean,
                                                "grouped_attention": _grouped_attention(verifier),
                                                "row_floors": _row_floors(verifier)}
+        self.roles = roles  # cache role -> model (CacheStore; `sibling` makes another store)
         self.caches = CacheStore(roles, max_sessions=max_sessions, static=self.static_roles)
         self._chat_format: ChatFormat | None = None  # built on first use (`chat_format`)
         self._format_lock = threading.Lock()  # builds chat_format once (not the request lock)
@@ -219,14 +220,36 @@ class Engine:
         # one request at a time, first come first served: sessions, caches and views are shared
         self.lock = FairLock()
         # requests decoding at once (continuous batching); max_num_seqs=1: one at a time
-        self.scheduler = Scheduler(self.lock, max_num_seqs, max_num_batched_tokens)
-        if max_num_seqs > 1:
-            for model in (self.verifier, self.drafter):
-                route(model)  # lean forwards of a request go through the scheduler's batcher
+        self.set_batching(max_num_seqs, max_num_batched_tokens)
         # earlier responses for suffix drafting (SuffixStore(path=...) keeps them across runs)
         self.suffix_store = suffix_store if suffix_store is not None else SuffixStore()
         # what the chat layer keeps per conversation (views, log-probs), alive with its caches
         self.conversations = ConversationStore()
+
+    def set_batching(self, max_num_seqs: int, max_num_batched_tokens: int = MAX_ROWS) -> None:
+        """Let up to `max_num_seqs` requests decode at once (the constructor's keywords of the same
+        names; asymagent/scheduling/); call it while no request runs. Siblings made before keep
+        the scheduler they share."""
+        self.scheduler = Scheduler(self.lock, max_num_seqs, max_num_batched_tokens)
+        if max_num_seqs > 1:
+            for model in (self.verifier, self.drafter):
+                route(model)  # lean forwards of a request go through the scheduler's batcher
+
+    def sibling(self) -> "Engine":
+        """Another engine over the same models, tokenizer, lock and scheduler, with its own cache
+        sessions, conversations, store of earlier responses and SpecConfig: requests of siblings
+        decode at once as requests of one engine do (their forwards batched), while state a
+        caller swaps per engine (`suffix_store`, `spec`) stays its own. What `asymagent eval
+        --concurrency` runs its concurrent episodes on."""
+        import copy
+
+        twin = copy.copy(self)
+        twin.caches = CacheStore(self.roles, max_sessions=self.caches.max_sessions,
+                                 static=self.static_roles)
+        twin.suffix_store = SuffixStore()
+        twin.conversations = ConversationStore()
+        twin.spec = dataclasses.replace(self.spec)
+        return twin
 
     def conversation(self, cache_key: str) -> Conversation:
         """The chat state of conversation `cache_key` (it lives as long as its cache session)."""
@@ -411,7 +434,7 @@ class Engine:
             compressed_prompt_ids=None) -> GenerationResult:
         """`generate` with a ready GenerationRequest (what the faces call)."""
         self.check(request)
-        with self.scheduler.slot(request.cache_key):
+        with self.scheduler.slot((id(self.caches), request.cache_key)):
             return self._generate(prompt_ids, compressed_prompt_ids, request)
 
     def _generate(self, prompt_ids, compressed_prompt_ids, request: GenerationRequest,
@@ -615,7 +638,7 @@ class Engine:
                 frequency_penalty=frequency_penalty, presence_penalty=presence_penalty,
                 logit_bias=logit_bias, logprobs=logprobs, parallel_tool_calls=parallel_tool_calls)
         self.check(request)
-        with self.scheduler.slot(request.cache_key):
+        with self.scheduler.slot((id(self.caches), request.cache_key)):
             turn = prepare_chat(self, messages, request)
             # recall on evidence during decoding (CompressionConfig.max_recalls; 0: one pass)
             result = recall_step(self, turn, request,

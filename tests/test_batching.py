@@ -136,3 +136,38 @@ def test_admission_is_bounded_and_keys_are_exclusive():
     assert sorted(inside) == ["a", "a", "b", "c"] and peak[0] == 2 and sched.running == 0
     with pytest.raises(ValueError):
         Scheduler(FairLock(), max_num_seqs=0)
+
+
+@needs_packed
+def test_eval_episodes_at_once_give_the_same_actions():
+    """`asymagent eval --concurrency 3`: episodes at once on siblings of one engine (their
+    forwards batched) act exactly as one at a time: every step's action and every free-running
+    episode's outcome per mode."""
+    from asymagent.evals.running.episodes import EpisodePlan, run_episodes_local
+    from asymagent.modeling.drafter import build_drafter
+    from asymagent.modeling.loading import load_default_verifier
+
+    tok = load_default_verifier().tokenizer
+    verifier = make_model(seed=6, vocab=len(tok), hidden=64, head_scale=0.3, max_positions=16384)
+    verifier = verifier.to(torch.bfloat16)
+    drafter = build_drafter(verifier, num_layers=1).to(torch.bfloat16)
+    from asymagent.context.views import CompressionConfig
+
+    sizes: list = []
+
+    def run(concurrency: int) -> dict:
+        engine = Engine(verifier, drafter, tok, compression=CompressionConfig(), max_sessions=8,
+                        max_num_seqs=concurrency)
+        engine.scheduler.batcher.observers.append(lambda seqs, rows: sizes.append(seqs))
+        plan = EpisodePlan("records", ("full", "asym:adaptive_k=false", "spec"), max_steps=2,
+                           max_new_tokens=8)
+        records = run_episodes_local(engine, plan, [0, 1, 2], progress=False, concurrency=concurrency)
+        assert all(part["steps"] and part["episodes"] for rec in records.values()
+                   for part in rec["modes"].values())
+        return {seed: {label: ([(s["output"], s["correct"], s["same_as_full"]) for s in part["steps"]],
+                               [{k: v for k, v in e.items() if not k.endswith("_s") and "latency" not in k}
+                                for e in part["episodes"]])
+                       for label, part in rec["modes"].items()} for seed, rec in records.items()}
+
+    assert run(3) == run(1)
+    assert max(sizes) > 1  # the concurrent episodes' forwards were batched

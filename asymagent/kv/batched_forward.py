@@ -82,7 +82,7 @@ def _attention_interface(lean: LeanForward):
         getattr(lean.config, "_attn_implementation", "sdpa"), None)
 
 
-def _model_batchable(lean: LeanForward) -> bool:
+def model_batchable(lean: LeanForward) -> bool:
     """The model runs on the fused packed road: bf16 CPU, packing on, our grouped attention,
     packed o/down (every layer), no biases."""
     if not (lean.fused and packed_linear.enabled() and not torch.is_grad_enabled()):
@@ -96,11 +96,14 @@ def _model_batchable(lean: LeanForward) -> bool:
                for lay in lean.layers for m in (lay.q, lay.k, lay.v, lay.o, lay.gate, lay.up, lay.down))
 
 
-def batchable(call: SeqCall) -> bool:
+def batchable(call: SeqCall, model_ok: bool | None = None) -> bool:
     """Whether `call` may join a batched forward (module doc): its model on the fused packed road
-    and every layer of its cache a GrowingLayer with aligned reads and room for its rows."""
+    (`model_ok`: `model_batchable(call.lean)` when the caller checked it already, once for many
+    calls) and every layer of its cache a GrowingLayer with aligned reads and room for its rows."""
     lean, rows = call.lean, call.rows
-    if rows < 1 or rows > MAX_ROWS or lean_of(lean.model) is not lean or not _model_batchable(lean):
+    if model_ok is None:
+        model_ok = lean_of(lean.model) is lean and model_batchable(lean)
+    if rows < 1 or rows > MAX_ROWS or not model_ok:
         return False
     layers = getattr(call.cache, "layers", None)
     if not layers or len(layers) < len(lean.layers):
@@ -128,12 +131,16 @@ def _seq_mask(call: SeqCall) -> torch.Tensor | None:
 
 @dataclass
 class _Seq:
-    """Per sequence, for every layer of one batched forward: its rows [lo, hi), its mask."""
+    """Per sequence, for every layer of one batched forward: its rows [lo, hi) of the forward,
+    its mask, its layer caches, the cached positions before the forward (`start`, the same in
+    every layer) and the aligned length attention reads (`read`)."""
 
     lo: int
     hi: int
     mask: torch.Tensor  # [1, 1, G*T, L] additive
     layers: list  # its GrowingLayer per decoder layer
+    start: int
+    read: int
 
 
 def run_one(call: SeqCall) -> torch.Tensor:
@@ -171,7 +178,8 @@ def forward_many(calls: list) -> list:
         cs, sn = body.rotary_emb(x[:, lo:lo + c.rows], position_ids=positions)  # [1, T, D] each
         cos.append(cs)
         sin.append(torch.cat((-sn[..., :half], sn[..., half:]), dim=-1))  # rotate_half's sign
-        seqs.append(_Seq(lo=lo, hi=lo + c.rows, mask=_seq_mask(c), layers=layers))
+        seqs.append(_Seq(lo=lo, hi=lo + c.rows, mask=_seq_mask(c), layers=layers, start=past,
+                         read=layers[0].attended(past + c.rows)))
         lo += c.rows
     cos_all = torch.cat(cos, dim=1).unsqueeze(1)  # [1, 1, R, D]
     sin_all = torch.cat(sin, dim=1).unsqueeze(1)  # [1, 1, R, D]
@@ -191,21 +199,22 @@ def _layer(lean: LeanForward, lay, i: int, x: torch.Tensor, seqs: list, cos: tor
     qkv = packed_linear.packed_rows_forward(h, lay.qkv_packed)  # [1, R, (Hq+2Hkv)*D]
     qkv = qkv.view(1, rows, hq + 2 * hkv, d).transpose(1, 2)  # [1, Hq+2Hkv, R, D]
     qk = rope(qkv[:, : hq + hkv], cos, sin_signed)  # [1, Hq+Hkv, R, D]
+    sizes = [s.hi - s.lo for s in seqs]
+    queries = qk[:, :hq].split(sizes, dim=2)  # [1, Hq, T, D] per sequence
+    buffers = [s.layers[i].buffers() for s in seqs]  # [1, Hkv, capacity, D] each
+    # every sequence's new keys and values into its own buffers, one call
+    torch._foreach_copy_(
+        [k[:, :, s.start:s.hi - s.lo + s.start] for s, (k, _) in zip(seqs, buffers)]
+        + [v[:, :, s.start:s.hi - s.lo + s.start] for s, (_, v) in zip(seqs, buffers)],
+        list(qk[:, hq:].split(sizes, dim=2)) + list(qkv[:, hq + hkv:].split(sizes, dim=2)))
     outs = []
-    for s in seqs:
-        n = s.hi - s.lo
-        layer_cache = s.layers[i]
-        k_buf, v_buf = layer_cache.buffers()  # [1, Hkv, capacity, D]
-        start = layer_cache.get_seq_length()
-        read = layer_cache.attended(start + n)
-        k_buf[:, :, start:start + n].copy_(qk[:, hq:, s.lo:s.hi])
-        v_buf[:, :, start:start + n].copy_(qkv[:, hq + hkv:, s.lo:s.hi])
-        layer_cache.advance(n)
-        grouped = qk[:, :hq, s.lo:s.hi].reshape(1, hkv, (hq // hkv) * n, d)  # [1, Hkv, G*T, D]
-        out = F.scaled_dot_product_attention(grouped, k_buf[:, :, :read], v_buf[:, :, :read],
+    for s, q, (k_buf, v_buf), n in zip(seqs, queries, buffers, sizes):
+        s.layers[i].advance(n)
+        grouped = q.reshape(1, hkv, (hq // hkv) * n, d)  # [1, Hkv, G*T, D]
+        out = F.scaled_dot_product_attention(grouped, k_buf[:, :, :s.read], v_buf[:, :, :s.read],
                                              attn_mask=s.mask, scale=lay.attn.scaling)
         outs.append(out.view(1, hq, n, d).transpose(1, 2))  # [1, T, Hq, D]
-    attn = torch.cat(outs, dim=1).reshape(1, rows, hq * d).contiguous()  # [1, R, Hq*D]
+    attn = torch.cat(outs, dim=1).reshape(1, rows, hq * d)  # [1, R, Hq*D], contiguous
     x = x + packed_linear.packed_rows_forward(attn, lay.o.current_packed())
     h = rms_norm(x, lay.norm2.weight, lay.norm2.variance_epsilon)
     gu = packed_linear.packed_rows_forward(h, lay.gu_packed)  # [1, R, 2*I]

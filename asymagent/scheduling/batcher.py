@@ -28,8 +28,9 @@ from typing import Callable
 import torch
 
 from asymagent.fair_lock import FairLock
-from asymagent.kv.batched_forward import MAX_ROWS, SeqCall, batchable, forward_many, run_one
-from asymagent.kv.lean_forward import ATTR, LeanForward
+from asymagent.kv.batched_forward import (MAX_ROWS, SeqCall, batchable, forward_many, model_batchable,
+                                         run_one)
+from asymagent.kv.lean_forward import ATTR, LeanForward, lean_of
 
 _CURRENT = threading.local()  # .batcher: the ForwardBatcher this request thread decodes under
 
@@ -152,9 +153,11 @@ class ForwardBatcher:
         for t in batch:
             by_model.setdefault(id(t.call.lean), []).append(t)
         for tickets in by_model.values():
+            lean = tickets[0].call.lean
+            model_ok = len(tickets) > 1 and lean_of(lean.model) is lean and model_batchable(lean)
             groups: list = []  # [rows, [tickets]]
             for t in tickets:
-                if not batchable(t.call):
+                if not batchable(t.call, model_ok):
                     self._finish([t], lambda calls: [run_one(calls[0])])
                     continue
                 for g in groups:

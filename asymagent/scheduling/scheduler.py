@@ -53,8 +53,9 @@ class Scheduler:
         return False
 
     @contextlib.contextmanager
-    def slot(self, cache_key: str):
-        """The block runs as one admitted request of conversation `cache_key`, holding the baton
+    def slot(self, cache_key):
+        """The block runs as one admitted request of conversation `cache_key` (any hashable: the
+        engine passes its cache store's and the request's), holding the baton
         (the engine's FairLock) except while it waits for a forward."""
         if self.max_num_seqs == 1:
             with self.baton:
