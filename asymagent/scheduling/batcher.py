@@ -7,8 +7,9 @@ caches' LRU, the store of earlier responses, the conversations, is touched by on
 before). When a request's decode step asks its model for a forward (a decode, a K+1-row verify,
 a drafter step, a prefill chunk), the forward goes to the batcher (`RoutedLean`), the request
 releases the baton and waits; the next request runs up to its own forward, and so on. When every
-admitted request is waiting for a forward (a "round"), the last one to arrive runs them all
-(`_lead`): per model, the batchable ones (asymagent/kv/batched_forward.py) packed first-fit into
+admitted request is waiting for a forward (a "round"), the last one to arrive runs them
+(`_lead`; with forwards of two models waiting, the cheaper model's first, the others wait for
+the next round, so the requests' speculative rounds fall into step): per model, the batchable ones (asymagent/kv/batched_forward.py) packed first-fit into
 forwards of at most `max_rows` rows, the others one by one. Each request then takes the baton
 back, in arrival order, and goes on with its result. A request joins at the next round (its
 prefill is just its first forwards) and leaves when it ends (`decoding` exits).
@@ -136,8 +137,20 @@ class ForwardBatcher:
         return ticket.result
 
     def _lead(self) -> None:
-        """Run the round's forwards (called holding `_cv`; released while they run)."""
-        batch, self._pending = self._pending, []
+        """Run the round's forwards (called holding `_cv`; released while they run). When the
+        waiting forwards are of several models, only the cheapest model's run (the fewest
+        layers: drafter steps) and the others keep waiting: the requests still drafting reach
+        their verify forward in the next rounds, and every request's verify then runs in one
+        forward instead of one per drafting phase (speculative rounds of different requests
+        fall into step)."""
+        batch = self._pending
+        models = {id(t.call.lean): len(t.call.lean.layers) for t in batch}
+        if len(models) > 1:
+            cheapest = min(models, key=models.get)
+            self._pending = [t for t in batch if id(t.call.lean) != cheapest]
+            batch = [t for t in batch if id(t.call.lean) == cheapest]
+        else:
+            self._pending = []
         self._running = True
         self._cv.release()
         try:
