@@ -73,6 +73,7 @@ def run_conversation(engine, index: int, script: tuple, mode: str, max_tokens: i
                         callback=lambda new: first.append(time.perf_counter()) if not first else None)
         t1 = time.perf_counter()
         out[(index, turn)] = {"tokens": list(r.token_ids), "latency_s": t1 - t0,
+                              "prefill_s": r.stats.prefill_s,
                               "ttft_s": (first[0] - t0) if first else t1 - t0}
         messages = messages + [{"role": "assistant", "content": r.text or "..."}]
         if turn < len(outputs):
@@ -113,6 +114,9 @@ def run_load(engine, n: int, scripts: list, mode: str, max_tokens: int) -> dict:
             "tokens_per_s": tokens / wall, "requests": len(out),
             "latency_p50_s": statistics.median(lat), "latency_p95_s": percentile(lat, 0.95),
             "ttft_p50_s": statistics.median(ttft), "ttft_p95_s": percentile(ttft, 0.95),
+            # call -> decoding starts, summed (alone: the prefill's time; in company it includes
+            # waiting for the rounds the prefill's forwards join)
+            "prefill_s_total": sum(v["prefill_s"] for v in out.values()),
             "forwards": len(forwards), "batched_forwards": len(batched),
             "mean_sequences_per_batched_forward": statistics.mean([f[0] for f in batched]) if batched else 0.0,
             "mean_rows_per_batched_forward": statistics.mean([f[1] for f in batched]) if batched else 0.0,
@@ -181,7 +185,10 @@ def main(argv: list | None = None) -> int:
                                                 for r in runs if r["mode"] == mode)}
         print(mode, json.dumps({k: round(v, 3) if isinstance(v, float) else v
                                 for k, v in summary[mode].items()}))
-    report = {"cpu": cpu_name(), "runtime": batching.runtime, "settings": vars(args),
+    import torch
+
+    report = {"cpu": cpu_name(), "threads": torch.get_num_threads(), "runtime": batching.runtime,
+              "settings": vars(args),
               "summary": summary, "runs": [{k: v for k, v in r.items() if k != "outputs"} for r in runs]}
     if args.json:
         with open(args.json, "w") as f:
