@@ -9,7 +9,10 @@
   JSD-aware gate.
 Thread safety: `generate` and `chat` hold the engine's FairLock (asymagent/fair_lock.py), so
 requests from many threads (or `asyncio.to_thread`) run one at a time in arrival order and each
-sees its conversation's caches and views as its predecessor left them.
+sees its conversation's caches and views as its predecessor left them. With `max_num_seqs` > 1
+(continuous batching, asymagent/scheduling/) up to that many requests of different
+conversations decode at once: each holds the lock except while it waits for a model forward,
+and the forwards of a round run together; a request's tokens are the same as alone.
 Caches live in per-`cache_key` sessions (bounded LRU) and are reused up to the longest common
 prefix with the next prompt (asymagent/kv/cache.py). `generate` prefills the caches its mode
 reads and runs the decode loop (asymagent/decoding/loop.py) over one speculative round at a time
@@ -45,6 +48,7 @@ from asymagent.decoding.stopping import StopChecker, eos_ids
 from asymagent.decoding.suffix_drafter import SuffixDrafter
 from asymagent.decoding.suffix_store import SuffixStore
 from asymagent.fair_lock import FairLock
+from asymagent.kv.batched_forward import MAX_ROWS
 from asymagent.kv.attention import attention_floor, grouped_rows_exact, use_gqa_attention
 from asymagent.kv.cache import CacheStore, View, ViewCache
 from asymagent.kv.lean_forward import LeanReport
@@ -53,6 +57,8 @@ from asymagent.modeling.cpu_dtype import for_device, runtime_info
 from asymagent.modeling.packed_linear import linear_floor, pack_linears
 from asymagent.request import GenerationRequest
 from asymagent.results import ChatResult, GenerationResult  # noqa: F401  (old import path)
+from asymagent.scheduling.batcher import route
+from asymagent.scheduling.scheduler import Scheduler
 from asymagent.spec_config import SpecConfig, mode_of
 from asymagent.stats import StepStats
 
@@ -142,12 +148,18 @@ class Engine:
                  compression=None, draft_vocab: torch.Tensor | None = None,
                  max_sessions: int = 4, suffix_store: SuffixStore | None = None,
                  verifier_fingerprint: str | None = None, static_kv: bool = False,
-                 cuda_graphs: bool | None = None, compile: bool = False) -> None:
+                 cuda_graphs: bool | None = None, compile: bool = False,
+                 max_num_seqs: int = 1, max_num_batched_tokens: int = MAX_ROWS) -> None:
         """`cuda_graphs`: decode with static KV caches and CUDA-graph captured forwards
         (asymagent/kv/static_cache.py); None reads ASYMAGENT_CUDA_GRAPHS on CUDA, off on CPU.
         `static_kv`: the static caches without graphs (any device). `compile`: static caches
         whose decode and verify forwards run through torch.compile (the CPU decode path,
-        asymagent/kv/compiled_forward.py; eager fallback when compilation fails)."""
+        asymagent/kv/compiled_forward.py; eager fallback when compilation fails).
+        `max_num_seqs` (vLLM's name): how many requests may decode at once, their forwards
+        gathered round by round into forwards of at most `max_num_batched_tokens` rows
+        (asymagent/scheduling/; outputs do not depend on the company); 1 (the default): one
+        request at a time, as before. Keep `max_sessions` >= `max_num_seqs`, or conversations
+        decoding at once evict each other's caches (their next turns prefill again)."""
         self.verifier = verifier.eval()
         self.drafter = drafter.eval() if drafter is not None else None
         packed = 0
@@ -200,16 +212,44 @@ class Engine:
                                                "lean_forward": lean,
                                                "grouped_attention": _grouped_attention(verifier),
                                                "row_floors": _row_floors(verifier)}
+        self.roles = roles  # cache role -> model (CacheStore; `sibling` makes another store)
         self.caches = CacheStore(roles, max_sessions=max_sessions, static=self.static_roles)
         self._chat_format: ChatFormat | None = None  # built on first use (`chat_format`)
         self._format_lock = threading.Lock()  # builds chat_format once (not the request lock)
         self._chat_formats: dict = {}  # template kwargs (JSON) -> ChatFormat (chat_format_for)
         # one request at a time, first come first served: sessions, caches and views are shared
         self.lock = FairLock()
+        # requests decoding at once (continuous batching); max_num_seqs=1: one at a time
+        self.set_batching(max_num_seqs, max_num_batched_tokens)
         # earlier responses for suffix drafting (SuffixStore(path=...) keeps them across runs)
         self.suffix_store = suffix_store if suffix_store is not None else SuffixStore()
         # what the chat layer keeps per conversation (views, log-probs), alive with its caches
         self.conversations = ConversationStore()
+
+    def set_batching(self, max_num_seqs: int, max_num_batched_tokens: int = MAX_ROWS) -> None:
+        """Let up to `max_num_seqs` requests decode at once (the constructor's keywords of the same
+        names; asymagent/scheduling/); call it while no request runs. Siblings made before keep
+        the scheduler they share."""
+        self.scheduler = Scheduler(self.lock, max_num_seqs, max_num_batched_tokens)
+        if max_num_seqs > 1:
+            for model in (self.verifier, self.drafter):
+                route(model)  # lean forwards of a request go through the scheduler's batcher
+
+    def sibling(self) -> "Engine":
+        """Another engine over the same models, tokenizer, lock and scheduler, with its own cache
+        sessions, conversations, store of earlier responses and SpecConfig: requests of siblings
+        decode at once as requests of one engine do (their forwards batched), while state a
+        caller swaps per engine (`suffix_store`, `spec`) stays its own. What `asymagent eval
+        --concurrency` runs its concurrent episodes on."""
+        import copy
+
+        twin = copy.copy(self)
+        twin.caches = CacheStore(self.roles, max_sessions=self.caches.max_sessions,
+                                 static=self.static_roles)
+        twin.suffix_store = SuffixStore()
+        twin.conversations = ConversationStore()
+        twin.spec = dataclasses.replace(self.spec)
+        return twin
 
     def conversation(self, cache_key: str) -> Conversation:
         """The chat state of conversation `cache_key` (it lives as long as its cache session)."""
@@ -392,7 +432,8 @@ class Engine:
         the result's `logprobs` then holds one TokenLogprob per new token, from the verifier's
         own rows (asymagent/decoding/logprobs.py).
 
-        Thread-safe: requests to one engine run one at a time, in arrival order (`self.lock`).
+        Thread-safe: requests to one engine run one at a time, in arrival order (`self.lock`), or
+        with `max_num_seqs` > 1 up to that many at once (their forwards batched, module doc).
         `callback` runs while the request holds the lock; it must not wait for another request.
         """
         if request is None:
@@ -408,7 +449,7 @@ class Engine:
             compressed_prompt_ids=None) -> GenerationResult:
         """`generate` with a ready GenerationRequest (what the faces call)."""
         self.check(request)
-        with self.lock:
+        with self.scheduler.slot((id(self.caches), request.cache_key)):
             return self._generate(prompt_ids, compressed_prompt_ids, request)
 
     def _generate(self, prompt_ids, compressed_prompt_ids, request: GenerationRequest,
@@ -601,7 +642,8 @@ class Engine:
         -> ResponseFormatConstraint, the conversation's ContextViews (per `cache_key`), the
         drafter's log-probs for surprisal compression (`prepare_chat`), and output parsing into
         a ChatResult (`chat_result`).
-        Thread-safe like `generate`: the whole call (views, caches, decoding) holds `self.lock`.
+        Thread-safe like `generate`: the whole call (views, caches, decoding) holds `self.lock`
+        (released only while it waits for a batched forward, `max_num_seqs` > 1).
         """
         if request is None:
             request = GenerationRequest.build(
@@ -611,7 +653,7 @@ class Engine:
                 frequency_penalty=frequency_penalty, presence_penalty=presence_penalty,
                 logit_bias=logit_bias, logprobs=logprobs, parallel_tool_calls=parallel_tool_calls)
         self.check(request)
-        with self.lock:
+        with self.scheduler.slot((id(self.caches), request.cache_key)):
             turn = prepare_chat(self, messages, request)
             # recall on evidence during decoding (CompressionConfig.max_recalls; 0: one pass)
             result = recall_step(self, turn, request,

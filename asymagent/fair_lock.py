@@ -48,6 +48,28 @@ class FairLock:
                 self._owner = None
                 self._cond.notify_all()
 
+    def release_all(self) -> int:
+        """Release every acquire the calling holder made; returns how many, for `reacquire`
+        (a request that waits for a batched forward lets the others run meanwhile,
+        asymagent/scheduling/batcher.py)."""
+        with self._cond:
+            if self._owner != threading.get_ident():
+                raise RuntimeError("FairLock.release_all() by a thread that does not hold it")
+            depth, self._depth, self._owner = self._depth, 0, None
+            self._cond.notify_all()
+            return depth
+
+    def reacquire(self, depth: int) -> None:
+        """Take the lock again (in arrival order) with the depth `release_all` returned."""
+        self.acquire()
+        with self._cond:
+            self._depth = depth
+
+    @property
+    def holder(self) -> int | None:
+        """threading.get_ident() of the thread holding the lock, or None."""
+        return self._owner
+
     @property
     def waiting(self) -> int:
         """Threads queued for the lock (not counting the holder)."""

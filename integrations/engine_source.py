@@ -103,8 +103,9 @@ def check_source(verifier: str, drafter: str | None, mode: str = "asym") -> None
 
 def open_engine(verifier: str = "default", drafter: str | None = None, *, mode: str = "asym",
                 spec=None, compression=None, dtype=None, device: str | None = None,
-                max_sessions: int = 8):
-    """Load the Engine for `verifier` + `drafter` (see the module docstring)."""
+                max_sessions: int = 8, max_num_seqs: int = 1, max_num_batched_tokens: int = 32):
+    """Load the Engine for `verifier` + `drafter` (see the module docstring); `max_num_seqs` /
+    `max_num_batched_tokens`: continuous batching (Engine's, asymagent/scheduling/)."""
     from asymagent.context.views import CompressionConfig
     from asymagent.engine import Engine
 
@@ -126,8 +127,12 @@ def open_engine(verifier: str = "default", drafter: str | None = None, *, mode: 
                               init_from_verifier=True).eval()
         return Engine(verifier=ver.model, drafter=draft, tokenizer=ver.tokenizer, spec=spec,
                       verifier_fingerprint=ver.fingerprint,
-                      compression=compression or CompressionConfig(), max_sessions=max_sessions)
+                      compression=compression or CompressionConfig(), max_sessions=max_sessions,
+                      max_num_seqs=max_num_seqs, max_num_batched_tokens=max_num_batched_tokens)
     if verifier in DEFAULT_NAMES and drafter is None:
-        return Engine.from_default(**extra, dtype=dtype, device=device, max_sessions=max_sessions)
+        return Engine.from_default(**extra, dtype=dtype, device=device, max_sessions=max_sessions,
+                                   max_num_seqs=max_num_seqs,
+                                   max_num_batched_tokens=max_num_batched_tokens)
     return Engine.from_pretrained(verifier=verifier, drafter=drafter, dtype=dtype, device=device,
-                                  max_sessions=max_sessions, **extra)
+                                  max_sessions=max_sessions, max_num_seqs=max_num_seqs,
+                                  max_num_batched_tokens=max_num_batched_tokens, **extra)

@@ -116,6 +116,11 @@ def _lc_invalid_calls(calls: list) -> list[dict]:
              "error": c.get("error"), "type": "invalid_tool_call"} for c in calls or []]
 
 
+def _width(engine) -> int:
+    """Requests `engine` decodes at once (its scheduler's max_num_seqs; 1 without one)."""
+    return int(getattr(getattr(engine, "scheduler", None), "max_num_seqs", 1) or 1)
+
+
 def engine_for(model: str, drafter: str | None, mode: str, spec, compression):
     """The engine `ChatAsymSpec(model=..., drafter=...)` builds: one per distinct source, kept
     for the process (several models over one source share its weights and caches)."""
@@ -200,10 +205,12 @@ class ChatAsymSpec(BaseChatModel):
     def from_default(cls, **kw) -> "ChatAsymSpec":
         """The embedded default engine (SmolLM2-135M verifier + project drafter, CPU); the same
         as ChatAsymSpec(model="default", ...) except that it loads a fresh engine. `spec=`,
-        `compression=` or `config=` (a config file, e.g. from `asymagent tune`) set it up."""
+        `compression=` or `config=` (a config file, e.g. from `asymagent tune`) set it up;
+        `max_num_seqs=` lets `batch` / `abatch` decode their inputs at once."""
         from asymagent.engine import Engine
 
-        engine_kw = {k: kw.pop(k) for k in ("spec", "compression", "config") if k in kw}
+        engine_kw = {k: kw.pop(k) for k in ("spec", "compression", "config", "max_num_seqs",
+                                            "max_num_batched_tokens") if k in kw}
         return cls(engine=Engine.from_default(**engine_kw), **kw)
 
     # --- LangChain plumbing -----------------------------------------------------------------
@@ -305,14 +312,73 @@ class ChatAsymSpec(BaseChatModel):
     def _chat(self, **call):
         """engine.chat; a call cut short by an exception leaves its cache session in an unknown
         state, so the session is dropped (as the server does) and the next call starts clean.
-        The drop holds the engine's lock (reentrant), so no other call is using the session."""
+        The drop holds the engine's lock (reentrant), so no other call is using the session; an
+        engine that decodes several requests at once (max_num_seqs > 1) admits each call itself
+        (holding its lock around the call would keep the others from their forwards), and no
+        other call of this conversation runs while the call does."""
         lock = self.engine.lock
+        if _width(self.engine) > 1:
+            try:
+                return self.engine.chat(**call)
+            except BaseException:
+                with lock:
+                    self.engine.caches.drop(call["request"].cache_key)
+                raise
         with lock:
             try:
                 return self.engine.chat(**call)
             except BaseException:
                 self.engine.caches.drop(call["request"].cache_key)
                 raise
+
+    # --- many inputs at once (continuous batching) ------------------------------------------
+    def _per_input(self, count: int) -> list:
+        """One copy of this model per input, each on its own conversation (`cache_key/i`), so an
+        engine with max_num_seqs > 1 decodes them at once (one conversation runs one request at
+        a time); the same i reuses its cache across calls."""
+        return [self.model_copy(update={"cache_key": f"{self.cache_key}/{i}"}) for i in range(count)]
+
+    def batch(self, inputs: list, config=None, *, return_exceptions: bool = False,
+              **kwargs: Any) -> list:
+        """LangChain's batch; on an engine that decodes several requests at once the inputs run
+        as concurrent requests on their own conversations (`_per_input`), their forwards batched;
+        a request's output is the same as alone."""
+        if _width(self.engine) <= 1 or len(inputs) <= 1:
+            return super().batch(inputs, config, return_exceptions=return_exceptions, **kwargs)
+        from langchain_core.runnables.config import get_config_list, get_executor_for_config
+
+        configs = get_config_list(config, len(inputs))
+        models = self._per_input(len(inputs))
+
+        def one(i: int):
+            try:
+                return models[i].invoke(inputs[i], configs[i], **kwargs)
+            except Exception as exc:
+                if return_exceptions:
+                    return exc
+                raise
+
+        cap = configs[0].get("max_concurrency") or _width(self.engine)
+        with get_executor_for_config({**configs[0], "max_concurrency": min(cap, len(inputs))}) as pool:
+            return list(pool.map(one, range(len(inputs))))
+
+    async def abatch(self, inputs: list, config=None, *, return_exceptions: bool = False,
+                     **kwargs: Any) -> list:
+        """`batch` for asyncio: the inputs as concurrent `ainvoke`s on their own conversations."""
+        if _width(self.engine) <= 1 or len(inputs) <= 1:
+            return await super().abatch(inputs, config, return_exceptions=return_exceptions, **kwargs)
+        from langchain_core.runnables.config import get_config_list
+
+        configs = get_config_list(config, len(inputs))
+        models = self._per_input(len(inputs))
+        gate = asyncio.Semaphore(configs[0].get("max_concurrency") or _width(self.engine))
+
+        async def one(i: int):
+            async with gate:
+                return await models[i].ainvoke(inputs[i], configs[i], **kwargs)
+
+        return list(await asyncio.gather(*(one(i) for i in range(len(inputs))),
+                                         return_exceptions=return_exceptions))
 
     def _generate(self, messages: list[BaseMessage], stop: list[str] | None = None,
                   run_manager: CallbackManagerForLLMRun | None = None,

@@ -66,6 +66,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                              "start, written after every response), so drafting improves across restarts")
     parser.add_argument("--max-sessions", type=int, default=8,
                         help="conversations whose KV caches the engine keeps (LRU)")
+    parser.add_argument("--max-num-seqs", type=int, default=8,
+                        help="requests decoded at once, their forwards batched round by round "
+                             "(continuous batching; a request's tokens are the same as alone); "
+                             "1: one at a time")
+    parser.add_argument("--max-num-batched-tokens", type=int, default=32,
+                        help="rows of one batched forward (at most 32 on the CPU path, the packed "
+                             "kernel's bit-invariant limit)")
     parser.add_argument("--model-name", "--served-model-name", dest="model_name", nargs="+",
                         default=[DEFAULT_MODEL_NAME], metavar="NAME",
                         help="the model id(s) on /v1/models; requests must name one of them, "

@@ -69,6 +69,8 @@ def check_args(args) -> None:
         raise ValueError(f"--port must be in 0..65535, got {args.port}")
     for flag, value, low in (("--max-queue", args.max_queue, 1), ("--max-tokens", args.max_tokens or 1, 1),
                              ("--max-sessions", args.max_sessions, 1),
+                             ("--max-num-seqs", getattr(args, "max_num_seqs", None), 1),
+                             ("--max-num-batched-tokens", getattr(args, "max_num_batched_tokens", None), 1),
                              ("--max-body-bytes", args.max_body_bytes, 1),
                              ("--max-model-len", args.max_model_len, 2),
                              ("--threads", args.threads, 1),
@@ -158,7 +160,9 @@ def load_engine(args):
     device = resolve_device(args.device)
     engine = open_engine(args.verifier, args.drafter, mode=args.mode, spec=spec,
                          compression=compression, dtype=resolve_dtype(args.dtype, device),
-                         device=device, max_sessions=args.max_sessions)
+                         device=device, max_sessions=args.max_sessions,
+                         max_num_seqs=getattr(args, "max_num_seqs", None) or 1,
+                         max_num_batched_tokens=getattr(args, "max_num_batched_tokens", None) or 32)
     if getattr(args, "suffix_store", None):
         from asymagent.decoding.suffix_store import SuffixStore
 

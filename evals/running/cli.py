@@ -61,6 +61,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--workers", type=int, default=None,
                    help="Ray actors, each loading the engine once (default: cluster CPUs / --worker-cpus)")
     p.add_argument("--worker-cpus", type=float, default=1, help="CPUs (and torch threads) per Ray actor")
+    p.add_argument("--concurrency", type=int, default=1,
+                   help="suite episodes run at once in this process, their forwards batched (continuous "
+                        "batching; the same tokens as one at a time, timings of shared forwards)")
     p.add_argument("--jsonl", metavar="PATH", default=None,
                    help="episode log: each finished episode is appended here (default with --ray and --json: "
                         "JSON path with .episodes.jsonl)")
@@ -126,6 +129,8 @@ def check_episode_args(args) -> None:
                          f"{', '.join(SUITES)}")
     if args.workers is not None and args.workers < 1:
         raise ValueError(f"--workers must be >= 1, got {args.workers}")
+    if getattr(args, "concurrency", 1) < 1:
+        raise ValueError(f"--concurrency must be >= 1, got {args.concurrency}")
     if args.worker_cpus <= 0:
         raise ValueError(f"--worker-cpus must be > 0, got {args.worker_cpus}")
     if args.resume and not log_path(args):
@@ -174,7 +179,7 @@ def run_eval(engine, suite: str, labels: list, seeds: list, *, max_steps=None, m
 def evaluate(spec, suite: str, labels: list, seeds: list, *, max_steps=None, max_new_tokens: int = 96,
              free: bool = True, forced: bool = True, ray: bool = False, address: str | None = None,
              workers: int | None = None, worker_cpus: float = 1, jsonl: str | None = None,
-             resume: bool = False, progress: bool = True) -> dict:
+             resume: bool = False, progress: bool = True, concurrency: int = 1) -> dict:
     """The whole eval JSON (docs/architecture.md §6) for an EngineSpec: locally (one engine in
     this process) or with `ray=True` on Ray actors (`address` None: a local Ray). `jsonl`: the
     episode log to stream episodes into; `resume`: keep the episodes already there."""
@@ -215,7 +220,7 @@ def evaluate(spec, suite: str, labels: list, seeds: list, *, max_steps=None, max
             setup = spec.build() if todo else None
             records = run_episodes_local(setup.engine if setup else None, plan, seeds,
                                          engine_info=setup.describe() if setup else None, log=log,
-                                         progress=progress)
+                                         progress=progress, concurrency=concurrency)
         result = eval_result(plan, seeds, records)
         ran_on = sorted({r["worker"] for r in records.values() if "worker" in r})
         result["settings"].update(ray=None if not ray else {"address": address or "local", "workers": len(ran_on),
@@ -245,7 +250,8 @@ def main(args) -> int:
                       max_new_tokens=args.max_new_tokens, free=not args.no_free_running,
                       forced=not args.no_teacher_forced, ray=args.ray is not None, address=args.ray or None,
                       workers=args.workers, worker_cpus=args.worker_cpus, jsonl=log_path(args),
-                      resume=args.resume, progress=not args.quiet)
+                      resume=args.resume, progress=not args.quiet,
+                      concurrency=getattr(args, "concurrency", 1))
     if args.json:
         with open(args.json, "w") as f:
             json.dump(result, f, indent=2, default=str)

@@ -109,19 +109,56 @@ def eval_result(plan: EpisodePlan, seeds: list, records: dict) -> dict:
 
 
 def run_episodes_local(engine, plan: EpisodePlan, seeds: list, *, engine_info: dict | None = None,
-                       log=None, progress: bool = True) -> dict:
-    """The episodes of `seeds` not already in `log`, one after another on `engine`; returns
-    {seed: record} for all of `seeds`. Each finished episode is appended to `log` at once."""
+                       log=None, progress: bool = True, concurrency: int = 1) -> dict:
+    """The episodes of `seeds` not already in `log` on `engine`; returns {seed: record} for all
+    of `seeds`. Each finished episode is appended to `log` at once. `concurrency` > 1: that many
+    episodes at once, each on its own sibling of `engine` (Engine.sibling: the same weights, its
+    own caches and stores) under one scheduler that batches their forwards (asymagent/scheduling/);
+    every token is the same as one at a time, the per-step timings are those of shared forwards."""
     from tqdm.auto import tqdm
 
     done = dict(log.done) if log is not None else {}
     todo = [s for s in seeds if s not in done]
+    width = max(1, min(int(concurrency), len(todo)))
     with tqdm(total=len(seeds), initial=len(seeds) - len(todo), desc="episodes", unit="ep",
               disable=not progress or len(seeds) < 2) as bar:
-        for seed in todo:
-            record = run_episode(engine, plan, seed, engine_info, progress=progress)
-            if log is not None:
-                log.append(record)
-            done[seed] = record
-            bar.update(1)
+        if width == 1:
+            for seed in todo:
+                _finished(run_episode(engine, plan, seed, engine_info, progress=progress), log, done, bar)
+        else:
+            _run_concurrently(engine, plan, todo, width, engine_info, (log, done, bar))
     return {s: done[s] for s in seeds}
+
+
+def _finished(record: dict, log, done: dict, bar) -> None:
+    if log is not None:
+        log.append(record)
+    done[record["seed"]] = record
+    bar.update(1)
+
+
+def _run_concurrently(engine, plan: EpisodePlan, todo: list, width: int, engine_info, sink: tuple) -> None:
+    """`todo`'s episodes, `width` at once on siblings of `engine` (see run_episodes_local)."""
+    import queue
+    import threading
+    from concurrent.futures import ThreadPoolExecutor
+
+    if engine.scheduler.max_num_seqs < width:
+        engine.set_batching(width)
+    free: queue.Queue = queue.Queue()
+    for twin in [engine] + [engine.sibling() for _ in range(width - 1)]:
+        free.put(twin)
+    lock = threading.Lock()
+
+    def one(seed: int) -> None:
+        twin = free.get()
+        try:
+            record = run_episode(twin, plan, seed, engine_info)
+        finally:
+            free.put(twin)
+        with lock:
+            _finished(record, *sink)
+
+    with ThreadPoolExecutor(width) as pool:
+        for f in [pool.submit(one, seed) for seed in todo]:
+            f.result()

@@ -68,6 +68,9 @@ class ServingContext:
         self.metrics = ServerMetrics(model_name)
         self.worker = EngineWorker(engine, max_queue=limits.max_queue, metrics=self.metrics,
                                    observe=self.observe)
+        batcher = getattr(getattr(engine, "scheduler", None), "batcher", None)
+        if batcher is not None:  # batch size and tokens per forward (continuous batching)
+            batcher.observers.append(self.metrics.forward)
         if limits.max_model_len is not None:
             self.worker.max_context = min(self.worker.max_context or limits.max_model_len,
                                           limits.max_model_len)

@@ -22,6 +22,7 @@ PREFIX = "asymagent:"
 _LATENCY_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 20.0, 40.0, 80.0,
                     160.0, 320.0)
 _TOKEN_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5)
+_BATCH_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024)
 _RATIO_BUCKETS = (0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9, 1.0)
 
 
@@ -106,6 +107,14 @@ class ServerMetrics:
                              "worker (queue depth).", lbl, registry=r)
         self.running = Gauge(p + "num_requests_running", "Requests the engine is generating.",
                              lbl, registry=r)
+        # continuous batching (Engine(max_num_seqs=N), asymagent/scheduling/): per model forward
+        # of a round, the tokens it fed (vLLM's iteration_tokens_total) and the sequences in it
+        self.iteration_tokens = Histogram(p + "iteration_tokens_total", "Tokens (rows) per model "
+                                          "forward, all its sequences together.", lbl,
+                                          buckets=_BATCH_BUCKETS, registry=r)
+        self.iteration_sequences = Histogram(p + "iteration_sequences", "Sequences (requests) "
+                                             "per model forward: the batch size.", lbl,
+                                             buckets=_BATCH_BUCKETS, registry=r)
         # Touch label sets so the series exist (at zero) before the first request.
         for metric in (self.num_drafts, self.num_draft_tokens, self.num_accepted_tokens,
                        self.escalations, self.recalls, self.recall_prefill,
@@ -141,6 +150,11 @@ class ServerMetrics:
         self.prefix_hits.labels(m).inc(stats.cached_tokens)
         self.generation_tokens.labels(m).inc(stats.new_tokens)
         self.success.labels(m, finish_reason).inc()
+
+    def forward(self, sequences: int, rows: int) -> None:
+        """Record one model forward of the engine's batcher (ForwardBatcher.observers)."""
+        self.iteration_sequences.labels(self.model_name).observe(sequences)
+        self.iteration_tokens.labels(self.model_name).observe(rows)
 
     def abort(self, generated_tokens: int) -> None:
         """Record a generation cancelled by a client disconnect."""

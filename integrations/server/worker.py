@@ -1,8 +1,12 @@
-"""The engine worker: one thread owns the Engine and serves a bounded queue of generation jobs.
+"""The engine worker: threads that own the Engine and serve a bounded queue of generation jobs.
 
-Generation is compute-bound (2 CPU cores), so requests run one at a time on a single worker
-thread; everything that touches the engine or its tokenizer happens on that thread (HF fast
-tokenizers are not safe to mutate from two threads). The asyncio side submits a `GenerationJob`
+One thread per request the engine may decode at once (`Engine(max_num_seqs=N)`, `serve
+--max-num-seqs`; asymagent/scheduling/): with N = 1 requests run one at a time on a single worker
+thread, as generation is compute-bound; with N > 1 up to N jobs run at once, the engine batching
+their forwards round by round, so their streams interleave. Everything that touches the engine
+or its tokenizer runs holding the engine's lock (HF fast tokenizers are not safe to mutate from
+two threads; the engine releases it only while a request waits for a batched forward). The
+asyncio side submits a `GenerationJob`
 (one `Task`: a chat turn, a text completion, a Responses turn) and reads its events from an
 `asyncio.Queue` fed with `loop.call_soon_threadsafe`:
 
@@ -19,6 +23,7 @@ stream stops generating at the next round.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import math
 import queue
@@ -145,7 +150,7 @@ def context_limit(engine) -> int | None:
 
 
 class EngineWorker:
-    """One thread, one engine, a bounded FIFO of jobs; see the module docstring."""
+    """N threads, one engine, a bounded FIFO of jobs; see the module docstring."""
 
     def __init__(self, engine, *, max_queue: int = 16, metrics=None,
                  observe: Callable[[GenerationJob, Any], None] | None = None):
@@ -156,24 +161,34 @@ class EngineWorker:
         self.observe = observe
         self.max_context = context_limit(engine)
         self._queue: queue.Queue = queue.Queue(maxsize=max_queue)
-        self._thread: threading.Thread | None = None
+        # jobs generated at once: the engine's max_num_seqs (1 for an engine without a scheduler)
+        self.width = max(1, int(getattr(getattr(engine, "scheduler", None), "max_num_seqs", 1)))
+        self._threads: list = []
         self._lock = threading.Lock()
-        self._chat_format = None  # built on the worker thread (it uses the tokenizer)
-        self._current: GenerationJob | None = None  # the job being generated, if any
+        self._chat_format = None  # built on a worker thread (it uses the tokenizer)
+        self._current: dict = {}  # id(job) -> the jobs being generated
+        self._running = 0  # jobs being generated (num_requests_running)
         self._service_s = 0.0  # moving average of a generation's duration (for Retry-After)
 
     # -- lifecycle --------------------------------------------------------------------------
     def start(self) -> None:
         with self._lock:
-            if self._thread is None or not self._thread.is_alive():
-                self._thread = threading.Thread(target=self._run, name="asymagent-engine",
-                                                daemon=True)
-                self._thread.start()
+            self._threads = [t for t in self._threads if t.is_alive()]
+            while len(self._threads) < self.width:
+                thread = threading.Thread(target=self._run, daemon=True,
+                                          name=f"asymagent-engine-{len(self._threads)}")
+                thread.start()
+                self._threads.append(thread)
+
+    def _engine_lock(self):
+        """The engine's lock (tokenizer and engine state), or nothing for an engine without one."""
+        lock = getattr(self.engine, "lock", None)
+        return lock if lock is not None else contextlib.nullcontext()
 
     def stop(self, timeout: float = 30.0) -> None:
-        """Cancel queued jobs and stop the thread after the running job's next round."""
+        """Cancel queued jobs and stop the threads after the running jobs' next round."""
         with self._lock:
-            thread, self._thread = self._thread, None
+            threads, self._threads = self._threads, []
         while True:
             try:
                 job = self._queue.get_nowait()
@@ -182,11 +197,11 @@ class EngineWorker:
             if job is not None:
                 job.cancel.set()
                 job.emit(Failed(503, "server is shutting down", "server_error"))
-        current = self._current
-        if current is not None:
+        for current in list(self._current.values()):
             current.cancel.set()  # stops at its next round
-        if thread is not None:
+        for _ in threads:
             self._queue.put(None)
+        for thread in threads:
             thread.join(timeout)
 
     @property
@@ -195,8 +210,9 @@ class EngineWorker:
 
     def retry_after_s(self) -> int:
         """Seconds a client refused with 429 should wait: the queue's expected drain time
-        (depth x the moving average of a generation's duration), at least 1, at most 60."""
-        return max(1, min(60, math.ceil(self._service_s * (self.depth + 1))))
+        (depth x the moving average of a generation's duration / the jobs run at once), at
+        least 1, at most 60."""
+        return max(1, min(60, math.ceil(self._service_s * (self.depth + 1) / self.width)))
 
     # -- submission (asyncio side) ------------------------------------------------------------
     def submit(self, job: GenerationJob) -> None:
@@ -217,7 +233,7 @@ class EngineWorker:
                 return
             if self.metrics is not None:
                 self.metrics.waiting.labels(self.metrics.model_name).set(self._queue.qsize())
-            self._current = job
+            self._current[id(job)] = job
             try:
                 self._process(job)
             except Exception as exc:  # worker bug: answer 500 without internals, keep serving
@@ -225,7 +241,7 @@ class EngineWorker:
                 job.emit(Failed(500, f"internal error ({type(exc).__name__}); the server log "
                                      "has the details", "server_error"))
             finally:
-                self._current = None
+                self._current.pop(id(job), None)
 
     def _process(self, job: GenerationJob) -> None:
         if job.cancel.is_set():  # client left while queued
@@ -235,7 +251,8 @@ class EngineWorker:
             job.emit(Failed(504, "request timed out while waiting in the queue",
                             "timeout_error", code="timeout"))
             return
-        admitted = self._admit(job.task)
+        with self._engine_lock():  # the tokenizer, and views the engine may be building
+            admitted = self._admit(job.task)
         if isinstance(admitted, Failed):
             job.emit(admitted)
             return
@@ -309,7 +326,8 @@ class EngineWorker:
         if failed is not None or job.cancel.is_set() or timed_out:
             # A generation cut short (client gone, deadline) or failed leaves its conversation's
             # caches holding tokens nobody will extend, or in an unknown state: free them.
-            self.engine.caches.drop(job.task.cache_key)
+            with self._engine_lock():
+                self.engine.caches.drop(job.task.cache_key)
         if failed is not None:
             job.emit(failed)
             return
@@ -327,8 +345,7 @@ class EngineWorker:
 
     def _run_task(self, task: Task, callback) -> tuple[Any, Failed | None]:
         """(result, None), or (None, the error to answer with) when the engine refused or failed."""
-        if self.metrics is not None:
-            self.metrics.running.labels(self.metrics.model_name).set(1)
+        self._set_running(+1)
         try:
             return task.run(self.engine, callback), None
         except ToolSchemaError as exc:  # a forced call's schema the grammar cannot serve
@@ -342,5 +359,11 @@ class EngineWorker:
             return None, Failed(500, f"internal error during generation ({type(exc).__name__}); "
                                      "the server log has the details", "server_error")
         finally:
-            if self.metrics is not None:
-                self.metrics.running.labels(self.metrics.model_name).set(0)
+            self._set_running(-1)
+
+    def _set_running(self, step: int) -> None:
+        with self._lock:
+            self._running += step
+            running = self._running
+        if self.metrics is not None:
+            self.metrics.running.labels(self.metrics.model_name).set(running)

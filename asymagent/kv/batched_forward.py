@@ -1,0 +1,243 @@
+"""One decoder forward over the rows of several sequences, each row's bits those of its own forward.
+
+Continuous batching (issue 42): requests decoding at once feed one model forward each per step
+(a one-token decode, a K+1-row verify, a drafter step). On the CPU such a forward is dominated by
+reading the weights (~20 of ~28 ms for a decode of the embedded verifier, asymagent/kv/lean_forward.py),
+and a linear layer reads them once for any number of rows. `forward_many` runs the forwards of
+several sequences of one model as ONE pass: every linear layer (q|k|v, o, gate|up, down, the head)
+on all their rows together, attention per sequence over its own cache (ragged: no row padding to
+the longest sequence, no shared cache tensor).
+
+Batch invariance (DESIGN.md §4): a row must get the bits it gets in its own forward, or a
+request's tokens would depend on what else is served. On the CPU fast path that holds by the
+properties the engine already stands on for "one position, one score" (a position scores alike
+in a 1-row decode and a K+1-row verify):
+- the packed linear kernel gives a row the same bits in any call of 1..`MAX_ROWS` rows (padded to
+  this CPU's row floor, asymagent/modeling/row_floor.py), so the rows of several sequences are
+  one call of at most MAX_ROWS rows (32): `forward_many` refuses more (the scheduler splits);
+- attention runs per sequence exactly as its own forward runs it (the grouped rows, the same
+  additive mask over the same aligned read of the same cache buffers);
+- everything else is per row or per element (embedding, RMSNorm over a row, rotary products,
+  SiLU, residual adds).
+`tests/test_batched_forward.py` checks it bit for bit against each sequence's own forward.
+
+Scope: what `batchable` accepts, i.e. forwards the lean forward's direct road would run alone:
+a LeanForward with fused packed kernels (bf16 on the CPU), our grouped GQA attention, no biases,
+each layer cache a GrowingLayer with room for the rows and aligned reads, at most MAX_ROWS rows in
+all. Anything else (float32, CUDA, a prefill chunk, a cache that must grow) runs as its own forward
+(`run_one`), as before: correct, not batched.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+
+from asymagent.kv.attention import gqa_sdpa_forward, grouped_rows_mask
+from asymagent.kv.growing_cache import GrowingLayer
+from asymagent.kv.lean_forward import LeanForward, lean_of
+from asymagent.modeling import packed_linear
+from asymagent.modeling.packed_linear import PackedLinear
+
+MAX_ROWS = packed_linear.MAX_PACKED_ROWS  # rows of one batched forward (the packed kernel's limit)
+
+
+@dataclass
+class SeqCall:
+    """One sequence's forward: feed `ids` into `cache`; `keep` > 0: the logits of the last `keep`
+    rows [1, keep, V] (as LeanForward.logits), `keep` None: the normed hidden states [1, T, H]
+    (as LeanForward.hidden)."""
+
+    lean: LeanForward
+    cache: object  # a GrowingCache (DynamicCache) of `lean`'s model
+    ids: list
+    keep: int | None = None
+
+    @property
+    def rows(self) -> int:
+        return len(self.ids)
+
+
+def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    """transformers' LlamaRMSNorm, op for op (lean_forward's; float32 inside)."""
+    dtype = x.dtype
+    x = x.to(torch.float32)
+    variance = x.pow(2).mean(-1, keepdim=True)
+    x = x * torch.rsqrt(variance + eps)
+    return weight * x.to(dtype)
+
+
+def rope(x: torch.Tensor, cos: torch.Tensor, sin_signed: torch.Tensor) -> torch.Tensor:
+    """`x*cos + rotate_half(x)*sin`, rotate_half's negation in `sin_signed` (lean_forward's)."""
+    half = x.shape[-1] // 2
+    return (x * cos) + (torch.cat((x[..., half:], x[..., :half]), dim=-1) * sin_signed)
+
+
+def _attention_interface(lean: LeanForward):
+    from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
+
+    return ALL_ATTENTION_FUNCTIONS.get_interface(
+        getattr(lean.config, "_attn_implementation", "sdpa"), None)
+
+
+def model_batchable(lean: LeanForward) -> bool:
+    """The model runs on the fused packed road: bf16 CPU, packing on, our grouped attention,
+    packed o/down (every layer), no biases."""
+    if not (lean.fused and packed_linear.enabled() and not torch.is_grad_enabled()):
+        return False
+    if _attention_interface(lean) is not gqa_sdpa_forward:
+        return False
+    w = lean.body.embed_tokens.weight
+    if w.dtype != torch.bfloat16 or w.device.type != "cpu":
+        return False
+    return all(type(m) is PackedLinear and m.bias is None
+               for lay in lean.layers for m in (lay.q, lay.k, lay.v, lay.o, lay.gate, lay.up, lay.down))
+
+
+def batchable(call: SeqCall, model_ok: bool | None = None) -> bool:
+    """Whether `call` may join a batched forward (module doc): its model on the fused packed road
+    (`model_ok`: `model_batchable(call.lean)` when the caller checked it already, once for many
+    calls) and every layer of its cache a GrowingLayer with aligned reads and room for its rows."""
+    lean, rows = call.lean, call.rows
+    if model_ok is None:
+        model_ok = lean_of(lean.model) is lean and model_batchable(lean)
+    if rows < 1 or rows > MAX_ROWS or not model_ok:
+        return False
+    layers = getattr(call.cache, "layers", None)
+    if not layers or len(layers) < len(lean.layers):
+        return False
+    for layer in layers[: len(lean.layers)]:
+        if type(layer) is not GrowingLayer or layer.attend_align <= 1:
+            return False
+        if layer.room_for(rows, torch.bfloat16, lean.kv_heads, lean.head_dim) is None:
+            return False
+    return _seq_mask(call) is not None
+
+
+def _seq_mask(call: SeqCall) -> torch.Tensor | None:
+    """The grouped additive mask [1, 1, G*T, L] this sequence's own forward would use (lean
+    forward's `_mask` on an aligned GrowingLayer, then `grouped_rows_mask`), or None."""
+    lean, rows = call.lean, call.rows
+    first = call.cache.layers[0]
+    past = first.get_seq_length()
+    keys = first.attended(past + rows)
+    positions = torch.arange(rows) + past  # [T]
+    mask = (torch.arange(keys)[None, :] <= positions[:, None])[None, None]  # [1, 1, T, L] bool
+    return grouped_rows_mask(rows, lean.heads, lean.kv_heads, mask, torch.bfloat16,
+                             torch.device("cpu"))
+
+
+@dataclass
+class _Seq:
+    """Per sequence, for every layer of one batched forward: its rows [lo, hi) of the forward,
+    its mask, its layer caches, the cached positions before the forward (`start`, the same in
+    every layer) and the aligned length attention reads (`read`)."""
+
+    lo: int
+    hi: int
+    mask: torch.Tensor  # [1, 1, G*T, L] additive
+    layers: list  # its GrowingLayer per decoder layer
+    start: int
+    read: int
+
+
+def run_one(call: SeqCall) -> torch.Tensor:
+    """`call` as its own forward (the lean forward's road): [1, keep, V] or [1, T, H]."""
+    ids = torch.tensor([call.ids], dtype=torch.long)  # [1, T]
+    # LeanForward's own methods, not a subclass's (asymagent/scheduling/batcher.py routes those here)
+    if call.keep is None:
+        return LeanForward.hidden(call.lean, ids, call.cache)
+    return LeanForward.logits(call.lean, ids, call.cache, call.keep)
+
+
+@torch.inference_mode()
+def forward_many(calls: list) -> list:
+    """The forwards of `calls` (one model, each `batchable`, at most MAX_ROWS rows in all) as one
+    pass; returns per call what `run_one` returns, with the same bits. Each cache grows by its
+    call's rows. One call: `run_one`."""
+    if len(calls) == 1:
+        return [run_one(calls[0])]
+    lean = calls[0].lean
+    if any(c.lean is not lean for c in calls):
+        raise ValueError("forward_many: every call must run the same model")
+    total = sum(c.rows for c in calls)
+    if total > MAX_ROWS:
+        raise ValueError(f"forward_many: {total} rows, at most {MAX_ROWS} in one forward")
+    body = lean.body
+    ids = torch.tensor([[t for c in calls for t in c.ids]], dtype=torch.long)  # [1, R]
+    x = body.embed_tokens(ids)  # [1, R, H]
+    seqs, cos, sin = [], [], []
+    half = lean.head_dim // 2
+    lo = 0
+    for c in calls:
+        layers = list(c.cache.layers[: len(lean.layers)])
+        past = layers[0].get_seq_length()
+        positions = (torch.arange(c.rows) + past).unsqueeze(0)  # [1, T]
+        cs, sn = body.rotary_emb(x[:, lo:lo + c.rows], position_ids=positions)  # [1, T, D] each
+        cos.append(cs)
+        sin.append(torch.cat((-sn[..., :half], sn[..., half:]), dim=-1))  # rotate_half's sign
+        seqs.append(_Seq(lo=lo, hi=lo + c.rows, mask=_seq_mask(c), layers=layers, start=past,
+                         read=layers[0].attended(past + c.rows)))
+        lo += c.rows
+    cos_all = torch.cat(cos, dim=1).unsqueeze(1)  # [1, 1, R, D]
+    sin_all = torch.cat(sin, dim=1).unsqueeze(1)  # [1, 1, R, D]
+    for i, lay in enumerate(lean.layers):
+        x = _layer(lean, lay, i, x, seqs, cos_all, sin_all)
+    return _outputs(lean, x, calls, seqs)
+
+
+def _layer(lean: LeanForward, lay, i: int, x: torch.Tensor, seqs: list, cos: torch.Tensor,
+           sin_signed: torch.Tensor) -> torch.Tensor:
+    """Decoder layer `i` over every sequence's rows, x [1, R, H] -> [1, R, H]: the direct road's
+    layer (lean_forward.py `_direct_layer`) with the linears on all rows and attention per
+    sequence (its rows' keys and values written into its own cache buffers)."""
+    rows, hq, hkv, d = x.shape[1], lean.heads, lean.kv_heads, lean.head_dim
+    lay.current()
+    h = rms_norm(x, lay.norm1.weight, lay.norm1.variance_epsilon)  # [1, R, H]
+    qkv = packed_linear.packed_rows_forward(h, lay.qkv_packed)  # [1, R, (Hq+2Hkv)*D]
+    qkv = qkv.view(1, rows, hq + 2 * hkv, d).transpose(1, 2)  # [1, Hq+2Hkv, R, D]
+    qk = rope(qkv[:, : hq + hkv], cos, sin_signed)  # [1, Hq+Hkv, R, D]
+    sizes = [s.hi - s.lo for s in seqs]
+    queries = qk[:, :hq].split(sizes, dim=2)  # [1, Hq, T, D] per sequence
+    buffers = [s.layers[i].buffers() for s in seqs]  # [1, Hkv, capacity, D] each
+    # every sequence's new keys and values into its own buffers, one call
+    torch._foreach_copy_(
+        [k[:, :, s.start:s.hi - s.lo + s.start] for s, (k, _) in zip(seqs, buffers)]
+        + [v[:, :, s.start:s.hi - s.lo + s.start] for s, (_, v) in zip(seqs, buffers)],
+        list(qk[:, hq:].split(sizes, dim=2)) + list(qkv[:, hq + hkv:].split(sizes, dim=2)))
+    outs = []
+    for s, q, (k_buf, v_buf), n in zip(seqs, queries, buffers, sizes):
+        s.layers[i].advance(n)
+        grouped = q.reshape(1, hkv, (hq // hkv) * n, d)  # [1, Hkv, G*T, D]
+        out = F.scaled_dot_product_attention(grouped, k_buf[:, :, :s.read], v_buf[:, :, :s.read],
+                                             attn_mask=s.mask, scale=lay.attn.scaling)
+        outs.append(out.view(1, hq, n, d).transpose(1, 2))  # [1, T, Hq, D]
+    attn = torch.cat(outs, dim=1).reshape(1, rows, hq * d)  # [1, R, Hq*D], contiguous
+    x = x + packed_linear.packed_rows_forward(attn, lay.o.current_packed())
+    h = rms_norm(x, lay.norm2.weight, lay.norm2.variance_epsilon)
+    gu = packed_linear.packed_rows_forward(h, lay.gu_packed)  # [1, R, 2*I]
+    act = F.silu(gu[..., : lean.intermediate]) * gu[..., lean.intermediate:]  # [1, R, I]
+    return x + packed_linear.packed_rows_forward(act, lay.down.current_packed())
+
+
+def _outputs(lean: LeanForward, x: torch.Tensor, calls: list, seqs: list) -> list:
+    """Per call: the logits of its last `keep` rows (one head call over every kept row) or its
+    normed hidden states."""
+    norm = lean.body.norm
+    kept, spans, out = [], [], [None] * len(calls)
+    for j, (c, s) in enumerate(zip(calls, seqs)):
+        if c.keep is None:
+            out[j] = rms_norm(x[:, s.lo:s.hi], norm.weight, norm.variance_epsilon)  # [1, T, H]
+        else:
+            kept.append(x[:, s.hi - c.keep:s.hi])  # [1, keep, H]
+            spans.append((j, c.keep))
+    if kept:
+        h = rms_norm(torch.cat(kept, dim=1), norm.weight, norm.variance_epsilon)  # [1, K, H]
+        logits = lean.model.lm_head(h)  # [1, K, V]
+        at = 0
+        for j, keep in spans:
+            out[j] = logits[:, at:at + keep]
+            at += keep
+    return out

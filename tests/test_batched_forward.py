@@ -1,0 +1,121 @@
+"""forward_many (asymagent/kv/batched_forward.py): several sequences' rows in one forward, every
+logit, hidden state and cached key/value bit-identical to each sequence's own forward."""
+
+import pytest
+import torch
+
+from asymagent.kv.attention import use_gqa_attention
+from asymagent.kv.batched_forward import MAX_ROWS, SeqCall, batchable, forward_many, run_one
+from asymagent.kv.growing_cache import for_model
+from asymagent.kv.lean_forward import attach, lean_of
+from asymagent.modeling.packed_linear import kernel_available, pack_linears
+from conftest import make_tiny_llama
+
+needs_packed = pytest.mark.skipif(kernel_available() is not None,
+                                  reason=f"no packed bf16 linear kernel: {kernel_available()}")
+
+
+def _bf16_model(**shape):
+    model = make_tiny_llama(**shape).to(torch.bfloat16)
+    use_gqa_attention(model)
+    assert pack_linears(model).packed > 0
+    assert attach(model).fused
+    return model
+
+
+def _caches(model, prompts):
+    """A GrowingCache per prompt, prefilled through the lean forward (as the engine does)."""
+    lean = lean_of(model)
+    caches = []
+    for p in prompts:
+        cache = for_model(model)
+        run_one(SeqCall(lean, cache, p, keep=None))
+        caches.append(cache)
+    return caches
+
+
+def _kv(cache, layer):
+    keys, values = cache.layers[layer].keys, cache.layers[layer].values
+    return keys.clone(), values.clone()
+
+
+def _compare(model, prompt_lens, steps, seed=0):
+    """Two identical sets of sequences; each step feeds every sequence `rows` tokens, one set
+    one forward per sequence, the other one `forward_many`; everything compared bit for bit."""
+    lean = lean_of(model)
+    vocab = model.config.vocab_size
+    g = torch.Generator().manual_seed(seed)
+    prompts = [torch.randint(0, vocab, (n,), generator=g).tolist() for n in prompt_lens]
+    alone, together = _caches(model, prompts), _caches(model, prompts)
+    for rows in steps:  # rows per sequence this step; keep: logits of the last rows, or hidden
+        ids = [torch.randint(0, vocab, (r,), generator=g).tolist() for r in rows]
+        keeps = [None if j % 3 == 2 else max(1, r - j % 2) for j, r in enumerate(rows)]
+        one = [run_one(SeqCall(lean, c, i, k)) for c, i, k in zip(alone, ids, keeps)]
+        calls = [SeqCall(lean, c, i, k) for c, i, k in zip(together, ids, keeps)]
+        assert all(batchable(c) for c in calls)
+        many = forward_many(calls)
+        for j, (a, b) in enumerate(zip(one, many)):
+            assert a.shape == b.shape
+            assert torch.equal(a, b), f"step {rows}, sequence {j}: outputs differ " \
+                f"(max {(a.float() - b.float()).abs().max().item():.3g})"
+        for ca, cb in zip(alone, together):
+            assert ca.get_seq_length() == cb.get_seq_length()
+            for layer in range(model.config.num_hidden_layers):
+                ka, va = _kv(ca, layer)
+                kb, vb = _kv(cb, layer)
+                assert torch.equal(ka, kb) and torch.equal(va, vb)
+
+
+@needs_packed
+@torch.inference_mode()
+def test_rows_of_several_sequences_score_as_each_alone_tiny():
+    model = _bf16_model(hidden=128, heads=4, kv_heads=2, layers=2)
+    _compare(model, [70, 5, 130, 33], [[1, 1, 1, 1], [4, 1, 7, 2], [1, 8, 1, 3], [5, 5, 5, 5],
+                                       [2, 1, 6, 1], [1, 1, 1, 1]])
+
+
+@needs_packed
+@torch.inference_mode()
+def test_up_to_max_rows_and_groups_of_three():
+    """Nine query heads over three key/value heads (the embedded verifier's grouping), ragged
+    rows up to MAX_ROWS in all."""
+    model = _bf16_model(hidden=144, heads=9, kv_heads=3, layers=2)
+    _compare(model, [40, 300, 1, 64, 90, 12, 7, 2],
+             [[1] * 8, [4, 1, 6, 1, 2, 1, 1, 16], [2, 3, 1, 9, 1, 4, 1, 1], [1] * 8], seed=1)
+
+
+@needs_packed
+@torch.inference_mode()
+def test_refuses_more_rows_than_one_packed_call():
+    model = _bf16_model(hidden=128, heads=4, kv_heads=2, layers=2)
+    lean = lean_of(model)
+    caches = _caches(model, [[1, 2, 3], [4, 5, 6]])
+    calls = [SeqCall(lean, caches[0], [7] * 20, 1), SeqCall(lean, caches[1], [8] * 20, 1)]
+    with pytest.raises(ValueError, match="rows"):
+        forward_many(calls)
+    assert not batchable(SeqCall(lean, caches[0], [7] * (MAX_ROWS + 1), 1))
+
+
+@torch.inference_mode()
+def test_float32_is_not_batchable():
+    """float32 has no packed kernel: its forwards run one by one (run_one), never batched."""
+    model = make_tiny_llama(hidden=64, heads=4, kv_heads=2, layers=2)
+    use_gqa_attention(model)
+    attach(model)
+    cache = _caches(model, [[1, 2, 3]])[0]
+    assert not batchable(SeqCall(lean_of(model), cache, [4], 1))
+
+
+@pytest.mark.slow
+@needs_packed
+@torch.inference_mode()
+def test_the_embedded_verifier_rows_score_as_each_alone(default_verifier):
+    """The embedded verifier's own shapes (30 layers, 9 heads over 3, vocab 49152), bf16."""
+    import copy
+
+    model = copy.deepcopy(default_verifier.model).to(torch.bfloat16)
+    use_gqa_attention(model)
+    pack_linears(model)
+    assert attach(model).fused
+    _compare(model, [300, 20, 700, 64, 5, 129, 1000, 2],
+             [[1] * 8, [5, 1, 1, 4, 1, 8, 1, 3], [1, 2, 1, 1, 6, 1, 1, 1]], seed=2)
