@@ -45,13 +45,16 @@ def test_greedy_spec_and_asym_equal_full_token_for_token(engine):
     ids = engine.tokenizer(prompt, add_special_tokens=False)["input_ids"]
     full = engine.generate(ids, mode="full", max_new_tokens=40).token_ids
     assert len(full) == 40
-    for mode in ("spec", "asym"):
-        r = engine.generate(ids, mode=mode, max_new_tokens=40)
-        assert r.token_ids == full, mode
-        assert r.stats.accepted > 0  # the 0.5B drafter's drafts were taken
-    engine.spec, saved = SpecConfig(beta=1.0, acceptance="exact"), engine.spec
+    assert engine.spec.draft_model is False  # the pair's default: copied drafts only
+    saved = engine.spec
     try:
-        assert engine.generate(ids, mode="asym", max_new_tokens=40).token_ids == full
+        for spec in (saved, SpecConfig(), SpecConfig(beta=1.0, acceptance="exact")):
+            engine.spec = spec
+            for mode in ("spec", "asym"):
+                r = engine.generate(ids, mode=mode, max_new_tokens=40)
+                assert r.token_ids == full, (mode, spec)
+                if spec.draft_model:
+                    assert r.stats.accepted > 0  # the 0.5B drafter's drafts were taken
     finally:
         engine.spec = saved
 

@@ -84,6 +84,10 @@ QWEN25_CODER = ModelPair(
         sha256="1d9614638d18024d0fbb36575a15f1302a3adf044df10345688ec4f6e1c4ff32"),
     description="Qwen2.5-Coder-1.5B-Instruct verifier + Qwen2.5-Coder-0.5B-Instruct drafter "
                 "(GGUF Q4_K_M, qwen2, vocabulary 151,936)",
+    # copied drafts only by default: on agent steps the 0.5B model's prefill of the whole history
+    # cost more than its drafts saved (dev bench: asym 2.05x full without it, 1.40x with it;
+    # docs/pair.md, "Speed"); the LM drafter stays loaded for `draft_model=True` and for beta > 0
+    spec_overrides=(("draft_model", False),),
 )
 
 PAIRS: dict[str, ModelPair] = {QWEN25_CODER.name: QWEN25_CODER, "qwen": QWEN25_CODER}
