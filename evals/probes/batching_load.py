@@ -18,7 +18,6 @@ batching engine at N=1 (the request alone) and of the one-at-a-time engine.
 
 from __future__ import annotations
 
-import argparse
 import json
 import platform
 import random
@@ -28,6 +27,7 @@ import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 
+from asymagent.evals.probes import harness
 from asymagent.evals.suites.synthetic_text import paragraph, person
 
 
@@ -124,7 +124,7 @@ def run_load(engine, n: int, scripts: list, mode: str, max_tokens: int) -> dict:
 
 
 def main(argv: list | None = None) -> int:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p = harness.parser(__doc__, "batching_load")
     p.add_argument("--ns", type=int, nargs="+", default=[1, 2, 4, 8])
     p.add_argument("--modes", nargs="+", default=["asym", "full"])
     p.add_argument("--conversations", type=int, default=8, help="conversations per run (every N)")
@@ -134,7 +134,6 @@ def main(argv: list | None = None) -> int:
     p.add_argument("--max-num-seqs", type=int, default=8)
     p.add_argument("--serial-ns", type=int, nargs="+", default=[1, 8],
                    help="the Ns the one-at-a-time engine runs at (its requests queue whatever N)")
-    p.add_argument("--json", default=None)
     args = p.parse_args(argv)
     from asymagent.engine import Engine
 
@@ -190,10 +189,9 @@ def main(argv: list | None = None) -> int:
     report = {"cpu": cpu_name(), "threads": torch.get_num_threads(), "runtime": batching.runtime,
               "settings": vars(args),
               "summary": summary, "runs": [{k: v for k, v in r.items() if k != "outputs"} for r in runs]}
-    if args.json:
-        with open(args.json, "w") as f:
-            json.dump(report, f, indent=1, default=str)
-    return 0 if all(s["all_same_tokens"] for s in summary.values()) else 1
+    report = json.loads(json.dumps(report, default=str))  # settings and runtime: plain JSON
+    return harness.finish(report, args.json, indent=1,
+                          status=0 if all(s["all_same_tokens"] for s in summary.values()) else 1)
 
 
 if __name__ == "__main__":
