@@ -208,3 +208,27 @@ def test_code_fences_around_tool_calls_are_no_content():
     out = parse_output(f"Looking it up.\n```json\n{call}\n```")
     assert out.content.startswith("Looking it up.") and len(out.tool_calls) == 1
     assert parse_output("```json\n{}\n```").content == "```json\n{}\n```"  # no call: untouched
+
+
+def test_chatml_models_stop_at_the_documents_end_too():
+    """`<|endoftext|>` beside `<|im_end|>` ends a ChatML model's turn (the pair's GGUF keeps only
+    `<|im_end|>` as EOS, and its 1.5B wrote on past `<|endoftext|>` into an invented turn); a
+    tokenizer whose unknown token is `<|endoftext|>` (SmolLM2's) keeps its EOS as it was."""
+    import torch
+
+    from asymagent.decoding.stopping import eos_ids
+
+    class Tok:  # Qwen2.5's ids; no unknown token
+        vocab = {"<|im_end|>": 151645, "<|endoftext|>": 151643}
+        eos_token_id, unk_token_id = 151645, None
+
+        def convert_tokens_to_ids(self, token):
+            return self.vocab.get(token, self.unk_token_id)
+
+    model = torch.nn.Linear(1, 1)
+    model.config = type("C", (), {"eos_token_id": 151645})()
+    assert eos_ids(model, Tok()) == {151645, 151643}
+    smol = Tok()
+    smol.vocab, smol.eos_token_id, smol.unk_token_id = {"<|im_end|>": 2, "<|endoftext|>": 0}, 2, 0
+    model.config.eos_token_id = 2
+    assert eos_ids(model, smol) == {2}

@@ -4,7 +4,10 @@ from __future__ import annotations
 
 
 def eos_ids(model, tokenizer) -> set:
-    """EOS ids from the generation config, model config and tokenizer, plus `<|im_end|>`."""
+    """EOS ids from the generation config, model config and tokenizer, plus ChatML's `<|im_end|>`
+    and, beside it, `<|endoftext|>`: a chat model that writes the document's end has ended its
+    turn (Qwen2.5's generation config lists both; its GGUF keeps only `<|im_end|>`, and the pair's
+    1.5B then wrote on past `<|endoftext|>` into an invented next turn)."""
     ids: set = set()
     for source in (getattr(model, "generation_config", None), model.config, tokenizer):
         value = getattr(source, "eos_token_id", None) if source is not None else None
@@ -16,6 +19,9 @@ def eos_ids(model, tokenizer) -> set:
         im_end = tokenizer.convert_tokens_to_ids("<|im_end|>")
         if isinstance(im_end, int) and im_end != getattr(tokenizer, "unk_token_id", None):
             ids.add(im_end)
+            text_end = tokenizer.convert_tokens_to_ids("<|endoftext|>")
+            if isinstance(text_end, int) and text_end != getattr(tokenizer, "unk_token_id", None):
+                ids.add(text_end)
     return ids
 
 
