@@ -37,7 +37,7 @@ import torch.nn.functional as F
 
 from asymagent.kv.attention import gqa_sdpa_forward, grouped_rows_mask
 from asymagent.kv.growing_cache import GrowingLayer
-from asymagent.kv.lean_forward import LeanForward, lean_of
+from asymagent.kv.lean_forward import LeanForward, lean_of, rms_norm, rope
 from asymagent.modeling import packed_linear
 from asymagent.modeling.packed_linear import PackedLinear
 
@@ -58,21 +58,6 @@ class SeqCall:
     @property
     def rows(self) -> int:
         return len(self.ids)
-
-
-def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
-    """transformers' LlamaRMSNorm, op for op (lean_forward's; float32 inside)."""
-    dtype = x.dtype
-    x = x.to(torch.float32)
-    variance = x.pow(2).mean(-1, keepdim=True)
-    x = x * torch.rsqrt(variance + eps)
-    return weight * x.to(dtype)
-
-
-def rope(x: torch.Tensor, cos: torch.Tensor, sin_signed: torch.Tensor) -> torch.Tensor:
-    """`x*cos + rotate_half(x)*sin`, rotate_half's negation in `sin_signed` (lean_forward's)."""
-    half = x.shape[-1] // 2
-    return (x * cos) + (torch.cat((x[..., half:], x[..., :half]), dim=-1) * sin_signed)
 
 
 def _attention_interface(lean: LeanForward):

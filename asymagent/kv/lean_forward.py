@@ -78,7 +78,7 @@ class LeanReport:
     why: str | None = None  # not attached: the reason
 
 
-def _rms(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     """transformers' LlamaRMSNorm, op for op (float32 inside, weight applied in the input dtype)."""
     dtype = x.dtype
     x = x.to(torch.float32)
@@ -87,10 +87,13 @@ def _rms(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     return weight * x.to(dtype)
 
 
-def _rope(x: torch.Tensor, cos: torch.Tensor, sin_signed: torch.Tensor) -> torch.Tensor:
+def rope(x: torch.Tensor, cos: torch.Tensor, sin_signed: torch.Tensor) -> torch.Tensor:
     """`x*cos + rotate_half(x)*sin` with rotate_half's negation moved into `sin_signed`."""
     half = x.shape[-1] // 2
     return (x * cos) + (torch.cat((x[..., half:], x[..., :half]), dim=-1) * sin_signed)
+
+
+_rms, _rope = rms_norm, rope  # this module's short names (batched_forward.py imports the public ones)
 
 
 def _fused(x: torch.Tensor, packed: torch.Tensor, parts: tuple, bias: torch.Tensor | None = None) -> torch.Tensor:
