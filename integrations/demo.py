@@ -184,8 +184,7 @@ def main(args) -> int:
     from asymagent.modeling.cpu_dtype import describe
 
     t0 = time.perf_counter()
-    pair = getattr(args, "pair", None)
-    engine, drafter_desc = load_engine(console, args.k, pair) if pair else load_engine(console, args.k)
+    engine, drafter_desc = load_engine(console, args.k, getattr(args, "pair", None))
     console.print(f"Engine: SmolLM2-135M-Instruct verifier + {drafter_desc}; "
                   f"loaded in {time.perf_counter() - t0:.1f} s; SpecConfig k={engine.spec.k} "
                   f"beta={engine.spec.beta} acceptance={engine.spec.acceptance} "

@@ -118,9 +118,9 @@ def open_engine(verifier: str = "default", drafter: str | None = None, *, mode: 
         # and head): speculation works without a trained drafter, at lower acceptance.
         from asymagent.modeling.drafter import build_drafter
         from asymagent.modeling.loading import load_model
-        from asymagent.modeling.pairs import resolve_sources
+        from asymagent.modeling.pairs import verifier_path
 
-        ver = load_model(resolve_sources(verifier, "")[0], dtype=dtype)
+        ver = load_model(verifier_path(verifier), dtype=dtype)
         if device is not None:
             ver.model.to(device)
         draft = build_drafter(ver.model, num_layers=int(drafter.split(":", 1)[1]),

@@ -41,7 +41,7 @@ def test_teacher_forced_run_with_interleaved_compare(tiny_engine):
 
 
 def test_main_prints_tables_and_writes_json(tiny_engine, monkeypatch, tmp_path, capsys):
-    monkeypatch.setattr(demo, "load_engine", lambda console, k=None: (tiny_engine, "tiny test pair"))
+    monkeypatch.setattr(demo, "load_engine", lambda console, k=None, pair=None: (tiny_engine, "tiny test pair"))
     parser = argparse.ArgumentParser()
     demo.add_arguments(parser)
     out = tmp_path / "demo.json"

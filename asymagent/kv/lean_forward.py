@@ -93,9 +93,6 @@ def rope(x: torch.Tensor, cos: torch.Tensor, sin_signed: torch.Tensor) -> torch.
     return (x * cos) + (torch.cat((x[..., half:], x[..., :half]), dim=-1) * sin_signed)
 
 
-_rms, _rope = rms_norm, rope  # this module's short names (batched_forward.py imports the public ones)
-
-
 def _fused(x: torch.Tensor, packed: torch.Tensor, parts: tuple, bias: torch.Tensor | None = None) -> torch.Tensor:
     """x [1, T, H] through one fused packed kernel (+ the parts' biases) -> [1, T, sum of the parts'
     outputs]; if the kernel fails, packing is switched off (one warning) and the parts run one by
@@ -239,10 +236,10 @@ def _direct_layer(lay: _Layer, x: torch.Tensor, o_packed: torch.Tensor, down_pac
     values go to positions [start, start + T) of the cache's buffers [1, Hkv, capacity, D];
     attention reads `read` positions."""
     rows, hq, hkv, d = x.shape[1], f.hq, f.hkv, f.d
-    h = _rms(x, lay.norm1.weight, lay.norm1.variance_epsilon)  # [1, T, H]
+    h = rms_norm(x, lay.norm1.weight, lay.norm1.variance_epsilon)  # [1, T, H]
     qkv = packed_linear.packed_forward(h, lay.qkv_packed, lay.qkv_bias)  # [1, T, (Hq+2Hkv)*D]
     qkv = qkv.view(1, rows, hq + 2 * hkv, d).transpose(1, 2)  # [1, Hq+2Hkv, T, D]
-    qk = _rope(qkv[:, : hq + hkv], f.cos, f.sin_signed)  # [1, Hq+Hkv, T, D]
+    qk = rope(qkv[:, : hq + hkv], f.cos, f.sin_signed)  # [1, Hq+Hkv, T, D]
     k_buf[:, :, start:start + rows].copy_(qk[:, hq:])
     v_buf[:, :, start:start + rows].copy_(qkv[:, hq + hkv:])
     grouped = qk[:, :hq].reshape(1, hkv, (hq // hkv) * rows, d)  # [1, Hkv, G*T, D]
@@ -250,7 +247,7 @@ def _direct_layer(lay: _Layer, x: torch.Tensor, o_packed: torch.Tensor, down_pac
                                          attn_mask=f.mask, scale=lay.attn.scaling)  # [1, Hkv, G*T, D]
     out = out.view(1, hq, rows, d)[:, :, :rows].transpose(1, 2).contiguous()  # [1, T, Hq, D]
     x = x + packed_linear.packed_forward(out.reshape(1, rows, -1).contiguous(), o_packed)
-    h = _rms(x, lay.norm2.weight, lay.norm2.variance_epsilon)
+    h = rms_norm(x, lay.norm2.weight, lay.norm2.variance_epsilon)
     gu = packed_linear.packed_forward(h, lay.gu_packed)  # [1, T, 2*I]
     act = F.silu(gu[..., : f.inter]) * gu[..., f.inter:]  # [1, T, I]
     return x + packed_linear.packed_forward(act, down_packed)
@@ -325,21 +322,21 @@ class LeanForward:
                     x = out
                     continue
             fused = packed and rows <= getattr(lay.q, "max_rows", 0)
-            h = _rms(x, lay.norm1.weight, lay.norm1.variance_epsilon)  # [1, T, H]
+            h = rms_norm(x, lay.norm1.weight, lay.norm1.variance_epsilon)  # [1, T, H]
             if fused:
                 lay.current()
                 qkv = _fused(h, lay.qkv_packed, (lay.q, lay.k, lay.v), lay.qkv_bias)
                 qkv = qkv.view(1, rows, hq + 2 * hkv, d).transpose(1, 2)  # [1, Hq+2Hkv, T, D]
-                qk = _rope(qkv[:, : hq + hkv], cos, sin_signed)  # [1, Hq+Hkv, T, D]
+                qk = rope(qkv[:, : hq + hkv], cos, sin_signed)  # [1, Hq+Hkv, T, D]
                 q, k, v = qk[:, :hq], qk[:, hq:], qkv[:, hq + hkv:]
             else:
-                q = _rope(lay.q.forward(h).view(1, rows, hq, d).transpose(1, 2), cos, sin_signed)
-                k = _rope(lay.k.forward(h).view(1, rows, hkv, d).transpose(1, 2), cos, sin_signed)
+                q = rope(lay.q.forward(h).view(1, rows, hq, d).transpose(1, 2), cos, sin_signed)
+                k = rope(lay.k.forward(h).view(1, rows, hkv, d).transpose(1, 2), cos, sin_signed)
                 v = lay.v.forward(h).view(1, rows, hkv, d).transpose(1, 2)  # [1, Hkv, T, D]
             k, v = cache.update(k, v, i)  # [1, Hkv, L, D]
             out, _ = attention(lay.attn, q, k, v, mask, dropout=0.0, scaling=lay.attn.scaling)
             x = x + lay.o.forward(out.reshape(1, rows, -1).contiguous())  # [1, T, H]
-            h = _rms(x, lay.norm2.weight, lay.norm2.variance_epsilon)
+            h = rms_norm(x, lay.norm2.weight, lay.norm2.variance_epsilon)
             if fused:
                 gu = _fused(h, lay.gu_packed, (lay.gate, lay.up))  # [1, T, 2*I]
                 act = F.silu(gu[..., : self.intermediate]) * gu[..., self.intermediate:]  # [1, T, I]
@@ -400,14 +397,14 @@ class LeanForward:
     def hidden(self, input_ids: torch.Tensor, cache) -> torch.Tensor:
         """[1, T] -> final (normed) hidden states [1, T, H], as `model.model(...).last_hidden_state`."""
         norm = self.body.norm
-        return _rms(self.body_forward(input_ids, cache), norm.weight, norm.variance_epsilon)
+        return rms_norm(self.body_forward(input_ids, cache), norm.weight, norm.variance_epsilon)
 
     def logits(self, input_ids: torch.Tensor, cache, keep: int) -> torch.Tensor:
         """[1, T] -> logits of the last `keep` positions [1, keep, V] in the model dtype, as
         `model(..., logits_to_keep=keep).logits`."""
         norm = self.body.norm
         x = self.body_forward(input_ids, cache)[:, -keep:]  # [1, keep, H]
-        return self.model.lm_head(_rms(x, norm.weight, norm.variance_epsilon))
+        return self.model.lm_head(rms_norm(x, norm.weight, norm.variance_epsilon))
 
 
 def _none() -> None:

@@ -170,10 +170,8 @@ def load_gguf(gguf_path: str | os.PathLike, dtype: torch.dtype = torch.float32,
     cached, _ = _gguf_cache_path(gguf_path, dtype)
     if use_cache:
         for folder in dict.fromkeys((cached, _gguf_cache_path(gguf_path)[0])):
-            loaded = _load_cached(folder, dtype, gguf_path)
+            loaded = _load_cached(folder, dtype, gguf_path)  # a float32 cache is cast as it loads
             if loaded is not None:
-                if dtype != torch.float32:
-                    loaded.model.to(dtype)
                 return loaded
     from transformers import AutoModelForCausalLM, AutoTokenizer
 

@@ -148,11 +148,10 @@ def assemble(gguf: PartedGGUF, *, progress: bool | None = None) -> Path:
 
     tmp = target.with_name(target.name + f".tmp{os.getpid()}")
     h = hashlib.sha256()
-    show = progress if progress is not None else None  # None: tqdm decides (a terminal)
-    try:
+    try:  # progress None: tqdm shows the bar on a terminal only
         with open(tmp, "wb") as out, tqdm(total=gguf.size, unit="B", unit_scale=True,
                                           desc=f"assembling {gguf.file_name}",
-                                          disable=(not show) if show is not None else None) as bar:
+                                          disable=None if progress is None else not progress) as bar:
             for p in paths:
                 with open(p, "rb") as f:
                     while block := f.read(8 << 20):
@@ -206,6 +205,12 @@ def resolve_sources(verifier, drafter=None, *, progress: bool | None = None) -> 
     if drafter is None or pair_name(drafter) == name:
         drafter = str(assemble(pair.drafter, progress=progress))
     return str(ver), drafter
+
+
+def verifier_path(source) -> str:
+    """The verifier a source names: a "pair:NAME" source's assembled GGUF, else the source."""
+    name = pair_name(source)
+    return str(assemble(get_pair(name).verifier)) if name is not None else source
 
 
 def default_spec_for(source, spec=None):

@@ -452,12 +452,12 @@ def _llama_peer(verifier: str, work: dict, engine) -> tuple:
     reason = available()
     if reason is not None:
         return None, f"skipped: {reason}"
-    from asymagent.modeling.pairs import pair_name, resolve_sources
+    from asymagent.modeling.pairs import pair_name, verifier_path
 
     if verifier in ("default", "embedded", "smollm2"):
         gguf = find_embedded_gguf()
     elif pair_name(verifier) is not None:  # the pair's verifier GGUF (assembled already)
-        gguf = resolve_sources(verifier, "")[0]
+        gguf = verifier_path(verifier)
     elif str(verifier).endswith(".gguf"):
         gguf = verifier
     else:

@@ -67,11 +67,10 @@ def build_engine(verifier: str = "default", drafter: str | None = None, *, spec=
         from asymagent.context.views import CompressionConfig
 
         compression = CompressionConfig()
-    from asymagent.modeling.pairs import get_pair, pair_name, resolve_sources
+    from asymagent.modeling.pairs import default_spec_for, get_pair, pair_name, resolve_sources
 
     pair = pair_name(verifier)
-    if pair is not None and spec is None:  # the pair's own default SpecConfig (docs/pair.md)
-        spec = get_pair(pair).default_spec()
+    spec = default_spec_for(verifier, spec)  # a named pair's own default (docs/pair.md)
     if pair is not None:  # a named pair: its verifier, and its LM drafter unless --drafter is given
         ver_path, lm_drafter = resolve_sources(verifier, None)
         loaded = load_model(ver_path, dtype=dtype)
