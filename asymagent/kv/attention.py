@@ -46,6 +46,7 @@ import threading
 
 import torch
 
+from asymagent.modeling.probe_cache import cached_probe
 from asymagent.modeling.row_floor import floors_off, pad_rows, rows_agree
 
 ATTN_NAME = "asymagent_sdpa"
@@ -90,6 +91,11 @@ def _causal_draw(g: torch.Generator, keys: int, rows: int, dtype: torch.dtype) -
 
 @functools.cache
 def _attention_floor(dtype: torch.dtype, threads: int) -> int:
+    """Probed once per machine, torch and key (asymagent/modeling/probe_cache.py keeps the answer)."""
+    return cached_probe("attention_floor", (dtype, threads), lambda: _probe_attention_floor(dtype))
+
+
+def _probe_attention_floor(dtype: torch.dtype) -> int:
     sdpa = torch.nn.functional.scaled_dot_product_attention
     g = torch.Generator().manual_seed(0)
     draws = [_causal_draw(g, keys, 32, dtype) for keys in (704, 2560)]
@@ -298,6 +304,11 @@ def grouped_rows_exact(threads: int | None = None) -> bool:
 
 @functools.cache
 def _grouped_rows_exact(threads: int) -> bool:
+    """Probed once per machine, torch and thread count (asymagent/modeling/probe_cache.py)."""
+    return cached_probe("grouped_rows_exact", (threads,), lambda: _probe_grouped_rows_exact(threads))
+
+
+def _probe_grouped_rows_exact(threads: int) -> bool:
     g = torch.Generator().manual_seed(0)
     floor = attention_floor(torch.bfloat16, threads)  # the per-head path's row floor
     for keys in (128, 704, 2048):

@@ -42,6 +42,7 @@ from dataclasses import dataclass, field
 import torch
 import torch.nn.functional as F
 
+from asymagent.modeling.probe_cache import cached_probe
 from asymagent.modeling.row_floor import floors_off, pad_rows, rows_agree
 
 MAX_PACKED_ROWS = 32  # forwards of up to this many rows use the packed weight (forced tokens + K+1)
@@ -142,11 +143,17 @@ def linear_floor(dtype: torch.dtype, shape: tuple, threads: int | None = None) -
 
 @functools.cache
 def _linear_floor(dtype: torch.dtype, shape: tuple, threads: int) -> int:
+    """Probed once per machine, torch and key (asymagent/modeling/probe_cache.py keeps the answer)."""
+    packed = dtype == torch.bfloat16 and enabled()
+    return cached_probe("linear_floor", (dtype, tuple(shape), threads, packed),
+                        lambda: _probe_linear_floor(dtype, shape, packed))
+
+
+def _probe_linear_floor(dtype: torch.dtype, shape: tuple, packed: bool) -> int:
     g = torch.Generator().manual_seed(0)
     n_out, n_in = shape
     weight = (torch.randn(n_out, n_in, generator=g) / n_in ** 0.5).to(dtype)  # [out, in]
     inputs = [torch.randn(32, n_in, generator=g).to(dtype) for _ in range(3)]  # [32, in]
-    packed = dtype == torch.bfloat16 and enabled()
     kernel = pack_weight(weight) if packed else weight
 
     def linear(x: torch.Tensor) -> torch.Tensor:  # [rows, in] -> [rows, out]

@@ -551,6 +551,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--bench-steps", type=int, default=12)
     p.add_argument("--max-new-tokens", type=int, default=48, help="suite steps (the bench uses 32)")
     p.add_argument("--threads", type=int, default=None, help="torch threads")
+    p.add_argument("--verifier", default="default", help="'default', a model source, or pair:NAME")
+    p.add_argument("--pair", dest="verifier", type=lambda name: "pair:" + name, metavar="NAME",
+                   help="a named verifier + drafter pair (as --verifier pair:NAME; docs/pair.md)")
     p.add_argument("--exposed-only", action="store_true",
                    help="injection suites: score only the first step that sees the injected output")
     p.add_argument("--json", metavar="PATH")
@@ -581,7 +584,10 @@ def main(args) -> int:
     workloads = [w.strip() for w in args.workloads.split(",") if w.strip()]
     convs = [c for w in workloads for c in conversations(w, args.split, args.episodes, args.max_steps,
                                                           args.bench_steps, args.exposed_only)]
-    setup = build_engine("default")
+    from asymagent.modeling.pairs import check_model_source
+
+    check_model_source(args.verifier)  # a pair's missing parts refused before any model loads
+    setup = build_engine(args.verifier)
     records: list = []
     skipped: list = []  # steps over the model's context limit (run_conversation)
     t0 = time.perf_counter()

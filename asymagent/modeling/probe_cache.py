@@ -1,0 +1,101 @@
+"""An on-disk record of this machine's kernel probes (row floors), so an engine start does not probe again.
+
+Why: the row-floor probes (asymagent/modeling/row_floor.py) run each layer shape's kernel on
+random weights of that shape for every candidate floor. On the reference pair's 1.5B + 0.5B
+(14 linear shapes, the 151,936 x 1,536 head among them) that was 32 of an engine start's 73 s
+(cProfile, 1 thread, a loaded 2-core AMX machine; docs/pair.md). A probe's answer depends only on
+the kernel that runs it: this CPU (model name, flags), torch's build and version, the dtype, the
+shape and the thread count. So the answer is kept in `cache_dir()/probes.json` under a key of all
+of them, and read back on the next start; a different CPU, torch or thread count is a different
+key, so it is probed afresh there. `ASYMAGENT_PROBE_CACHE=0` turns the record off (every probe
+runs, as before).
+
+Writes are atomic (a temporary file renamed over the old one) and merge with what other processes
+wrote since this one read, so engines starting side by side at worst probe twice.
+"""
+
+from __future__ import annotations
+
+import functools
+import hashlib
+import json
+import os
+import platform
+from pathlib import Path
+from typing import Callable
+
+import torch
+
+FILE_NAME = "probes.json"
+_FORMAT = 1  # bump when a probe's meaning changes (its answers are then probed afresh)
+
+
+def enabled() -> bool:
+    """False when ASYMAGENT_PROBE_CACHE=0."""
+    return os.environ.get("ASYMAGENT_PROBE_CACHE", "").strip().lower() not in ("0", "false", "off", "no")
+
+
+@functools.cache
+def machine_key() -> str:
+    """A digest of what decides a kernel's bits here: CPU model and flags, torch's version and
+    build configuration, its CPU capability (the vector ISA its kernels dispatch to)."""
+    model, flags = platform.processor(), ""
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("model name") and not model:
+                    model = line.split(":", 1)[1].strip()
+                elif line.startswith("flags"):
+                    flags = " ".join(sorted(line.split(":", 1)[1].split()))
+                    break
+    except OSError:
+        pass
+    try:
+        capability = torch.backends.cpu.get_cpu_capability()
+    except Exception:  # noqa: BLE001 - an older torch: the build config still tells
+        capability = ""
+    parts = [str(_FORMAT), model, flags, torch.__version__, capability, torch.__config__.show()]
+    return hashlib.sha256("\n".join(parts).encode()).hexdigest()[:16]
+
+
+def _path() -> Path:
+    from asymagent.modeling.loading import cache_dir
+
+    return cache_dir() / FILE_NAME
+
+
+def _read(path: Path) -> dict:
+    try:
+        with open(path) as f:
+            data = json.load(f)
+        return data if isinstance(data, dict) else {}
+    except (OSError, ValueError):  # none yet, or a torn/foreign file: probe afresh
+        return {}
+
+
+def _write(path: Path, key: str, value) -> None:
+    data = _read(path)  # merge with what others wrote meanwhile
+    data[key] = value
+    tmp = path.with_name(f"{path.name}.tmp{os.getpid()}")
+    try:
+        with open(tmp, "w") as f:
+            json.dump(data, f, indent=0, sort_keys=True)
+        tmp.replace(path)
+    except OSError:  # a read-only cache: the probe still answered, it is just not kept
+        tmp.unlink(missing_ok=True)
+
+
+def cached_probe(name: str, params: tuple, probe: Callable[[], int | bool]) -> int | bool:
+    """probe()'s answer for (`name`, `params`) on this machine: read from the record when there,
+    else probed and recorded. `params`: what else the answer depends on (dtype, shape, threads),
+    as values whose str() is stable."""
+    if not enabled():
+        return probe()
+    key = "|".join([machine_key(), name, *map(str, params)])
+    path = _path()
+    known = _read(path).get(key)
+    if isinstance(known, (bool, int)):
+        return known
+    value = probe()
+    _write(path, key, value)
+    return value
