@@ -121,6 +121,28 @@ def test_a_layer_that_differs_stays_unpacked(monkeypatch):
     with pytest.warns(RuntimeWarning, match="left unpacked"):
         report = pack_linears(seq)
     assert report.packed == 0 and report.not_identical == ["0"]
+    assert type(seq[0]) is packed_linear.FloorLinear  # F.linear with its rows padded to its floor
+    assert unpack_linears(seq) == 1 and type(seq[0]) is torch.nn.Linear
+
+
+@needs_kernel
+@pytest.mark.parametrize("bias", [False, True])
+def test_an_unpacked_layer_scores_a_row_alike_alone_and_among_rows(monkeypatch, bias):
+    """The Qwen2.5-Coder 1.5B's down_proj shape: F.linear over 8,960 inputs gives one row other bits
+    than the same row among 2+ rows on the Intel AMX machine; left unpacked, the layer pads its rows
+    to F.linear's floor, so a one-token decode and a K+1 verify score a position alike."""
+    seq = _linear(1536, 8960, bias=bias, seed=3)
+    monkeypatch.setattr(packed_linear, "_identical", lambda *a, **k: False)
+    with pytest.warns(RuntimeWarning, match="left unpacked"):
+        pack_linears(seq)
+    g = torch.Generator().manual_seed(1)
+    x = torch.randn(1, 17, 8960, generator=g).to(torch.bfloat16)  # [1, 17, in]
+    with torch.inference_mode():
+        alone = torch.cat([seq(x[:, i:i + 1]) for i in range(17)], dim=1)  # [1, 17, out]
+        for rows in (2, 3, 5, 17):
+            assert torch.equal(seq(x[:, :rows]), alone[:, :rows]), rows
+        if linear_floor(torch.bfloat16, (1536, 8960), packed=False) == 1:
+            assert torch.equal(alone, F.linear(x, seq[0].weight, seq[0].bias))
 
 
 @needs_kernel

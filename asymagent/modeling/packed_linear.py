@@ -127,7 +127,8 @@ def needs_no_padding(rows: int, packed: torch.Tensor, n_in: int, dtype: torch.dt
 LINEAR_CANDIDATES = (1, 2, 4)  # row floors the probe tries, smallest first
 
 
-def linear_floor(dtype: torch.dtype, shape: tuple, threads: int | None = None) -> int:
+def linear_floor(dtype: torch.dtype, shape: tuple, threads: int | None = None,
+                 packed: bool | None = None) -> int:
     """Input rows a few-row forward of a linear layer of `shape` [out, in] needs on the CPU so that
     each row gets the bits it gets in any few-row forward (asymagent/modeling/row_floor.py): the
     smallest of LINEAR_CANDIDATES for which rows padded to it agree, probed once per (dtype,
@@ -135,16 +136,19 @@ def linear_floor(dtype: torch.dtype, shape: tuple, threads: int | None = None) -
     bf16, else F.linear). Per shape, because the kernels' row classes are: on an AMD EPYC without
     AMX a layer over 1536 inputs needs 2 rows, one over 576 inputs none (and 2 rows there cost
     3x one row for the 1536-input layer). `shape`: a tuple of ints (it keys the probe's cache; on
-    the hot path, once per few-row forward). `ASYMAGENT_ROW_FLOORS=0`: 1 (no padding)."""
+    the hot path, once per few-row forward). `packed`: the kernel probed, the packed one (None: it
+    when bf16 and packing is on) or F.linear (False: `FloorLinear`'s). `ASYMAGENT_ROW_FLOORS=0`: 1
+    (no padding)."""
     if floors_off():
         return 1
-    return _linear_floor(dtype, shape, torch.get_num_threads() if threads is None else threads)
+    if packed is None:
+        packed = dtype == torch.bfloat16 and enabled()
+    return _linear_floor(dtype, shape, torch.get_num_threads() if threads is None else threads, packed)
 
 
 @functools.cache
-def _linear_floor(dtype: torch.dtype, shape: tuple, threads: int) -> int:
+def _linear_floor(dtype: torch.dtype, shape: tuple, threads: int, packed: bool) -> int:
     """Probed once per machine, torch and key (asymagent/modeling/probe_cache.py keeps the answer)."""
-    packed = dtype == torch.bfloat16 and enabled()
     return cached_probe("linear_floor", (dtype, tuple(shape), threads, packed),
                         lambda: _probe_linear_floor(dtype, shape, packed))
 
@@ -205,6 +209,33 @@ class PackedLinear(torch.nn.Linear):
         return F.linear(input, w, self.bias)
 
 
+class FloorLinear(torch.nn.Linear):
+    """nn.Linear whose CPU bf16/fp16 forwards of <= `max_rows` rows run F.linear with their rows
+    repeated up to F.linear's row floor for this shape (`linear_floor(..., packed=False)`).
+
+    For a layer `pack_linears` leaves unpacked (the packed kernel's bits differ from F.linear's):
+    F.linear itself can give one row other bits than the same row among 2+ rows. Measured on the
+    Intel AMX machine: over 8,960 inputs (the Qwen2.5-Coder 1.5B's down_proj) one row alone differs
+    from 2..32 rows, at 1 and 2 threads; padded to 2 rows every row count agrees. Without the floor
+    a one-token decode (mode full) and a K+1 verify (spec) scored a position with other bits there.
+    Made by `pack_linears` (class swap in place), never constructed directly."""
+
+    max_rows: int
+
+    def forward(self, input: torch.Tensor) -> torch.Tensor:  # [..., in] -> [..., out]
+        w = self.weight
+        rows = input.numel() // max(input.shape[-1], 1)
+        if (input.dtype in (torch.bfloat16, torch.float16) and input.device.type == "cpu"
+                and 0 < rows <= self.max_rows
+                and not (torch.is_grad_enabled() and (input.requires_grad or w.requires_grad))):
+            floor = linear_floor(input.dtype, (self.out_features, self.in_features), packed=False)
+            if rows < floor:
+                flat = pad_rows(input.reshape(rows, input.shape[-1]), floor, 0)  # [floor, in]
+                out = F.linear(flat, w, self.bias)[:rows]  # [rows, out]
+                return out.reshape(*input.shape[:-1], out.shape[-1])
+        return F.linear(input, w, self.bias)
+
+
 @dataclass
 class PackReport:
     """What `pack_linears` did: layer counts and the bytes of the packed copies."""
@@ -240,18 +271,20 @@ def pack_linears(model: torch.nn.Module, max_rows: int = MAX_PACKED_ROWS,
         return report
     seen: set = set()
     for name, module in model.named_modules():
-        if id(module) in seen or type(module) not in (torch.nn.Linear, PackedLinear):
+        if id(module) in seen or type(module) not in (torch.nn.Linear, PackedLinear, FloorLinear):
             continue
         seen.add(id(module))
         w = module.weight
         if w.dtype != torch.bfloat16 or w.device.type != "cpu":
             continue
-        if isinstance(module, PackedLinear):
+        if type(module) in (PackedLinear, FloorLinear):
             module.max_rows = max_rows
             continue
         packed = pack_weight(w)
         if check and not _identical(module, packed, seed=len(seen)):
             report.not_identical.append(name)
+            module.__class__ = FloorLinear  # F.linear, its rows padded to F.linear's floor
+            module.max_rows = max_rows
             continue
         module.__class__ = PackedLinear
         module.packed_weight = packed
@@ -261,7 +294,8 @@ def pack_linears(model: torch.nn.Module, max_rows: int = MAX_PACKED_ROWS,
         report.extra_bytes += w.numel() * w.element_size()
     if report.not_identical:
         warnings.warn(f"{len(report.not_identical)} bf16 linear layer(s) differ from F.linear "
-                      f"through the packed kernel; left unpacked: {report.not_identical[:3]}",
+                      f"through the packed kernel; left unpacked (F.linear, rows padded to its "
+                      f"floor): {report.not_identical[:3]}",
                       RuntimeWarning, stacklevel=2)
     return report
 
@@ -278,11 +312,11 @@ def linear_of(weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.n
 
 
 def unpack_linears(model: torch.nn.Module) -> int:
-    """Turn every PackedLinear of `model` back into a plain nn.Linear (drops the packed copies);
-    returns how many."""
+    """Turn every PackedLinear (and FloorLinear) of `model` back into a plain nn.Linear (drops the
+    packed copies); returns how many."""
     count = 0
     for module in model.modules():
-        if type(module) is PackedLinear:
+        if type(module) in (PackedLinear, FloorLinear):
             module.__class__ = torch.nn.Linear
             for attr in ("packed_weight", "packed_key", "max_rows"):
                 module.__dict__.pop(attr, None)
