@@ -170,3 +170,24 @@ def test_lossless_ceiling_is_full_wall_over_full_prefill_time():
     assert "at most 4.00x full" in fr.markdown({"workloads": {"w": out}})
     old = fr.summarize([_rec("full", 0, [0], True, 2.0)], fr.parse_policies("full"))  # no prefill_s
     assert old["full"]["prefill_share"] is None and "lossless_ceiling" not in old["full"]
+
+
+def test_plot_draws_another_run_beside(tmp_path):
+    """`--beside`: the pair's pooled suites next to the 135M's, one panel each, in one PNG."""
+    import matplotlib.image
+
+    def doc(workload):
+        recs = _records()
+        for r in recs:
+            r.workload = workload
+        return {"command": "python -m x", "settings": {"policies": {"full": {"label": "full"}, "a": {"label": "asym"}}},
+                "records": [r.__dict__ for r in recs]}
+
+    mine = fr.merge_reports([doc("bench"), doc("s1")])
+    other = fr.merge_reports([doc("s1"), doc("s2")])
+    out = tmp_path / "f.png"
+    fr.plot(mine, out, beside=[("the other pair", other)])
+    alone = tmp_path / "g.png"
+    fr.plot(mine, alone)
+    wide, narrow = matplotlib.image.imread(out), matplotlib.image.imread(alone)
+    assert wide.shape[1] > narrow.shape[1] * 1.3  # one more panel

@@ -482,7 +482,9 @@ def markdown(result: dict) -> str:
     return "\n".join(lines)
 
 
-def plot(result: dict, path) -> None:
+def plot(result: dict, path, beside: list | None = None) -> None:
+    """The bench and pooled-suite frontiers of `result`, and beside them the pooled suites of each
+    (title, other result) in `beside` (e.g. another model pair's run of the same workloads)."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -491,6 +493,9 @@ def plot(result: dict, path) -> None:
     groups = {k: v for k, v in result["workloads"].items() if k == "bench"}
     if "suites_pooled" in result:
         groups["suites pooled (test seeds)"] = result["suites_pooled"]
+    for title, other in beside or []:
+        if other.get("suites_pooled"):
+            groups[title] = other["suites_pooled"]
     fig, axes = plt.subplots(1, len(groups), figsize=(6 * len(groups), 4.6), squeeze=False)
     for ax, (title, pols) in zip(axes[0], groups.items()):
         for name, d in pols.items():
@@ -561,6 +566,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--quiet", action="store_true")
     p.add_argument("--merge", metavar="JSON,JSON", default=None,
                    help="no runs: merge these runs' JSON into one table (--json) and plot (--plot)")
+    p.add_argument("--beside", metavar="TITLE=JSON", action="append", default=[],
+                   help="--plot also draws this run's pooled suites beside (e.g. the 135M's frontier "
+                        "next to the pair's); repeatable")
 
 
 def main(args) -> int:
@@ -569,13 +577,18 @@ def main(args) -> int:
 
     from asymagent.evals.running.engine_setup import build_engine
 
+    beside = []
+    for item in args.beside:
+        title, _, path = item.rpartition("=")
+        with open(path) as f:
+            beside.append((title or path, json.load(f)))
     if args.merge:
         merged = merge_reports([json.load(open(p)) for p in args.merge.split(",") if p.strip()])
         if args.json:
             with open(args.json, "w") as f:
                 json.dump(merged, f, indent=1)
         if args.plot:
-            plot(merged, args.plot)
+            plot(merged, args.plot, beside)
         print(markdown(merged))
         return 0
     if args.threads:
@@ -623,7 +636,7 @@ def main(args) -> int:
     bar.close()
     doc = save(partial=False)
     if args.plot:
-        plot(doc, args.plot)
+        plot(doc, args.plot, beside)
     if not args.quiet:
         print(markdown(doc))
     return 0
