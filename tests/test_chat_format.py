@@ -210,6 +210,44 @@ def test_code_fences_around_tool_calls_are_no_content():
     assert parse_output("```json\n{}\n```").content == "```json\n{}\n```"  # no call: untouched
 
 
+# What Qwen2.5-Coder-1.5B (the reference pair's verifier) wrote, greedy, for the openai-agents
+# SDK's default agent after get_weather's result: the call again, in the form its chat template's
+# tool instructions show ({{"name": <function-name>, "arguments": <args-json-object>}}).
+SEEN_AFTER_TOOL_RESULT = '{{"name": "get_weather", "arguments": {"city": "Oslo"}}}'
+
+
+@pytest.mark.parametrize("text, content", [
+    (SEEN_AFTER_TOOL_RESULT, ""),
+    (f"```json\n{SEEN_AFTER_TOOL_RESULT}\n```", ""),
+    (f"<tool_call>\n{SEEN_AFTER_TOOL_RESULT}\n</tool_call>", ""),
+    (f"Checking.\n{SEEN_AFTER_TOOL_RESULT} \n{SEEN_AFTER_TOOL_RESULT}", "Checking."),
+    ('{{"name": "get_weather", "parameters": {"city": "Oslo"}}}', ""),
+])
+def test_parse_output_reads_a_call_doubled_in_braces(text, content):
+    """Qwen2.5's template shows a call as `{{"name": ..., "arguments": ...}}` and its models copy
+    it: that is the call it means, not the turn's final text (it was returned as the openai-agents
+    SDK's final output before)."""
+    out = parse_output(text)
+    assert out.content == content and out.invalid_tool_calls == []
+    assert out.tool_calls
+    for call in out.tool_calls:
+        assert call["function"]["name"] == "get_weather"
+        assert json.loads(call["function"]["arguments"]) == {"city": "Oslo"}
+
+
+@pytest.mark.parametrize("text, invalid", [
+    ('{{"name": "get_weather", "arguments": {"city": "Os', 1),  # cut: call-shaped, malformed
+    ('{{"name": "f", "arguments": {}, "id": 1}}}', 1),  # more than a call: not read as one
+    ("Write {{ name }} in the Jinja template.", 0),  # template code is content
+    ('{{"a": 1}}', 0),
+    ('{{"name": "f", "arguments": {}}', 1),  # no second brace: malformed
+])
+def test_doubled_braces_that_are_no_call_stay_text(text, invalid):
+    out = parse_output(text)
+    assert out.tool_calls == [] and out.content == text
+    assert len(out.invalid_tool_calls) == invalid
+
+
 def test_chatml_models_stop_at_the_documents_end_too():
     """`<|endoftext|>` beside `<|im_end|>` ends a ChatML model's turn (the pair's GGUF keeps only
     `<|im_end|>` as EOS, and its 1.5B wrote on past `<|endoftext|>` into an invented turn); a

@@ -25,6 +25,65 @@ REPORT = {"type": "object", "properties": {"days": {"type": "integer", "minimum"
           "required": ["days", "ok"], "additionalProperties": False}
 
 
+# Qwen2.5-(Coder-)Instruct's own chat template (the reference pair's), verbatim: tools in the system
+# prompt, calls as <tool_call> blocks, tool results as <tool_response> blocks in a user turn.
+QWEN25_TEMPLATE = r'''{%- if tools %}
+    {{- '<|im_start|>system\n' }}
+    {%- if messages[0]['role'] == 'system' %}
+        {{- messages[0]['content'] }}
+    {%- else %}
+        {{- 'You are Qwen, created by Alibaba Cloud. You are a helpful assistant.' }}
+    {%- endif %}
+    {{- "\n\n# Tools\n\nYou may call one or more functions to assist with the user query.\n\nYou are provided with function signatures within <tools></tools> XML tags:\n<tools>" }}
+    {%- for tool in tools %}
+        {{- "\n" }}
+        {{- tool | tojson }}
+    {%- endfor %}
+    {{- "\n</tools>\n\nFor each function call, return a json object with function name and arguments within <tool_call></tool_call> XML tags:\n<tool_call>\n{{\"name\": <function-name>, \"arguments\": <args-json-object>}}\n</tool_call><|im_end|>\n" }}
+{%- else %}
+    {%- if messages[0]['role'] == 'system' %}
+        {{- '<|im_start|>system\n' + messages[0]['content'] + '<|im_end|>\n' }}
+    {%- else %}
+        {{- '<|im_start|>system\nYou are Qwen, created by Alibaba Cloud. You are a helpful assistant.<|im_end|>\n' }}
+    {%- endif %}
+{%- endif %}
+{%- for message in messages %}
+    {%- if (message.role == "user") or (message.role == "system" and not loop.first) or (message.role == "assistant" and not message.tool_calls) %}
+        {{- '<|im_start|>' + message.role + '\n' + message.content + '<|im_end|>' + '\n' }}
+    {%- elif message.role == "assistant" %}
+        {{- '<|im_start|>' + message.role }}
+        {%- if message.content %}
+            {{- '\n' + message.content }}
+        {%- endif %}
+        {%- for tool_call in message.tool_calls %}
+            {%- if tool_call.function is defined %}
+                {%- set tool_call = tool_call.function %}
+            {%- endif %}
+            {{- '\n<tool_call>\n{"name": "' }}
+            {{- tool_call.name }}
+            {{- '", "arguments": ' }}
+            {{- tool_call.arguments | tojson }}
+            {{- '}\n</tool_call>' }}
+        {%- endfor %}
+        {{- '<|im_end|>\n' }}
+    {%- elif message.role == "tool" %}
+        {%- if (loop.index0 == 0) or (messages[loop.index0 - 1].role != "tool") %}
+            {{- '<|im_start|>user' }}
+        {%- endif %}
+        {{- '\n<tool_response>\n' }}
+        {{- message.content }}
+        {{- '\n</tool_response>' }}
+        {%- if loop.last or (messages[loop.index0 + 1].role != "tool") %}
+            {{- '<|im_end|>\n' }}
+        {%- endif %}
+    {%- endif %}
+{%- endfor %}
+{%- if add_generation_prompt %}
+    {{- '<|im_start|>assistant\n' }}
+{%- endif %}
+'''
+
+
 @pytest.fixture(scope="module")
 def server(smollm_tokenizer, tmp_path_factory):
     trace_dir = tmp_path_factory.mktemp("traces")
@@ -229,3 +288,38 @@ def test_each_refusal_is_logged_at_info_with_its_reason(server):
     assert all(rec.levelno == logging.INFO for rec in records)
     assert any(m.startswith("400 invalid_value (temperature)") and "temperature" in m for m in said)
     assert any(m.startswith("404 unknown_url") and "/v1/nowhere" in m for m in said)
+
+
+def test_agents_sdk_items_render_as_the_qwen_template_renders_them(smollm_tokenizer):
+    """The input the openai-agents SDK's default agent sends on its second turn (instructions, the
+    user message, its function_call item with id and status, the function_call_output) renders
+    into the Qwen2.5 template exactly as the template renders the same conversation (with the
+    arguments as a dict, transformers' convention: the template would JSON-dump a string again)."""
+    import copy
+
+    from asymagent.chat.chat_format import ChatFormat
+    from asymagent.integrations.server.response_items import ResponseRequest, input_messages
+
+    tok = copy.deepcopy(smollm_tokenizer)
+    tok.chat_template = QWEN25_TEMPLATE
+    body = {"model": "asymagent", "instructions": "You are a helpful assistant.",
+            "tools": [{**WEATHER, "strict": True}], "input": [
+                {"content": "What is the weather in Oslo?", "role": "user"},
+                {"arguments": '{"city": "Oslo", "unit": "C"}', "call_id": "call_1",
+                 "name": "get_weather", "type": "function_call", "id": "fc_1",
+                 "status": "completed"},
+                {"call_id": "call_1", "output": "12 C and clear in Oslo",
+                 "type": "function_call_output"}]}
+    req = ResponseRequest.model_validate(body)
+    messages = [{"role": "system", "content": req.instructions}] + input_messages(req)
+    assert [m["role"] for m in messages] == ["system", "user", "assistant", "tool"]
+    ours = ChatFormat(tok).render_text(messages, req.chat_tools())
+    hf = copy.deepcopy(messages)
+    for call in hf[2]["tool_calls"]:
+        call["function"]["arguments"] = json.loads(call["function"]["arguments"])
+    theirs = tok.apply_chat_template(hf, tools=req.chat_tools(), tokenize=False,
+                                     add_generation_prompt=True)
+    assert ours == theirs
+    assert ('<|im_start|>assistant\n<tool_call>\n{"name": "get_weather", "arguments": {"city": '
+            '"Oslo", "unit": "C"}}\n</tool_call><|im_end|>\n<|im_start|>user\n<tool_response>\n'
+            '12 C and clear in Oslo\n</tool_response><|im_end|>\n<|im_start|>assistant\n') in ours

@@ -72,6 +72,23 @@ def test_hermes_tool_call_after_content():
     assert len(calls) == 1 and json.loads(calls[0]["arguments"]) == {"x": 1}
 
 
+@pytest.mark.parametrize("size", [1, 4])
+def test_streamed_call_doubled_in_braces_is_a_call_not_content(size):
+    """Qwen2.5-Coder's `{{"name": ..., "arguments": ...}}}` (its template's call form): nothing
+    leaks as content while streaming, and the engine's parsed call goes out whole at the end."""
+    from asymagent.chat.output_parsing import parse_output
+
+    raw = '{{"name": "get_weather", "arguments": {"city": "Oslo"}}}'
+    parsed = parse_output(raw)
+    s = DeltaStreamer(tools_enabled=True)
+    deltas = [d for piece in _pieces(raw, size) for d in s.push(piece)]
+    assert not any("content" in d for d in deltas)
+    deltas += s.finish(_result(parsed.content, parsed.tool_calls))
+    content, calls = _assemble(deltas)
+    assert content == "" and [c["name"] for c in calls] == ["get_weather"]
+    assert json.loads(calls[0]["arguments"]) == {"city": "Oslo"}
+
+
 def test_plain_text_streams_as_content_and_holds_back_stop_strings():
     s = DeltaStreamer(tools_enabled=False, stop=["END"])
     deltas = []

@@ -2,8 +2,12 @@
 
 Accepted call forms (docs/architecture.md "Chat format"): a JSON object `{"name": ...,
 "arguments": {...}}` (also `"parameters"`, or an OpenAI-shaped `{"function": {...}}`), several
-objects one per line, a JSON list of them, or Hermes `<tool_call>{json}</tool_call>` blocks. Text
-outside the calls is the content. Malformed JSON that looks like a call stays in the content and
+objects one per line, a JSON list of them, or Hermes `<tool_call>{json}</tool_call>` blocks. A
+call object doubled in braces, `{{"name": ..., "arguments": {...}}}`, is a call too: Qwen2.5's
+chat template shows the call form that way in its tool instructions (a Jinja string escaped as if
+for str.format), and its models copy it, e.g. Qwen2.5-Coder-1.5B calling a tool again after the
+tool's result (docs/serving.md, "openai-agents: the default agent"). Text outside the calls is
+the content. Malformed JSON that looks like a call stays in the content and
 adds an `invalid_tool_calls` entry in LangChain's shape (name, args, id, error), so nothing the
 model wrote is lost and no exception reaches the caller.
 """
@@ -31,7 +35,8 @@ def new_call_id() -> str:
 
 
 _TOOL_CALL_BLOCK = re.compile(r"<tool_call>(.*?)(?:</tool_call>|$)", re.S)
-_LOOKS_LIKE_CALL = re.compile(r'^\s*\{\s*"(?:name|function)"\s*:', re.S)
+_LOOKS_LIKE_CALL = re.compile(r'^\s*\{\{?\s*"(?:name|function)"\s*:', re.S)
+_CALL_KEYS = ({"name", "arguments"}, {"name", "parameters"})  # what a doubled call object holds
 _DECODER = json.JSONDecoder()
 # what a model wraps its calls in and leaves behind once they are taken out: Qwen2.5-Coder writes
 # "```json\n<tool_call>...</tool_call>\n```" (the fence alone is no content of the turn)
@@ -59,10 +64,37 @@ def _call_from_obj(obj) -> tuple[dict | None, str | None]:
             "function": {"name": name, "arguments": json.dumps(args, ensure_ascii=False)}}, None
 
 
+def _add_call(obj: dict, raw: str, out: ParsedOutput, keep: list) -> None:
+    """One call object into `out` (an invalid entry, its text kept, when it is broken)."""
+    call, err = _call_from_obj(obj)
+    if call is not None:
+        out.tool_calls.append(call)
+    else:
+        out.invalid_tool_calls.append(_invalid(raw, err))
+        keep.append(raw)
+
+
 def _invalid(raw: str, error: str) -> dict:
     match = re.search(r'"name"\s*:\s*"([^"]*)"', raw)
     return {"name": match.group(1) if match else None, "args": raw.strip(), "id": new_call_id(),
             "error": error}
+
+
+def _doubled_call(chunk: str, start: int) -> tuple[dict, int] | None:
+    """(call object, end) for `{{"name": ..., "arguments": {...}}}` at `start`, else None: the
+    inner object must be exactly a call (name and arguments, or parameters) and the second `}`
+    follow it, so no other text is read as one."""
+    if not chunk.startswith("{{", start):
+        return None
+    try:
+        obj, end = _DECODER.raw_decode(chunk, start + 1)
+    except json.JSONDecodeError:
+        return None
+    close = len(chunk[end:]) - len(chunk[end:].lstrip(" \t"))
+    if not isinstance(obj, dict) or set(obj) not in _CALL_KEYS or \
+            not chunk.startswith("}", end + close):
+        return None
+    return obj, end + close + 1
 
 
 def _parse_json_calls(chunk: str, out: ParsedOutput, keep: list) -> None:
@@ -73,6 +105,12 @@ def _parse_json_calls(chunk: str, out: ParsedOutput, keep: list) -> None:
         line_end = len(chunk) if line_end < 0 else line_end + 1
         stripped = chunk[pos:line_end].lstrip()
         start = pos + (line_end - pos - len(stripped))
+        doubled = _doubled_call(chunk, start)
+        if doubled is not None:
+            obj, end = doubled
+            _add_call(obj, chunk[start:end], out, keep)
+            pos = end
+            continue
         if stripped.startswith("{") or stripped.startswith("["):
             try:
                 obj, end = _DECODER.raw_decode(chunk, start)
@@ -113,6 +151,9 @@ def parse_output(text) -> ParsedOutput:
                 keep.append(text[last:match.start()])
                 last = match.end()
                 inner = match.group(1).strip()
+                doubled = _doubled_call(inner, 0)
+                if doubled is not None and not inner[doubled[1]:].strip():
+                    inner = inner[1:doubled[1] - 1]  # a doubled call inside the tags
                 try:
                     obj = json.loads(inner)
                 except json.JSONDecodeError as exc:
