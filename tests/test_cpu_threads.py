@@ -105,6 +105,7 @@ def test_apply_threads_and_info():
         torch.set_num_threads(before)
 
 
+@pytest.mark.slow  # a fresh process imports torch and every verb (tens of seconds on a busy machine)
 def test_cli_sets_the_wait_policy_before_torch(tmp_path):
     """`asymagent` sets OMP_WAIT_POLICY before torch loads, and --threads reaches torch."""
     env = {k: v for k, v in os.environ.items() if k not in ct.OMP_USER_KEYS}
@@ -122,12 +123,12 @@ def test_cli_sets_the_wait_policy_before_torch(tmp_path):
         "bench.main = fake_main\n"
         "sys.exit(cli.main(['bench', '--threads', '1']))\n")
     out = subprocess.run([sys.executable, str(probe)], env=env, capture_output=True, text=True,
-                         cwd=str(tmp_path), timeout=300)
+                         cwd=str(tmp_path), timeout=900)
     assert out.returncode == 0, out.stderr
     assert "policy PASSIVE threads 1" in out.stdout
     env["OMP_WAIT_POLICY"] = "ACTIVE"  # the user's own choice stays
     out = subprocess.run([sys.executable, str(probe)], env=env, capture_output=True, text=True,
-                         cwd=str(tmp_path), timeout=300)
+                         cwd=str(tmp_path), timeout=900)
     assert "policy ACTIVE threads 1" in out.stdout, out.stderr
 
 

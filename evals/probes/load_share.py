@@ -21,7 +21,8 @@ quiet and beside competitors of the old policy (a heavy job of someone else's, s
 there is `GOMP_SPINCOUNT=300000` (libgomp's own default spin, which the CLI leaves alone).
 Runs are interleaved (repeat-major, the policies in turn); the JSON has every run, the load
 average before each, and per policy and competitor count the median throughput (or demo time)
-and its share of the same policy's quiet median.
+and its share of the same policy's quiet median. A run past `--timeout` is recorded as timed out
+(it counts as 0 tokens/s, a demo as the limit: a lower bound).
 """
 
 from __future__ import annotations
@@ -108,14 +109,17 @@ def measure(policy: str, competitors: int, args) -> dict:
         if demo:
             t0 = time.perf_counter()
             subprocess.run([sys.executable, "-m", "asymagent", "demo", "--no-live"],
-                           env=policy_env(policy, demo=True), check=True,
+                           env=policy_env(policy, demo=True), check=True, timeout=args.timeout,
                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
             return {"policy": policy, "competitors": competitors, "load_before": load,
                     "demo_s": time.perf_counter() - t0}
         out = subprocess.run([sys.executable, "-m", "asymagent.evals.probes.load_share", "--worker",
                               "measure", "--seconds", str(args.seconds), "--max-new-tokens",
-                              str(args.max_new_tokens)], env=policy_env(policy),
+                              str(args.max_new_tokens)], env=policy_env(policy), timeout=args.timeout,
                              capture_output=True, text=True, check=True).stdout
+    except subprocess.TimeoutExpired:  # reported: a run that did not end within --timeout
+        return {"policy": policy, "competitors": competitors, "load_before": load,
+                "timed_out_s": args.timeout}
     finally:
         stop(rivals)
     ready = next(x for x in out.splitlines() if x.startswith("ready"))
@@ -129,8 +133,9 @@ def summarize(runs: list, demo: bool) -> dict:
     """{policy: {competitors: {"median", "share_of_quiet" (demo: "x_quiet")}}}."""
     key = "demo_s" if demo else "tok_s"
     out: dict = {}
-    for r in runs:
-        out.setdefault(r["policy"], {}).setdefault(str(r["competitors"]), []).append(r[key])
+    for r in runs:  # a run that timed out counts as its limit (a lower bound on its time)
+        value = r.get(key, (r["timed_out_s"] if demo else 0.0) if "timed_out_s" in r else None)
+        out.setdefault(r["policy"], {}).setdefault(str(r["competitors"]), []).append(value)
     summary = {}
     for policy, by_n in out.items():
         quiet = statistics.median(by_n["0"]) if "0" in by_n else None
@@ -153,6 +158,8 @@ def main(argv=None) -> int:
     p.add_argument("--seconds", type=float, default=10.0, help="the measured engine's decode time")
     p.add_argument("--max-new-tokens", type=int, default=16, help="tokens per generate call")
     p.add_argument("--demo", action="store_true", help="measure `asymagent demo` instead")
+    p.add_argument("--timeout", type=float, default=600.0,
+                   help="seconds a measured run may take (beyond: recorded as timed out)")
     args = p.parse_args(argv)
     if args.worker:
         return worker(args.worker, args.seconds, args.max_new_tokens)
