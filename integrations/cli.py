@@ -10,6 +10,11 @@ prints the traceback too; Ctrl-C exits 130). Every verb takes `--log-level` and 
 weight-loading progress bars show only on a terminal. It imports a verb's module when that verb
 runs. Every `--help` shows each option's default; `asymagent --version`; `python -m asymagent`
 runs the same command.
+
+The engine's CPU thread policy (asymagent/modeling/cpu_threads.py) starts here: `main` sets the
+OpenMP wait policy (OMP_WAIT_POLICY=PASSIVE unless the user set one) before anything imports
+torch, and every verb takes `--threads N` (unset: the CPUs this process may use, from its
+affinity and cgroup quota, not the machine's count), applied before the verb runs.
 """
 
 from __future__ import annotations
@@ -86,12 +91,37 @@ def build_parser() -> tuple[argparse.ArgumentParser, dict]:
                        help="Python logging level (unset: info for serve, warning otherwise)")
         p.add_argument("--debug", action="store_true",
                        help="print the full traceback of an error, not only its one line")
+        add_threads(p)
         verbs[verb] = p
     return parser, verbs
 
 
+def add_threads(p: argparse.ArgumentParser) -> None:
+    """`--threads` for a verb that has none of its own (serve and eval's frontier declare theirs)."""
+    try:
+        p.add_argument("--threads", type=int, default=None,
+                       help="torch CPU threads (unset: the CPUs this process may use: its "
+                            "affinity and cgroup quota, not the machine's count)")
+    except argparse.ArgumentError:  # the verb declares --threads itself
+        pass
+
+
+def use_thread_policy(args) -> None:
+    """`--threads` (or the available CPUs) as torch's thread count; ValueError below 1."""
+    from asymagent.modeling.cpu_threads import apply_threads
+
+    threads = getattr(args, "threads", None)
+    if threads is not None and threads < 1:
+        raise ValueError(f"--threads must be >= 1, got {threads}")
+    apply_threads(threads)
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
+    if "torch" not in sys.modules:  # libgomp reads its wait policy when torch is first imported
+        from asymagent.modeling.cpu_threads import use_omp_policy
+
+        use_omp_policy()
     parser, _ = build_parser()
     args = parser.parse_args(argv)
     if args.log_level is None:
@@ -103,6 +133,7 @@ def main(argv: list[str] | None = None) -> int:
         if check is not None:
             check(args)
         check_common(args)
+        use_thread_policy(args)
     except (ValueError, OSError) as exc:  # ModelNotFoundError is an OSError
         if args.debug:
             traceback.print_exc()

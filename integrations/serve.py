@@ -91,7 +91,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--device", default="cpu",
                         help="'cpu', 'cuda', 'cuda:N' or 'auto' (CUDA when available)")
     parser.add_argument("--threads", type=int, default=None,
-                        help="torch CPU threads (unset: torch's choice, the core count)")
+                        help="torch CPU threads (unset: the CPUs this process may use: its affinity and "
+                             "cgroup quota; asymagent/modeling/cpu_threads.py)")
     parser.add_argument("--allowed-origins", nargs="+", default=None, metavar="ORIGIN",
                         help="browser origins allowed by CORS, e.g. http://localhost:3000, or * "
                              "(unset: no CORS; a browser preflight is refused)")
@@ -141,11 +142,7 @@ def main(args) -> int:
     if args.host not in ("127.0.0.1", "localhost", "::1") and not api_key:
         logging.warning("serving on %s without --api-key: anyone who can reach it can use it",
                         args.host)
-    if args.threads:
-        import torch
-
-        torch.set_num_threads(args.threads)
-    engine = load_engine(args)
+    engine = load_engine(args)  # torch's threads: --threads, set by integrations/cli.py
     if getattr(engine.tokenizer, "chat_template", None) is None:
         logging.warning("the model has no chat template: /v1/completions works, chat requests are "
                         "refused; give one with --chat-template FILE|STRING")

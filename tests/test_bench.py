@@ -210,3 +210,23 @@ def test_dtype_labels_run_on_their_engine(tiny_setup):
                           max_new_tokens=4, engines={"float32": tiny_setup.engine})
     assert res["modes"]["full@float32"]["fidelity_vs_full"] == 1.0
     assert "full/full@float32" in res["pairs"]
+
+
+def test_bench_engine_takes_a_model_drafter(tmp_path):
+    """`asymagent bench MODEL --drafter MODEL` (a .gguf, a directory): the drafter is loaded as an
+    LM drafter, as Engine.from_pretrained does, not read as a train-drafter .safetensors."""
+    from conftest import make_tiny_llama
+
+    from asymagent.evals.running.engine_setup import build_engine
+    from asymagent.modeling.loading import load_default_verifier
+
+    tok = load_default_verifier().tokenizer
+    for name, layers in (("verifier", 2), ("drafter", 1)):
+        model = make_tiny_llama(vocab_size=len(tok), layers=layers, hidden=32, heads=4, kv_heads=2)
+        model.save_pretrained(tmp_path / name)
+        tok.save_pretrained(tmp_path / name)
+    setup = build_engine(str(tmp_path / "verifier"), str(tmp_path / "drafter"), dtype="float32")
+    assert not setup.fallback and "LM drafter" in setup.drafter
+    assert setup.engine.drafter.config.num_hidden_layers == 1
+    ids = setup.engine.tokenizer("hello")["input_ids"]
+    assert len(setup.engine.generate(ids, mode="spec", max_new_tokens=3).token_ids) >= 1

@@ -402,7 +402,7 @@ def main(args) -> int:
             modes = [m for m in modes if m != LLAMA_CPP]
     from asymagent.evals.bench.machine_limits import machine_limits
 
-    machine = machine_limits(setup.engine.verifier)
+    machine = machine_limits(setup.engine.verifier, getattr(args, "threads", None))
 
     def document(res: dict) -> dict:
         doc = {"verifier": setup.verifier, "drafter": setup.drafter, "drafter_fallback": setup.fallback,

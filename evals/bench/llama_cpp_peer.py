@@ -1,7 +1,8 @@
 """The bench's llama.cpp peer: plain greedy decoding by llama-cpp-python on the same GGUF file.
 
 What a CPU user would pick instead of transformers: llama.cpp runs the quantised GGUF weights
-(the embedded verifier's file, SmolLM2-135M-Instruct Q4_1) with its own compiled kernels. The
+(the embedded verifier's file, SmolLM2-135M-Instruct Q4_1; the reference pair's verifier,
+Qwen2.5-Coder 1.5B Q4_K_M, with `--pair` or a .gguf verifier) with its own compiled kernels. The
 peer feeds the bench's prompt token ids (the same ids our modes see; the GGUF carries the same
 vocabulary) through `Llama.generate` at temperature 0, which reuses its KV cache up to the
 longest common prefix with the previous call, as our modes and hf_generate do. Timing per step:

@@ -7,6 +7,10 @@
   `weights_bytes / bandwidth` is the floor of a decode step (`decode_bound_ms`).
 Both use torch's current thread count (the engine's). On a shared machine they are what this
 process got at the moment of measuring, like every other figure of the same run.
+The block also says what the engine picked on this machine and why: `cpu` (the CPU family, its
+dtype and kernels: asymagent/modeling/cpu_family.py) and `thread_policy` (the thread count and
+where it came from, the CPUs this process may use, the OpenMP wait policy:
+asymagent/modeling/cpu_threads.py).
 """
 
 from __future__ import annotations
@@ -72,12 +76,17 @@ def weights_bytes(model: torch.nn.Module) -> int:
     return total
 
 
-def machine_limits(model: torch.nn.Module | None = None) -> dict:
-    """{"matmul_tflops_bf16", "matmul_tflops_fp32", "copy_gbps", "threads", ["weights_bytes",
-    "decode_bound_ms"]}: the bench JSON's "machine" block."""
+def machine_limits(model: torch.nn.Module | None = None, threads: int | None = None) -> dict:
+    """{"matmul_tflops_bf16", "matmul_tflops_fp32", "copy_gbps", "threads", "cpu",
+    "thread_policy", ["weights_bytes", "decode_bound_ms"]}: the bench JSON's "machine" block
+    (`threads`: the --threads the user gave, None if unset)."""
+    from asymagent.modeling.cpu_family import cpu_choice
+    from asymagent.modeling.cpu_threads import thread_info
+
     out = {"matmul_tflops_bf16": matmul_tflops(torch.bfloat16),
            "matmul_tflops_fp32": matmul_tflops(torch.float32),
-           "copy_gbps": copy_gbps(), "threads": torch.get_num_threads()}
+           "copy_gbps": copy_gbps(), "threads": torch.get_num_threads(),
+           "cpu": cpu_choice(), "thread_policy": thread_info(threads)}
     if model is not None:
         out["weights_bytes"] = weights_bytes(model)
         out["decode_bound_ms"] = out["weights_bytes"] / (out["copy_gbps"] * 1e9) * 1e3

@@ -85,9 +85,14 @@ def build_engine(verifier: str = "default", drafter: str | None = None, *, spec=
         loaded = load_model(verifier, dtype=dtype)
     ver_desc = EMBEDDED_VERIFIER_ID if verifier in ("default", "embedded", "smollm2") else loaded.source
     if drafter is not None:
-        model = load_drafter(drafter, loaded.model)
-        card = getattr(model, "asymagent_card", {}) or {}
-        desc = f"{drafter} ({card.get('name') or card.get('steps', '?')} steps)" if card else str(drafter)
+        if str(drafter).endswith(".safetensors"):  # an asymagent drafter (train-drafter)
+            model = load_drafter(drafter, loaded.model)
+            card = getattr(model, "asymagent_card", {}) or {}
+            desc = f"{drafter} ({card.get('name') or card.get('steps', '?')} steps)" if card else str(drafter)
+        else:  # a model source (a .gguf, a directory, a cached HF id): an LM drafter, as
+            # Engine.from_pretrained takes it (check_drafter_source accepts both)
+            model = load_model(drafter, dtype=dtype).model
+            desc = f"{drafter} (an LM drafter)"
         return EngineSetup(Engine(loaded.model, model, loaded.tokenizer, spec=spec, compression=compression,
                                   max_sessions=max_sessions, compile=compile, verifier_fingerprint=loaded.fingerprint),
                            ver_desc, desc, False)

@@ -85,8 +85,12 @@ def run_episodes_ray(spec: EngineSpec, plan: EpisodePlan, seeds: list, *, addres
         if workers is None:
             workers = int(ray.cluster_resources().get("CPU", 1) // worker_cpus)
         workers = max(1, min(int(workers), len(todo)))
+        from asymagent.modeling.cpu_threads import omp_env
+
+        # each actor's process starts with the engine's OpenMP wait policy (cpu_threads.py)
         actor_cls = ray.remote(worker_cls).options(
-            num_cpus=worker_cpus, max_restarts=max_restarts, max_task_retries=max_restarts)
+            num_cpus=worker_cpus, max_restarts=max_restarts, max_task_retries=max_restarts,
+            runtime_env={"env_vars": omp_env(threads=max(1, int(worker_cpus)))})
         idle = [actor_cls.remote(spec, plan, max(1, int(worker_cpus))) for _ in range(workers)]
         _dispatch(ray, idle, todo, done, log, len(seeds), progress, max_attempts)
     finally:

@@ -122,16 +122,22 @@ def build_application(engine_factory: Callable[[], Any], app_kwargs: dict, *, re
     from asymagent.integrations.ray_serve.replica import EngineReplica
     from asymagent.integrations.ray_serve.router import ConversationRouter
 
+    from asymagent.modeling.cpu_threads import omp_env
+
     ongoing = app_kwargs.get("max_queue", 16) + SLACK_ONGOING
+    threads = threads or max(1, int(replica_cpus))
     engine = serve.deployment(
         EngineReplica, name=ENGINE_DEPLOYMENT, num_replicas=replicas,
-        ray_actor_options={"num_cpus": replica_cpus, "num_gpus": replica_gpus},
+        # each replica's process starts with the engine's OpenMP wait policy and its share of the
+        # CPUs as threads (libgomp reads them when the replica imports torch; cpu_threads.py)
+        ray_actor_options={"num_cpus": replica_cpus, "num_gpus": replica_gpus,
+                           "runtime_env": {"env_vars": omp_env(threads=threads)}},
         max_ongoing_requests=ongoing, max_queued_requests=replicas * ongoing,
         request_router_config=RequestRouterConfig(
             request_router_class=f"{ConversationRouter.__module__}.{ConversationRouter.__name__}"),
         health_check_period_s=2.0, graceful_shutdown_timeout_s=5.0,
         logging_config=ray_logging(log_level),
-    ).bind(engine_factory, app_kwargs, trace, threads or max(1, int(replica_cpus)))
+    ).bind(engine_factory, app_kwargs, trace, threads)
     ingress = serve.deployment(
         Ingress, name="ingress", num_replicas=1, ray_actor_options={"num_cpus": 0},
         max_ongoing_requests=max(100, 4 * replicas * ongoing), logging_config=ray_logging(log_level),
