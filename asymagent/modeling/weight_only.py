@@ -191,24 +191,22 @@ class WeightOnlyReport:
 
 
 def _targets(model: torch.nn.Module) -> list:
-    """(parent module, attribute name, nn.Linear) of every decoder-layer projection of `model`."""
+    """(qualified name, nn.Linear) of every decoder-layer projection of `model`."""
     layers = getattr(getattr(model, "model", None), "layers", None)
     if layers is None:
         raise ValueError(f"{type(model).__name__} has no model.layers to quantise")
-    out = []
-    for layer in layers:
-        for parent in layer.modules():
-            for name, child in parent.named_children():
-                if name in LINEAR_NAMES and type(child) in (torch.nn.Linear, WeightOnlyLinear):
-                    out.append((parent, name, child))
-    return out
+    return [(f"{i}.{name}", child) for i, layer in enumerate(layers) for name, child in layer.named_modules()
+            if name.rsplit(".", 1)[-1] in LINEAR_NAMES and type(child) in (torch.nn.Linear, WeightOnlyLinear)]
 
 
 @torch.inference_mode()
-def quantize_weights(model: torch.nn.Module, kind: str, max_rows: int = MAX_ROWS) -> WeightOnlyReport:
+def quantize_weights(model: torch.nn.Module, kind: str, max_rows: int = MAX_ROWS,
+                     store: dict | None = None) -> WeightOnlyReport:
     """Give `model`'s decoder-layer projections a `kind` low-bit copy of their weight, in place
     (module doc); marks the model `asymagent_quantized = kind`. Raises WeightOnlyUnavailable when
-    this torch lacks the op or a layer's rows would not score alike alone and among others."""
+    this torch lacks the op or a layer's rows would not score alike alone and among others.
+    `store`: {(layer name, kind): low-bit copy} kept across calls, so a probe switching kinds on
+    one model (`dequantize_weights` between) quantises each layer once."""
     why = op_missing(kind)
     if why is not None:
         raise WeightOnlyUnavailable(f"--dtype {kind} needs torch's CPU weight-only op, which is "
@@ -220,7 +218,8 @@ def quantize_weights(model: torch.nn.Module, kind: str, max_rows: int = MAX_ROWS
     start = time.perf_counter()
     report = WeightOnlyReport(kind)
     unpack_linears(model)  # an engine's packed copies (re-made by the next pack_linears)
-    for _, _, module in _targets(model):
+    store = {} if store is None else store
+    for name, module in _targets(model):
         w = module.weight
         shape = tuple(w.shape)
         floor = row_floor(kind, w.dtype, shape)
@@ -230,7 +229,9 @@ def quantize_weights(model: torch.nn.Module, kind: str, max_rows: int = MAX_ROWS
                 f"layer other bits alone than among other rows (even padded to "
                 f"{FLOOR_CANDIDATES[-1]} rows), so spec could differ from full; use bfloat16/float32")
         module.__class__ = WeightOnlyLinear
-        module.lowbit = _Quantized.make(kind, w, w.dtype)
+        if (name, kind) not in store or store[name, kind].dtype != w.dtype:
+            store[name, kind] = _Quantized.make(kind, w, w.dtype)
+        module.lowbit = store[name, kind]
         module.floor, module.max_rows = floor, max_rows
         report.layers += 1
         report.lowbit_bytes += module.lowbit.nbytes()
@@ -239,6 +240,21 @@ def quantize_weights(model: torch.nn.Module, kind: str, max_rows: int = MAX_ROWS
     report.seconds = time.perf_counter() - start
     model.asymagent_quantized = kind
     return report
+
+
+def dequantize_weights(model: torch.nn.Module) -> int:
+    """Every WeightOnlyLinear of `model` back to a plain nn.Linear over its kept float weight (the
+    low-bit copy dropped); returns how many."""
+    count = 0
+    for module in model.modules():
+        if type(module) is WeightOnlyLinear:
+            module.__class__ = torch.nn.Linear
+            for attr in ("lowbit", "floor", "max_rows"):
+                module.__dict__.pop(attr, None)
+            count += 1
+    if count and getattr(model, "asymagent_quantized", None) in KINDS:
+        model.asymagent_quantized = None
+    return count
 
 
 def lowbit_count(model: torch.nn.Module) -> int:
