@@ -33,16 +33,18 @@ def _kind(kind: str):
 
 KIND_PARAMS = pytest.mark.parametrize("kind", [_kind(k) for k in KINDS])
 FAMILY_PARAMS = pytest.mark.parametrize("family", sorted(MAKERS))
+# the automatic dtype (bf16 here when the CPU has a bf16 unit) and float32 (a CPU without one)
+DTYPE_PARAMS = pytest.mark.parametrize("dtype", sorted({auto_dtype("cpu"), torch.float32}, key=str))
 
 
-def _model(family: str, seed: int = 0, head_scale: float = 2.0):
-    """A tiny model in the automatic dtype with an untied, scaled head (peaked logits)."""
+def _model(family: str, seed: int = 0, head_scale: float = 2.0, dtype: torch.dtype | None = None):
+    """A tiny model in `dtype` (default: the automatic one) with an untied, scaled head (peaked logits)."""
     model = MAKERS[family](vocab_size=256, hidden=64, layers=2, seed=seed)
     gen = torch.Generator().manual_seed(1000 + seed)
     with torch.no_grad():
         head = torch.randn(model.lm_head.weight.shape, generator=gen) * head_scale
         model.lm_head.weight = torch.nn.Parameter(head)
-    return model.to(auto_dtype("cpu")).eval()
+    return model.to(dtype or auto_dtype("cpu")).eval()
 
 
 def test_dtype_names():
@@ -75,9 +77,10 @@ def test_quantize_swaps_decoder_linears_only(kind, family):
 
 @KIND_PARAMS
 @FAMILY_PARAMS
-def test_a_row_gets_the_same_bits_alone_and_among_others(kind, family):
+@DTYPE_PARAMS
+def test_a_row_gets_the_same_bits_alone_and_among_others(kind, family, dtype):
     """Each layer: rows of a 1..32-row call equal the same rows computed alone (decode vs verify)."""
-    model = _model(family)
+    model = _model(family, dtype=dtype)
     quantize_weights(model, kind)
     g = torch.Generator().manual_seed(3)
     layers = [m for m in model.modules() if type(m) is WeightOnlyLinear]
@@ -92,9 +95,10 @@ def test_a_row_gets_the_same_bits_alone_and_among_others(kind, family):
 
 @KIND_PARAMS
 @FAMILY_PARAMS
-def test_greedy_spec_and_asym_equal_full_in_the_same_dtype(kind, family):
-    verifier = _model(family, seed=0)
-    drafter = _model(family, seed=0)
+@DTYPE_PARAMS
+def test_greedy_spec_and_asym_equal_full_in_the_same_dtype(kind, family, dtype):
+    verifier = _model(family, seed=0, dtype=dtype)
+    drafter = _model(family, seed=0, dtype=dtype)
     with torch.no_grad():  # a partial drafter: its head off the verifier's
         drafter.lm_head.weight.add_(torch.randn(drafter.lm_head.weight.shape,
                                                 generator=torch.Generator().manual_seed(7)).to(drafter.dtype))
