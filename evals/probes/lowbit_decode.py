@@ -7,7 +7,7 @@ One process, one model in the automatic dtype (bf16 on a CPU with a bf16 unit), 
 kinds in place, interleaved A B C A B C over `--rounds`: "bfloat16" is what the engine runs by
 default (oneDNN-packed linears, the lean forward fused, asymagent/modeling/packed_linear.py),
 "int8w" / "int4w" the weight-only low-bit copies (asymagent/modeling/weight_only.py; each layer
-quantised once, `store`), the lean forward re-attached after every switch (its own bit-identity
+quantised at each switch, or once with `--keep-lowbit`), the lean forward re-attached after every switch (its own bit-identity
 check). The text: a suite conversation (`--suite`, `--seed`; the oracle episode rendered with the
 model's chat template) of at least `--context + --positions` tokens.
 
@@ -138,6 +138,8 @@ def main(argv=None) -> int:
     p.add_argument("--chunk", type=int, default=8, help="rows per teacher-forced forward")
     p.add_argument("--suite", default="records")
     p.add_argument("--seed", type=int, default=100000, help="first episode seed (test seeds from 100000)")
+    p.add_argument("--keep-lowbit", action="store_true",
+                   help="keep every kind's low-bit copies across switches (more memory, quantised once)")
     args = p.parse_args(argv)
     kinds = [k.strip() for k in args.kinds.split(",") if k.strip()]
     loaded, source = _load(args)
@@ -150,7 +152,7 @@ def main(argv=None) -> int:
     info, tokens, fidelity, ref = {}, {}, {}, None
     for r in range(args.rounds):
         for kind in kinds:
-            info[kind] = _switch(model, kind, store)
+            info[kind] = _switch(model, kind, store if args.keep_lowbit else {})
             t, toks = _decode_ms(model, ids, args.context, args.decode)
             times[kind] += t
             rounds[kind].append(statistics.median(t))
