@@ -24,6 +24,7 @@ Also: quantisation seconds and bytes per kind, the row floors probed, the lean f
 
 from __future__ import annotations
 
+import os
 import statistics
 import time
 
@@ -142,6 +143,7 @@ def main(argv=None) -> int:
                    help="keep every kind's low-bit copies across switches (more memory, quantised once)")
     args = p.parse_args(argv)
     kinds = [k.strip() for k in args.kinds.split(",") if k.strip()]
+    load_before = os.getloadavg()  # the machine's 1/5/15-minute load: is it quiet?
     loaded, source = _load(args)
     model = loaded.model
     use_gqa_attention(model)
@@ -165,7 +167,8 @@ def main(argv=None) -> int:
             print(f"round {r} {kind}: {rounds[kind][-1]:.1f} ms/token", flush=True)
     base = kinds[0]
     doc = {"command": command("lowbit_decode", argv), "source": source,
-           "runtime": runtime_info(model) | {"threads": torch.get_num_threads()},
+           "runtime": runtime_info(model) | {"threads": torch.get_num_threads(), "cpus": os.cpu_count(),
+                                             "load_before": load_before, "load_after": os.getloadavg()},
            "settings": {k: getattr(args, k) for k in ("context", "decode", "positions", "chunk", "suite",
                                                       "seed", "rounds")},
            "reference": base,
