@@ -75,7 +75,7 @@ def op_missing(kind: str) -> str | None:
         raise ValueError(f"unknown weight-only kind {kind!r}; use one of {', '.join(KINDS)}")
     try:
         w = torch.randn(32, 64)  # [N, K]
-        layer = _Quantized.make(kind, w, torch.float32)
+        layer = LowBitWeight.make(kind, w, torch.float32)
         layer.matmul(torch.randn(2, 64))
     except (AttributeError, RuntimeError, NotImplementedError) as exc:  # op absent or failing
         return f"{type(exc).__name__}: {exc}"
@@ -94,7 +94,7 @@ def int4_group(n_in: int) -> int:
 
 
 @dataclass
-class _Quantized:
+class LowBitWeight:
     """One layer's low-bit weight: `kind`, the kernel's tensors, and the activation dtype they take."""
 
     kind: str
@@ -104,7 +104,7 @@ class _Quantized:
     dtype: torch.dtype  # activations (and qparams) dtype
 
     @classmethod
-    def make(cls, kind: str, weight: torch.Tensor, dtype: torch.dtype) -> "_Quantized":
+    def make(cls, kind: str, weight: torch.Tensor, dtype: torch.dtype) -> "LowBitWeight":
         """Quantise a float weight [N, K] for activations of `dtype` (the weight's values in float32)."""
         w = weight.detach().to(torch.float32)  # [N, K]
         n_out, n_in = w.shape
@@ -146,7 +146,7 @@ def row_floor(kind: str, dtype: torch.dtype, shape: tuple, threads: int | None =
 def _row_floor(kind: str, dtype: torch.dtype, shape: tuple, threads: int) -> int | None:
     g = torch.Generator().manual_seed(0)
     n_out, n_in = shape
-    layer = _Quantized.make(kind, torch.randn(n_out, n_in, generator=g) / n_in ** 0.5, dtype)
+    layer = LowBitWeight.make(kind, torch.randn(n_out, n_in, generator=g) / n_in ** 0.5, dtype)
     inputs = [torch.randn(32, n_in, generator=g).to(dtype) for _ in range(2)]  # [32, in]
     with torch.inference_mode():
         for floor in FLOOR_CANDIDATES:
@@ -161,7 +161,7 @@ class WeightOnlyLinear(torch.nn.Linear):
 
     Made by `quantize_weights` (class swap in place), never constructed directly."""
 
-    lowbit: _Quantized
+    lowbit: LowBitWeight
     floor: int
     max_rows: int
 
@@ -230,7 +230,7 @@ def quantize_weights(model: torch.nn.Module, kind: str, max_rows: int = MAX_ROWS
                 f"{FLOOR_CANDIDATES[-1]} rows), so spec could differ from full; use bfloat16/float32")
         module.__class__ = WeightOnlyLinear
         if (name, kind) not in store or store[name, kind].dtype != w.dtype:
-            store[name, kind] = _Quantized.make(kind, w, w.dtype)
+            store[name, kind] = LowBitWeight.make(kind, w, w.dtype)
         module.lowbit = store[name, kind]
         module.floor, module.max_rows = floor, max_rows
         report.layers += 1

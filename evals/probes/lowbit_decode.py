@@ -19,6 +19,8 @@ model's chat template) of at least `--context + --positions` tokens.
   the low-bit kernel's rows); top-1 agreement with bf16's argmax and mean KL(bf16 || kind) in nats
   per position. The prefill runs the kept float weights in every kind (weight_only.py: forwards of
   more than 32 rows), as the engine does.
+- Kernels alone (`--kernel-rows`): one random [8960, 1536] layer (the 1.5B's gate/up) at 1..512
+  rows: bf16 packed and F.linear, int8w, int4w; median ms.
 Also: quantisation seconds and bytes per kind, the row floors probed, the lean forward's state.
 """
 
@@ -113,6 +115,32 @@ def _fidelity(ref, low) -> dict:
             "mean_kl": float(kl.mean()), "max_kl": float(kl.max())}
 
 
+def _kernel_rows(shape: tuple, rows: tuple, repeats: int = 5) -> dict:
+    """Median ms of one random [out, in] layer at each row count: bf16 oneDNN-packed (the engine's
+    few-row bf16 kernel), bf16 F.linear (its prefill kernel), int8w and int4w (weight_only.py)."""
+    import torch
+    import torch.nn.functional as F
+
+    from asymagent.evals.probes.harness import median_ms_of, timed
+    from asymagent.modeling.packed_linear import pack_weight, packed_forward
+    from asymagent.modeling.weight_only import LowBitWeight
+
+    g = torch.Generator().manual_seed(0)
+    w = (torch.randn(*shape, generator=g) / shape[1] ** 0.5).to(torch.bfloat16)  # [out, in]
+    packed = pack_weight(w)
+    low = {k: LowBitWeight.make(k, w, torch.bfloat16) for k in ("int8w", "int4w")}
+    out = {}
+    with torch.inference_mode():
+        for n in rows:
+            x = torch.randn(n, shape[1], generator=g).to(torch.bfloat16)  # [rows, in]
+            calls = {"bf16_packed": lambda: packed_forward(x, packed), "bf16_linear": lambda: F.linear(x, w),
+                     "int8w": lambda: low["int8w"].matmul(x), "int4w": lambda: low["int4w"].matmul(x)}
+            for fn in calls.values():
+                fn()  # warm-up (oneDNN picks its kernel on the first call)
+            out[str(n)] = {k: median_ms_of([timed(fn)[1] for _ in range(repeats)]) for k, fn in calls.items()}
+    return out
+
+
 def _load(args):
     from asymagent.modeling.loading import load_model
     from asymagent.modeling.pairs import resolve_sources
@@ -139,6 +167,8 @@ def main(argv=None) -> int:
     p.add_argument("--chunk", type=int, default=8, help="rows per teacher-forced forward")
     p.add_argument("--suite", default="records")
     p.add_argument("--seed", type=int, default=100000, help="first episode seed (test seeds from 100000)")
+    p.add_argument("--kernel-rows", default="1,8,32,128,512",
+                   help="row counts at which one [8960, 1536] layer is timed per kernel ('' skips)")
     p.add_argument("--keep-lowbit", action="store_true",
                    help="keep every kind's low-bit copies across switches (more memory, quantised once)")
     args = p.parse_args(argv)
@@ -165,8 +195,10 @@ def main(argv=None) -> int:
                     ref = lp
                 fidelity[kind] = _fidelity(ref, lp)
             print(f"round {r} {kind}: {rounds[kind][-1]:.1f} ms/token", flush=True)
+    rows = tuple(int(r) for r in args.kernel_rows.split(",") if r.strip())
+    kernel = {"shape": [8960, 1536], "ms": _kernel_rows((8960, 1536), rows)} if rows else None
     base = kinds[0]
-    doc = {"command": command("lowbit_decode", argv), "source": source,
+    doc = {"kernel_rows": kernel, "command": command("lowbit_decode", argv), "source": source,
            "runtime": runtime_info(model) | {"threads": torch.get_num_threads(), "cpus": os.cpu_count(),
                                              "load_before": load_before, "load_after": os.getloadavg()},
            "settings": {k: getattr(args, k) for k in ("context", "decode", "positions", "chunk", "suite",
