@@ -21,6 +21,8 @@ model's chat template) of at least `--context + --positions` tokens.
   more than 32 rows), as the engine does.
 - Kernels alone (`--kernel-rows`): one random [8960, 1536] layer (the 1.5B's gate/up) at 1..512
   rows: bf16 packed and F.linear, int8w, int4w; median ms.
+- `--compare REF.json,A.json,...`: no measurement; the steps of `asymagent eval` JSONs (one run
+  per dtype) whose output equals REF's mode full (step identity to bf16 full).
 Also: quantisation seconds and bytes per kind, the row floors probed, the lean forward's state.
 """
 
@@ -141,6 +143,25 @@ def _kernel_rows(shape: tuple, rows: tuple, repeats: int = 5) -> dict:
     return out
 
 
+def compare_records(paths: list) -> dict:
+    """Step identity of `asymagent eval` JSONs to the first one's mode full: per other file and
+    mode, the share of steps whose output equals the reference's full output."""
+    import json
+
+    ref = json.loads(open(paths[0]).read())
+    ref_out = [s["output"] for s in ref["per_step"]["full"]]
+    doc = {"reference": paths[0], "steps": len(ref_out),
+           "reference_full_step_accuracy": ref["modes"]["full"]["step_accuracy"], "files": {}}
+    for path in paths[1:]:
+        d = json.loads(open(path).read())
+        doc["files"][path.rsplit("/", 1)[-1]] = {
+            mode: {"identical_to_reference_full": sum(s["output"] == r for s, r in zip(steps, ref_out)) / len(ref_out),
+                   "step_accuracy": d["modes"][mode]["step_accuracy"],
+                   "fidelity_vs_full": d["modes"][mode]["fidelity_vs_full"]}
+            for mode, steps in d["per_step"].items()}
+    return doc
+
+
 def _load(args):
     from asymagent.modeling.loading import load_model
     from asymagent.modeling.pairs import resolve_sources
@@ -171,7 +192,13 @@ def main(argv=None) -> int:
                    help="row counts at which one [8960, 1536] layer is timed per kernel ('' skips)")
     p.add_argument("--keep-lowbit", action="store_true",
                    help="keep every kind's low-bit copies across switches (more memory, quantised once)")
+    p.add_argument("--compare", default=None, metavar="REF.json,A.json,...",
+                   help="no measurement: step identity of `asymagent eval` JSONs to REF's mode full")
     args = p.parse_args(argv)
+    if args.compare:
+        doc = compare_records([x for x in args.compare.split(",") if x])
+        print(doc, flush=True)
+        return finish(doc | {"command": command("lowbit_decode", argv)}, args.json)
     kinds = [k.strip() for k in args.kinds.split(",") if k.strip()]
     load_before = os.getloadavg()  # the machine's 1/5/15-minute load: is it quiet?
     loaded, source = _load(args)
