@@ -17,7 +17,7 @@ from asymagent.integrations.openai_server import DEFAULT_MAX_BODY_BYTES, DEFAULT
 from asymagent.integrations.serve_setup import check_args as check_single, load_engine
 
 MODES = ("full", "compressed", "spec", "asym")
-DTYPES = ("auto", "float32", "bfloat16", "float16", "int8")
+DTYPES = ("auto", "float32", "bfloat16", "float16", "int8", "int8w", "int4w")
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -87,7 +87,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--dtype", default="auto", choices=DTYPES,
                         help="weights dtype ('auto': bfloat16 on CUDA and on a CPU with bf16 matrix units "
                              "(AMX / AVX512-BF16), float32 elsewhere; 'int8': dynamic int8 linear layers on "
-                             "the CPU; logits and the gate stay float32; docs/engine.md)")
+                             "the CPU; 'int8w' / 'int4w': weight-only int8 / int4 decoder linears for decode "
+                             "and verify rows (docs/cpu.md); logits and the gate stay float32; docs/engine.md)")
     parser.add_argument("--device", default="cpu",
                         help="'cpu', 'cuda', 'cuda:N' or 'auto' (CUDA when available)")
     parser.add_argument("--threads", type=int, default=None,

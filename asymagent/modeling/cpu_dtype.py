@@ -8,8 +8,11 @@ times the float32 rate; a CPU without them emulates bf16 and gets slower, not fa
   "avx512_bf16") or None, from torch's own CPU feature probe (and /proc/cpuinfo's flags);
 - `auto_dtype(device)` is bfloat16 on such a CPU (and on CUDA), float32 elsewhere;
 - `resolve_dtype(name, device)` turns a `--dtype` value ("auto", "float32", "bfloat16",
-  "float16", "int8") into (weights dtype, quantisation or None): "int8" is float32 weights whose
-  linear layers are then quantised (asymagent/modeling/quantize.py);
+  "float16", "int8", "int8w", "int4w") into (weights dtype, quantisation or None): "int8" is
+  float32 weights whose linear layers are then quantised dynamically
+  (asymagent/modeling/quantize.py); "int8w" / "int4w" are the automatic dtype's weights (bf16
+  with a bf16 unit, float32 elsewhere) whose decoder linears get a weight-only int8 / int4 copy
+  for decode and verify rows (asymagent/modeling/weight_only.py);
 - `runtime_info(model)` is what `asymagent --version`, the engine banner and the server's
   `/version` report: the model's dtype, the automatic choice and the CPU's matrix units.
 
@@ -24,8 +27,9 @@ import os
 
 import torch
 
-DTYPE_NAMES = ("auto", "float32", "bfloat16", "float16", "int8")
+DTYPE_NAMES = ("auto", "float32", "bfloat16", "float16", "int8", "int8w", "int4w")
 QUANTIZED = ("int8",)  # names that are a quantisation of float32 weights, not a torch dtype
+WEIGHT_ONLY = ("int8w", "int4w")  # weight-only low-bit copies over the automatic dtype's weights
 
 
 @functools.cache
@@ -82,6 +86,8 @@ def resolve_dtype(name, device: str | torch.device | None = None
         return auto_dtype(device), None
     if name in QUANTIZED:
         return torch.float32, name
+    if name in WEIGHT_ONLY:
+        return auto_dtype("cpu"), name
     if name in ("float32", "bfloat16", "float16"):
         return getattr(torch, name), None
     raise ValueError(f"unknown dtype {name!r}; use one of {', '.join(DTYPE_NAMES)}")
@@ -95,7 +101,7 @@ def for_device(dtype, device: str | torch.device | None = None):
 
 
 def dtype_name(model: torch.nn.Module) -> str:
-    """"int8" for a model with dynamically quantised linear layers, else its parameters' dtype."""
+    """"int8" / "int8w" / "int4w" for a model with quantised linear layers, else its parameters' dtype."""
     if getattr(model, "asymagent_quantized", None):
         return str(model.asymagent_quantized)
     param = next(model.parameters(), None)

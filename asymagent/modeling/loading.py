@@ -239,8 +239,9 @@ def load_model(source: str | os.PathLike, *, gguf_file: str | None = None,
     directory (optionally with `gguf_file=` naming a GGUF inside it), or an HF hub id that is
     already in the local HF cache (we never download at run time).
     `dtype`: a torch dtype or a `--dtype` name ("auto" / None: bfloat16 on a CPU with bf16 matrix
-    units, float32 elsewhere; "int8": float32 weights, decoder linears quantised; see
-    asymagent/modeling/cpu_dtype.py).
+    units, float32 elsewhere; "int8": float32 weights, decoder linears quantised; "int8w" /
+    "int4w": the automatic dtype's weights plus weight-only low-bit copies of the decoder linears,
+    asymagent/modeling/weight_only.py; see asymagent/modeling/cpu_dtype.py).
     """
     dtype, quantize = resolve_dtype(dtype)
     loaded = _load_model(str(source), gguf_file, dtype)
@@ -248,6 +249,13 @@ def load_model(source: str | os.PathLike, *, gguf_file: str | None = None,
         from asymagent.modeling.quantize import quantize_int8
 
         quantize_int8(loaded.model)
+    elif quantize is not None:  # "int8w" / "int4w"
+        from asymagent.modeling.weight_only import quantize_weights
+
+        report = quantize_weights(loaded.model, quantize)
+        _log.info("%s: %d linears to %s in %.1f s (%.2f GB low-bit beside %.2f GB float)", source,
+                  report.layers, quantize, report.seconds, report.lowbit_bytes / 1e9,
+                  report.float_bytes / 1e9)
     return loaded
 
 

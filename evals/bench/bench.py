@@ -424,7 +424,7 @@ def main(args) -> int:
                 "compression": _compression_dict(setup.engine.compression),
                 "total_wall_s": None,
                 "dtype": str(resolve_dtype(args.dtype)[0]).removeprefix("torch.")
-                if args.dtype != "int8" else "int8", "compile": args.compile,
+                if resolve_dtype(args.dtype)[1] is None else args.dtype, "compile": args.compile,
                 "llama_cpp_note": llama_note,
                 "hf_peers_note": "stock generate; hf_generate carries its DynamicCache across steps "
                                  "(prefills only the new tokens), hf_prompt_lookup and hf_assisted "

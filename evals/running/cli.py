@@ -52,6 +52,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--drafter", default=None, help="drafter .safetensors (default: the shipped one)")
     p.add_argument("--compression", metavar="FILE", default=None,
                    help="CompressionConfig YAML/JSON for the verifier's view (default: tool_output 64/32)")
+    p.add_argument("--dtype", default="auto",
+                   help="weights dtype of verifier and drafter (asymagent/modeling/cpu_dtype.py names: auto, "
+                        "float32, bfloat16, int8, int8w, int4w, ...)")
     p.add_argument("--quiet", action="store_true")
     p.add_argument("--suites", default=None, help="eval fusion only: suites to measure (default all + domain:parcels)")
     p.add_argument("--variants", default="beta=1", help="eval fusion only: ';'-separated fusion variants")
@@ -91,8 +94,10 @@ def check_args(args) -> None:
     from asymagent.evals.suites.environments import SUITES
     from asymagent.evals.running.runner import parse_mode
     from asymagent.modeling.loading import check_drafter_source
+    from asymagent.modeling.cpu_dtype import resolve_dtype
     from asymagent.modeling.pairs import check_model_source
 
+    resolve_dtype(getattr(args, "dtype", "auto"))  # an unknown --dtype name, before any model loads
     if args.suite.endswith(".jsonl") or os.path.isdir(args.suite):
         if not (os.path.isfile(args.suite) or os.path.isdir(args.suite)):
             raise FileNotFoundError(f"trace file not found: {args.suite}")
@@ -245,7 +250,7 @@ def main(args) -> int:
         from asymagent.context.views import CompressionConfig
 
         compression = CompressionConfig.from_file(args.compression).model_dump(mode="json")
-    spec = EngineSpec(args.verifier, args.drafter, compression)
+    spec = EngineSpec(args.verifier, args.drafter, compression, dtype=args.dtype)
     result = evaluate(spec, args.suite, labels, seeds, max_steps=args.max_steps,
                       max_new_tokens=args.max_new_tokens, free=not args.no_free_running,
                       forced=not args.no_teacher_forced, ray=args.ray is not None, address=args.ray or None,

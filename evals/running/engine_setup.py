@@ -43,13 +43,14 @@ class EngineSpec:
     drafter: str | None = None
     compression: dict | None = None
     max_sessions: int = 8
+    dtype: str = "auto"  # a `--dtype` name (asymagent/modeling/cpu_dtype.py)
 
     def build(self) -> EngineSetup:
         from asymagent.context.views import CompressionConfig
 
         compression = None if self.compression is None else CompressionConfig.model_validate(self.compression)
         return build_engine(self.verifier, self.drafter, compression=compression,
-                            max_sessions=self.max_sessions)
+                            max_sessions=self.max_sessions, dtype=self.dtype)
 
 
 def build_engine(verifier: str = "default", drafter: str | None = None, *, spec=None,
