@@ -79,12 +79,23 @@ def test_available_cpus_reads_the_process_affinity(monkeypatch):
 
 def test_omp_policy_never_overrides_the_user():
     env = {}
-    assert ct.use_omp_policy(env) == {"OMP_WAIT_POLICY": "PASSIVE"}
+    assert ct.use_omp_policy(env, load=99.0) == {"OMP_WAIT_POLICY": "PASSIVE"}  # a busy machine
     assert env["OMP_WAIT_POLICY"] == "PASSIVE"
     env = {"OMP_WAIT_POLICY": "active"}
-    assert ct.use_omp_policy(env) == {} and env == {"OMP_WAIT_POLICY": "active"}
+    assert ct.use_omp_policy(env, load=99.0) == {} and env == {"OMP_WAIT_POLICY": "active"}
     env = {"GOMP_SPINCOUNT": "5000"}
-    assert ct.use_omp_policy(env) == {} and "OMP_WAIT_POLICY" not in env
+    assert ct.use_omp_policy(env, load=99.0) == {} and "OMP_WAIT_POLICY" not in env
+
+
+def test_omp_policy_passive_only_where_the_machine_is_busy(monkeypatch):
+    monkeypatch.setattr(ct, "available_cpus", lambda *a, **k: 2)
+    assert ct.busy_machine(load=2.0) and not ct.busy_machine(load=1.5)
+    env = {}
+    assert ct.use_omp_policy(env, load=0.3) == {} and env == {}  # quiet: libgomp's spin stays
+    assert ct.use_omp_policy({ct.POLICY_ENV: "passive"}, load=0.3) == {"OMP_WAIT_POLICY": "PASSIVE"}
+    assert ct.use_omp_policy({ct.POLICY_ENV: "spin"}, load=50.0) == {}
+    with pytest.raises(ValueError, match="auto, passive or spin"):
+        ct.use_omp_policy({ct.POLICY_ENV: "sometimes"})
     # what a started process (a Ray replica, a worker) gets: the effective policy and its threads
     assert ct.omp_env({}, threads=2) == {"OMP_WAIT_POLICY": "PASSIVE", "OMP_NUM_THREADS": "2"}
     assert ct.omp_env({"GOMP_SPINCOUNT": "5000", "OMP_NUM_THREADS": "4"}, threads=1) == {
@@ -109,6 +120,7 @@ def test_apply_threads_and_info():
 def test_cli_sets_the_wait_policy_before_torch(tmp_path):
     """`asymagent` sets OMP_WAIT_POLICY before torch loads, and --threads reaches torch."""
     env = {k: v for k, v in os.environ.items() if k not in ct.OMP_USER_KEYS}
+    env[ct.POLICY_ENV] = "passive"  # as on a busy machine ("auto" decides by the load average)
     probe = tmp_path / "probe_env.py"
     probe.write_text(
         "import os, sys\n"

@@ -166,11 +166,38 @@ def omp_env(environ=None, threads: int | None = None) -> dict:
     return out
 
 
-def use_omp_policy(environ=None) -> dict:
+POLICY_ENV = "ASYMAGENT_OMP_POLICY"  # "auto" (default), "passive" or "spin"
+
+
+def busy_machine(load: float | None = None, cpus: int | None = None) -> bool:
+    """Whether the machine is already busy: its 1-minute load average at least the CPUs this
+    process may use (other runnable work would take the cores our spinning workers wait for)."""
+    if load is None:
+        try:
+            load = os.getloadavg()[0]
+        except (OSError, AttributeError):  # no load average on this platform: not known busy
+            return False
+    return load >= (cpus if cpus is not None else available_cpus())
+
+
+def use_omp_policy(environ=None, load: float | None = None) -> dict:
     """Set the wait policy in `environ` (os.environ) where the user set none; returns what it set.
-    Takes effect only before torch is first imported (libgomp reads it then)."""
+    Takes effect only before torch is first imported (libgomp reads it then).
+
+    `ASYMAGENT_OMP_POLICY` (in `environ`): "passive" sets PASSIVE; "spin" sets nothing (libgomp's
+    spinning default); "auto" (the default) sets PASSIVE only on a machine already busy at start
+    (`busy_machine(load)`). Why not always: on a quiet machine PASSIVE costs every forward a
+    wake-up at each parallel region: the embedded default's bench ran 1.4x slower (full 9.1 s vs
+    6.2 s, asym 3.6 s vs 2.4 s over 6 steps, A B A B, Intel AMX, 2026-12-06, docs/cpu.md); on a
+    busy one spinning collapses (10x). A server started on a quiet machine that later gets
+    company should be started with ASYMAGENT_OMP_POLICY=passive."""
     env = os.environ if environ is None else environ
-    added = {} if user_set_omp(env) else dict(OMP_POLICY)
+    choice = (env.get(POLICY_ENV) or "auto").strip().lower()
+    if choice not in ("auto", "passive", "spin"):
+        raise ValueError(f"{POLICY_ENV} must be auto, passive or spin, got {choice!r}")
+    if user_set_omp(env) or choice == "spin" or (choice == "auto" and not busy_machine(load)):
+        return {}
+    added = dict(OMP_POLICY)
     env.update(added)
     return added
 

@@ -13,8 +13,10 @@ measured engine loads beside the competitors once they decode, warms up, then de
 workers on one machine have:
 - `old`: the defaults before issue 44 (no OpenMP variable set: libgomp spins ~3 ms at every
   barrier; torch's thread count, one per core of the machine);
-- `new`: the engine's policy (asymagent/modeling/cpu_threads.py: `use_omp_policy()` before
-  torch is imported, then `apply_threads()`), as `asymagent` applies it;
+- `new`: the engine's policy on a busy machine (asymagent/modeling/cpu_threads.py:
+  `use_omp_policy()` with ASYMAGENT_OMP_POLICY=passive before torch is imported, then
+  `apply_threads()`); "auto", the CLI's default, picks it where the load average is at least the
+  CPUs at start;
 - `env:K=V+K=V` (e.g. `env:GOMP_SPINCOUNT=10000`): the old code path under those variables.
 `--demo` measures `asymagent demo` (the embedded default's `make demo`) instead: its wall time
 quiet and beside competitors of the old policy (a heavy job of someone else's, spinning); `old`
@@ -60,6 +62,7 @@ def worker(role: str, seconds: float, max_new_tokens: int) -> int:
     if policy == "new":
         from asymagent.modeling.cpu_threads import apply_threads, use_omp_policy
 
+        os.environ.setdefault("ASYMAGENT_OMP_POLICY", "passive")  # what "auto" picks on a busy machine
         use_omp_policy()
         apply_threads()
     import torch
