@@ -15,6 +15,7 @@ bookkeeping) and hand-offs between request threads.
 
 from __future__ import annotations
 
+import os
 import sys
 import threading
 import time
@@ -113,6 +114,7 @@ def main(argv: list | None = None) -> int:
     report = {"mode": args.mode, "runs": []}
     for n in args.n:
         clock.seconds.clear(), clock.calls.clear(), clock.rows.clear()
+        load = os.getloadavg()[0]  # a shared machine: the load the run started under
         run = run_load(engine, n, scripts, args.mode, args.max_tokens)
         wall = run["wall_s"]
         timed = sum(clock.seconds.values())
@@ -125,7 +127,8 @@ def main(argv: list | None = None) -> int:
         for k, v in parts.items():
             print(f"  {k:42s} {v['s']:7.2f} s  {100 * v['share']:5.1f}%  "
                   f"{v.get('calls', '')!s:>6} calls  {v.get('rows', '')!s:>6} rows")
-        report["runs"].append({"n": n, "wall_s": wall, "tokens_per_s": run["tokens_per_s"],
+        report["runs"].append({"n": n, "load_average_1min": load, "wall_s": wall,
+                               "tokens_per_s": run["tokens_per_s"],
                                "latency_p50_s": run["latency_p50_s"], "parts": parts})
     return harness.finish(report, args.json, indent=1)
 
