@@ -540,6 +540,8 @@ class Engine:
         decoder.verifier_flops = prefill_flops
         if self.device.type == "cpu":
             decoder.max_drafts = CPU_MAX_DRAFTS
+        if self.scheduler.max_num_seqs > 1:  # continuous batching: the fair share of a forward
+            decoder.draft_share = self.scheduler.batcher.draft_share
 
         def escalate() -> None:  # finish on the full context (SpecConfig.escalate_jsd)
             full, tokens, flops = self._prefill_role(session, "verifier_full", full_view, n)

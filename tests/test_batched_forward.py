@@ -9,14 +9,14 @@ from asymagent.kv.batched_forward import MAX_ROWS, SeqCall, batchable, forward_m
 from asymagent.kv.growing_cache import for_model
 from asymagent.kv.lean_forward import attach, lean_of
 from asymagent.modeling.packed_linear import kernel_available, pack_linears
-from conftest import make_tiny_llama
+from conftest import make_tiny_llama, make_tiny_qwen2
 
 needs_packed = pytest.mark.skipif(kernel_available() is not None,
                                   reason=f"no packed bf16 linear kernel: {kernel_available()}")
 
 
-def _bf16_model(**shape):
-    model = make_tiny_llama(**shape).to(torch.bfloat16)
+def _bf16_model(make=make_tiny_llama, **shape):
+    model = make(**shape).to(torch.bfloat16)
     use_gqa_attention(model)
     assert pack_linears(model).packed > 0
     assert attach(model).fused
@@ -82,6 +82,34 @@ def test_up_to_max_rows_and_groups_of_three():
     model = _bf16_model(hidden=144, heads=9, kv_heads=3, layers=2)
     _compare(model, [40, 300, 1, 64, 90, 12, 7, 2],
              [[1] * 8, [4, 1, 6, 1, 2, 1, 1, 16], [2, 3, 1, 9, 1, 4, 1, 1], [1] * 8], seed=1)
+
+
+@needs_packed
+@torch.inference_mode()
+def test_qwen2_qkv_biases_score_as_each_alone():
+    """Qwen2 (the reference pair's family): random q/k/v biases added inside the fused kernel;
+    its forwards batch (model_batchable) and every row keeps its own forward's bits."""
+    from asymagent.kv.batched_forward import model_batchable
+
+    model = _bf16_model(make_tiny_qwen2, hidden=128, heads=4, kv_heads=2, layers=2)
+    assert lean_of(model).layers[0].qkv_bias is not None
+    assert model_batchable(lean_of(model))
+    _compare(model, [70, 5, 130, 33], [[1, 1, 1, 1], [4, 1, 7, 2], [1, 8, 1, 3], [2, 1, 6, 1]],
+             seed=3)
+
+
+@needs_packed
+@torch.inference_mode()
+def test_a_bias_outside_the_family_is_not_batchable():
+    """A Llama whose o projection carries a bias is not on the fused road's shape: alone."""
+    from asymagent.kv.batched_forward import model_batchable
+
+    model = _bf16_model(hidden=128, heads=4, kv_heads=2, layers=2)
+    lean = lean_of(model)
+    assert model_batchable(lean)
+    lay = lean.layers[0]
+    lay.o.bias = torch.nn.Parameter(torch.zeros(lay.o.out_features, dtype=torch.bfloat16))
+    assert not model_batchable(lean)
 
 
 @needs_packed

@@ -171,3 +171,68 @@ def test_eval_episodes_at_once_give_the_same_actions():
 
     assert run(3) == run(1)
     assert max(sizes) > 1  # the concurrent episodes' forwards were batched
+
+
+def test_draft_share_is_each_requests_part_of_one_forward():
+    """The cap on a round's drafts in company: a request alone has none; N requests decoding
+    under the batcher each get max_rows // N rows (drafts + the verify's own row)."""
+    import contextlib
+
+    from asymagent.scheduling.batcher import ForwardBatcher
+
+    batcher = ForwardBatcher(FairLock(), max_rows=32)
+    assert batcher.draft_share() is None
+    with contextlib.ExitStack() as stack:
+        stack.enter_context(batcher.decoding())
+        assert batcher.draft_share() is None  # alone: no cap
+        stack.enter_context(batcher.decoding())
+        assert batcher.draft_share() == 15
+        for _ in range(6):
+            stack.enter_context(batcher.decoding())
+        assert batcher.draft_share() == 3  # 8 requests x 4 rows = one 32-row forward
+    assert ForwardBatcher(FairLock(), max_rows=8).draft_share() is None
+
+
+@needs_packed
+def test_rounds_in_company_fit_one_forward_and_keep_the_tokens():
+    """Eight tuned requests (greedy, asym and spec: a position-invariant rule) at once: every
+    verify forward of the verifier stays within max_rows // 8 rows per sequence, so the round's
+    verifies fit one forward, and the tokens are those each request gets alone (long copies
+    capped to shorter rounds change no token)."""
+    models = _models()
+    g = torch.Generator().manual_seed(11)
+    requests = []
+    for i in range(8):
+        prompt = torch.randint(3, 256, (30 + 11 * i,), generator=g).tolist()
+        prompt = prompt + prompt[:24]  # repeats: copied drafts propose long continuations
+        requests.append(dict(prompt_ids=prompt, mode=("asym", "spec")[i % 2], max_new_tokens=24,
+                             compressed_prompt_ids=prompt[::2] + prompt[-3:] if i % 2 == 0 else None,
+                             cache_key=f"conv-{i}"))
+    alone_engine = _engine(models, 1)
+    alone = [_tokens(alone_engine, r) for r in requests]
+    engine = _engine(models, 8)
+    verifier_rows: list = []
+    from asymagent.scheduling import batcher as batcher_module
+
+    real = batcher_module.forward_many
+
+    def spy(calls):
+        if calls[0].lean.model is models[0]:
+            verifier_rows.extend(c.rows for c in calls)
+        return real(calls)
+
+    batcher_module.forward_many = spy
+    try:
+        barrier = threading.Barrier(8)
+
+        def run(req):
+            barrier.wait()
+            return _tokens(engine, req)
+
+        with ThreadPoolExecutor(8) as pool:
+            mixed = list(pool.map(run, requests))
+    finally:
+        batcher_module.forward_many = real
+    assert mixed == alone
+    assert verifier_rows, "no batched verifier forward"
+    assert max(verifier_rows) <= 32 // 2  # at least two decoding: each at most its share

@@ -139,6 +139,9 @@ def _step(decoder: Decoder, plan: RequestPlan, choice: DraftChoice, speculating:
     copy_k = min(spec.lookup_k, remaining - 1, left - 1)
     if decoder.max_drafts is not None:  # the rows a verify forward may have (round.py)
         k, copy_k = min(k, decoder.max_drafts), min(copy_k, decoder.max_drafts)
+    share = decoder.draft_share() if tune and decoder.draft_share is not None else None
+    if share is not None:  # in company: every request's verify fits one batched forward
+        k, copy_k = min(k, share), min(copy_k, share)
     budgets = {"suffix": copy_k, "lookup": copy_k}
     budgets = choice.budgets(k, budgets) if tune else {**budgets, "model": k}
     probe = tune and speculating and choice.want_probe()

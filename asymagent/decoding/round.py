@@ -103,6 +103,10 @@ class Decoder:
         self.logprobs = logprobs
         # most drafts a round may verify (None: no cap); the engine sets CPU_MAX_DRAFTS on the CPU
         self.max_drafts: int | None = None
+        # () -> most drafts a round may verify in company, or None (the continuous-batching
+        # batcher's fair share of a forward's rows, asymagent/scheduling/batcher.py); read only
+        # where K is tuned (a position-invariant rule: tokens do not depend on K)
+        self.draft_share = None
         # rounds as static-shape device calls on static caches (CUDA graphs), else None
         from asymagent.decoding.graph_round import graph_round_for
 

@@ -22,7 +22,9 @@ in a 1-row decode and a K+1-row verify):
 `tests/test_batched_forward.py` checks it bit for bit against each sequence's own forward.
 
 Scope: what `batchable` accepts, i.e. forwards the lean forward's direct road would run alone:
-a LeanForward with fused packed kernels (bf16 on the CPU), our grouped GQA attention, no biases,
+a LeanForward with fused packed kernels (bf16 on the CPU), our grouped GQA attention, biases only
+where the model's family has them (Llama none; Qwen2, the reference pair, q|k|v biases added
+inside the fused kernel, per column, as the lean forward adds them),
 each layer cache a GrowingLayer with room for the rows and aligned reads, at most MAX_ROWS rows in
 all. Anything else (float32, CUDA, a prefill chunk, a cache that must grow) runs as its own forward
 (`run_one`), as before: correct, not batched.
@@ -37,7 +39,7 @@ import torch.nn.functional as F
 
 from asymagent.kv.attention import gqa_sdpa_forward, grouped_rows_mask
 from asymagent.kv.growing_cache import GrowingLayer
-from asymagent.kv.lean_forward import LeanForward, lean_of, rms_norm, rope
+from asymagent.kv.lean_forward import FAMILIES, LeanForward, lean_of, rms_norm, rope
 from asymagent.modeling import packed_linear
 from asymagent.modeling.packed_linear import PackedLinear
 
@@ -69,7 +71,9 @@ def _attention_interface(lean: LeanForward):
 
 def model_batchable(lean: LeanForward) -> bool:
     """The model runs on the fused packed road: bf16 CPU, packing on, our grouped attention,
-    packed o/down (every layer), no biases."""
+    packed o/down (every layer), biases only where its family has them (the lean forward's
+    `Family` adapter: Qwen2's q|k|v bias, added inside the fused kernel as its own forward adds
+    it; o and the MLP never carry one)."""
     if not (lean.fused and packed_linear.enabled() and not torch.is_grad_enabled()):
         return False
     if _attention_interface(lean) is not gqa_sdpa_forward:
@@ -77,8 +81,17 @@ def model_batchable(lean: LeanForward) -> bool:
     w = lean.body.embed_tokens.weight
     if w.dtype != torch.bfloat16 or w.device.type != "cpu":
         return False
-    return all(type(m) is PackedLinear and m.bias is None
-               for lay in lean.layers for m in (lay.q, lay.k, lay.v, lay.o, lay.gate, lay.up, lay.down))
+    family = FAMILIES.get(getattr(lean.config, "model_type", None))
+    qkv_bias = family is not None and family.qkv_bias
+    for lay in lean.layers:
+        if not all(type(m) is PackedLinear for m in (lay.q, lay.k, lay.v, lay.o, lay.gate, lay.up, lay.down)):
+            return False
+        if any(m.bias is not None for m in (lay.o, lay.gate, lay.up, lay.down)):
+            return False
+        biased = [m.bias is not None for m in (lay.q, lay.k, lay.v)]
+        if any(biased) and not (qkv_bias and all(biased)):
+            return False
+    return True
 
 
 def batchable(call: SeqCall, model_ok: bool | None = None) -> bool:
@@ -181,7 +194,7 @@ def _layer(lean: LeanForward, lay, i: int, x: torch.Tensor, seqs: list, cos: tor
     rows, hq, hkv, d = x.shape[1], lean.heads, lean.kv_heads, lean.head_dim
     lay.current()
     h = rms_norm(x, lay.norm1.weight, lay.norm1.variance_epsilon)  # [1, R, H]
-    qkv = packed_linear.packed_rows_forward(h, lay.qkv_packed)  # [1, R, (Hq+2Hkv)*D]
+    qkv = packed_linear.packed_rows_forward(h, lay.qkv_packed, lay.qkv_bias)  # [1, R, (Hq+2Hkv)*D]
     qkv = qkv.view(1, rows, hq + 2 * hkv, d).transpose(1, 2)  # [1, Hq+2Hkv, R, D]
     qk = rope(qkv[:, : hq + hkv], cos, sin_signed)  # [1, Hq+Hkv, R, D]
     sizes = [s.hi - s.lo for s in seqs]

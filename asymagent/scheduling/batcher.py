@@ -94,6 +94,18 @@ class ForwardBatcher:
         # called with (sequences, rows) after every forward a round runs (metrics)
         self.observers: list[Callable[[int, int], None]] = []
 
+    def draft_share(self) -> int | None:
+        """Most drafts one request's round should verify while several requests decode under
+        this batcher: its fair share of one batched forward's rows (`max_rows` // requests
+        decoding, less the row every verify has), so that every request's verify fits ONE
+        forward instead of spilling into a second; None for a request alone (no cap). Read by
+        the decode loop only where K is tuned anyway (a position-invariant rule: the tokens do
+        not depend on K, asymagent/decoding/loop.py)."""
+        active = self._active
+        if active <= 1:
+            return None
+        return max(self.max_rows // active - 1, 0)
+
     @contextlib.contextmanager
     def decoding(self):
         """The calling thread's request decodes under this batcher for the block (admitted)."""
