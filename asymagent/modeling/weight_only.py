@@ -53,6 +53,7 @@ import torch
 import torch.nn.functional as F
 
 from asymagent.modeling.packed_linear import unpack_linears
+from asymagent.modeling.probe_cache import cached_probe
 from asymagent.modeling.row_floor import floors_off, pad_rows, rows_agree
 
 KINDS = ("int8w", "int4w")
@@ -144,6 +145,14 @@ def row_floor(kind: str, dtype: torch.dtype, shape: tuple, threads: int | None =
 
 @functools.cache
 def _row_floor(kind: str, dtype: torch.dtype, shape: tuple, threads: int) -> int | None:
+    """Probed once per machine, torch and key (asymagent/modeling/probe_cache.py keeps the answer;
+    0 there: no candidate holds)."""
+    floor = cached_probe(f"weight_only_floor:{kind}", (dtype, shape, threads),
+                         lambda: _probe_row_floor(kind, dtype, shape) or 0)
+    return floor or None
+
+
+def _probe_row_floor(kind: str, dtype: torch.dtype, shape: tuple) -> int | None:
     g = torch.Generator().manual_seed(0)
     n_out, n_in = shape
     layer = LowBitWeight.make(kind, torch.randn(n_out, n_in, generator=g) / n_in ** 0.5, dtype)
