@@ -47,7 +47,7 @@ import threading
 import torch
 
 from asymagent.modeling.probe_cache import cached_probe
-from asymagent.modeling.row_floor import floors_off, pad_rows, rows_agree
+from asymagent.modeling.row_floor import floors_off, pad_rows, smallest_floor
 
 ATTN_NAME = "asymagent_sdpa"
 # decode and verify forwards of at most this many tokens (bf16 on the CPU) run with each
@@ -100,15 +100,14 @@ def _probe_attention_floor(dtype: torch.dtype) -> int:
     g = torch.Generator().manual_seed(0)
     draws = [_causal_draw(g, keys, 32, dtype) for keys in (704, 2560)]
 
-    def call(q, k, v, mask, floor, rows, lo):  # rows lo.. of q padded to the floor -> [1, Hq, rows, D]
+    def call(draw, floor, rows, lo):  # rows lo.. of q padded to the floor -> [1, Hq, rows, D]
+        q, k, v, mask = draw
         out = sdpa(pad_rows(q[:, :, lo:lo + rows], floor, 2), k, v,
                    attn_mask=pad_rows(mask[:, :, lo:lo + rows], floor, 2), scale=0.125, enable_gqa=True)
         return out[:, :, :rows]
 
-    for floor in ATTENTION_CANDIDATES:
-        if all(rows_agree(lambda rows, lo, d=d: call(*d, floor, rows, lo), dim=2) for d in draws):
-            return floor
-    return ATTENTION_CANDIDATES[-1]
+    floor = smallest_floor(ATTENTION_CANDIDATES, draws, call, dim=2)
+    return ATTENTION_CANDIDATES[-1] if floor is None else floor
 
 
 def gqa_sdpa_forward(module: torch.nn.Module, query: torch.Tensor, key: torch.Tensor,

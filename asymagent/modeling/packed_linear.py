@@ -43,7 +43,7 @@ import torch
 import torch.nn.functional as F
 
 from asymagent.modeling.probe_cache import cached_probe
-from asymagent.modeling.row_floor import floors_off, pad_rows, rows_agree
+from asymagent.modeling.row_floor import floors_off, linear_rows_floor, pad_rows
 
 MAX_PACKED_ROWS = 32  # forwards of up to this many rows use the packed weight (forced tokens + K+1)
 CHECK_ROWS = (1, 3, 16, 32)  # row counts compared bit for bit with F.linear at pack time
@@ -163,12 +163,8 @@ def _probe_linear_floor(dtype: torch.dtype, shape: tuple, packed: bool) -> int:
     def linear(x: torch.Tensor) -> torch.Tensor:  # [rows, in] -> [rows, out]
         return packed_forward(x, kernel) if packed else F.linear(x, kernel)
 
-    with torch.inference_mode():
-        for floor in LINEAR_CANDIDATES:
-            if all(rows_agree(lambda rows, lo, x=x: linear(pad_rows(x[lo:lo + rows], floor, 0))[:rows],
-                              dim=0) for x in inputs):
-                return floor
-    return LINEAR_CANDIDATES[-1]
+    floor = linear_rows_floor(LINEAR_CANDIDATES, inputs, linear)
+    return LINEAR_CANDIDATES[-1] if floor is None else floor
 
 
 class PackedLinear(torch.nn.Linear):

@@ -18,7 +18,8 @@ for a 4-token one (docs/results.md, "The same on a second CPU").
 
 `attention_floor(dtype)` (asymagent/kv/attention.py) and `linear_floor(dtype, shape)`
 (asymagent/modeling/packed_linear.py, per layer shape) probe this machine once per (dtype, thread
-count) with random data, with the helpers here: for each candidate floor (attention 2, 4, 8;
+count) with random data, with the helpers here (`smallest_floor`, `linear_rows_floor`; the
+weight-only low-bit layers' `row_floor` in asymagent/modeling/weight_only.py too): for each candidate floor (attention 2, 4, 8;
 linear 1, 2, 4), every row of calls of 1..32 rows, each padded to the floor, must equal the same
 row computed alone (padded to the floor). The smallest candidate that holds is the floor; if none
 holds, the largest candidate (the closest this machine gets). The end result is checked on the model itself
@@ -67,3 +68,23 @@ def rows_agree(call, dim: int) -> bool:
             if not torch.equal(out.select(dim, i), alone[r]):
                 return False
     return True
+
+
+def smallest_floor(candidates, draws, call, dim: int) -> int | None:
+    """The first of `candidates` for which `rows_agree` holds on every draw, or None.
+
+    call(draw, floor, rows, lo) computes rows lo..lo+rows-1 of `draw` padded to `floor`; `dim` is
+    the row dimension of its result."""
+    for floor in candidates:
+        if all(rows_agree(lambda rows, lo, d=d: call(d, floor, rows, lo), dim) for d in draws):
+            return floor
+    return None
+
+
+def linear_rows_floor(candidates, inputs, linear) -> int | None:
+    """`smallest_floor` of a row-wise layer: linear(x [rows, in]) -> [rows, out] on inputs [32, in]."""
+    def call(x, floor, rows, lo):  # [rows, out]
+        return linear(pad_rows(x[lo:lo + rows], floor, 0))[:rows]
+
+    with torch.inference_mode():
+        return smallest_floor(candidates, inputs, call, dim=0)
