@@ -243,10 +243,11 @@ def load_model(source: str | os.PathLike, *, gguf_file: str | None = None,
     elif quantize is not None:  # "int8w" / "int4w"
         from asymagent.modeling.weight_only import quantize_weights
 
-        report = quantize_weights(loaded.model, quantize)
-        _log.info("%s: %d linears to %s in %.1f s (%.2f GB low-bit beside %.2f GB float)", source,
-                  report.layers, quantize, report.seconds, report.lowbit_bytes / 1e9,
-                  report.float_bytes / 1e9)
+        gguf = loaded.source if loaded.source.endswith(".gguf") else None
+        report = quantize_weights(loaded.model, quantize, gguf=gguf)
+        _log.info("%s: %d linears to %s in %.1f s (%.2f GB low-bit beside %.2f GB float; from %s)",
+                  source, report.layers, quantize, report.seconds, report.lowbit_bytes / 1e9,
+                  report.float_bytes / 1e9, report.sources)
     return loaded
 
 

@@ -52,9 +52,10 @@ from dataclasses import dataclass, field
 import torch
 import torch.nn.functional as F
 
+from asymagent.modeling.gguf_blocks import ABOVE_4_BITS, Q4K_GROUP, GgufBlocks, Q4KGrid
 from asymagent.modeling.packed_linear import unpack_linears
 from asymagent.modeling.probe_cache import cached_probe
-from asymagent.modeling.row_floor import floors_off, pad_rows, rows_agree
+from asymagent.modeling.row_floor import floors_off, linear_rows_floor, pad_rows
 
 KINDS = ("int8w", "int4w")
 INT4_GROUP = 32  # inputs per int4 scale/zero: Q4_K's sub-block (module doc)
@@ -124,6 +125,14 @@ class LowBitWeight:
         sz = torch.stack([scale, lo + 8.0 * scale], dim=-1)  # [N, G, 2]
         return cls(kind, packed, sz.transpose(0, 1).contiguous().to(dtype), group, dtype)
 
+    @classmethod
+    def from_grid(cls, grid: Q4KGrid, dtype: torch.dtype) -> "LowBitWeight":
+        """int4w from a GGUF's Q4_K grid (w = scale * q + lo per 32 inputs; gguf_blocks.py): the
+        file's own 4-bit values and scales, not a second rounding of their float form."""
+        packed = torch.ops.aten._convert_weight_to_int4pack_for_cpu(grid.q, 1)  # [N, K / 2] uint8
+        sz = torch.stack([grid.scale, grid.lo + 8.0 * grid.scale], dim=-1)  # [N, G, 2]: (q - 8) s + z
+        return cls("int4w", packed, sz.transpose(0, 1).contiguous().to(dtype), Q4K_GROUP, dtype)
+
     def matmul(self, x: torch.Tensor) -> torch.Tensor:
         """x [M, K] (self.dtype) -> [M, N] through the low-bit kernel."""
         if self.kind == "int8w":
@@ -157,12 +166,7 @@ def _probe_row_floor(kind: str, dtype: torch.dtype, shape: tuple) -> int | None:
     n_out, n_in = shape
     layer = LowBitWeight.make(kind, torch.randn(n_out, n_in, generator=g) / n_in ** 0.5, dtype)
     inputs = [torch.randn(32, n_in, generator=g).to(dtype) for _ in range(2)]  # [32, in]
-    with torch.inference_mode():
-        for floor in FLOOR_CANDIDATES:
-            if all(rows_agree(lambda rows, lo, x=x: layer.matmul(pad_rows(x[lo:lo + rows], floor, 0))[:rows],
-                              dim=0) for x in inputs):
-                return floor
-    return None
+    return linear_rows_floor(FLOOR_CANDIDATES, inputs, layer.matmul)
 
 
 class WeightOnlyLinear(torch.nn.Linear):
@@ -197,6 +201,9 @@ class WeightOnlyReport:
     float_bytes: int = 0  # the float weights of those layers (kept for prefill)
     floors: dict = field(default_factory=dict)  # "NxK" -> row floor
     seconds: float = 0.0
+    # where each layer's low-bit values came from: "min/max" (rounded from the float weight),
+    # "Q4_K" (the GGUF's own grid), "int8: Q6_K" ... (kept above 4 bits by the file): counts
+    sources: dict = field(default_factory=dict)
 
 
 def _targets(model: torch.nn.Module) -> list:
@@ -210,12 +217,14 @@ def _targets(model: torch.nn.Module) -> list:
 
 @torch.inference_mode()
 def quantize_weights(model: torch.nn.Module, kind: str, max_rows: int = MAX_ROWS,
-                     store: dict | None = None) -> WeightOnlyReport:
+                     store: dict | None = None, gguf: str | None = None) -> WeightOnlyReport:
     """Give `model`'s decoder-layer projections a `kind` low-bit copy of their weight, in place
     (module doc); marks the model `asymagent_quantized = kind`. Raises WeightOnlyUnavailable when
     this torch lacks the op or a layer's rows would not score alike alone and among others.
-    `store`: {(layer name, kind): low-bit copy} kept across calls, so a probe switching kinds on
-    one model (`dequantize_weights` between) quantises each layer once."""
+    `store`: {(layer name, kind, gguf): low-bit copy} kept across calls, so a probe switching kinds
+    on one model (`dequantize_weights` between) quantises each layer once.
+    `gguf`: the GGUF file the model was loaded from; int4w then takes its Q4_K layers' own grid and
+    gives int8 to the layers the file keeps above 4 bits (asymagent/modeling/gguf_blocks.py)."""
     why = op_missing(kind)
     if why is not None:
         raise WeightOnlyUnavailable(f"--dtype {kind} needs torch's CPU weight-only op, which is "
@@ -228,19 +237,22 @@ def quantize_weights(model: torch.nn.Module, kind: str, max_rows: int = MAX_ROWS
     report = WeightOnlyReport(kind)
     unpack_linears(model)  # an engine's packed copies (re-made by the next pack_linears)
     store = {} if store is None else store
+    blocks = GgufBlocks(gguf) if gguf is not None and kind == "int4w" else None
     for name, module in _targets(model):
         w = module.weight
+        key = (name, kind, gguf if blocks is not None else None)
+        if key not in store or store[key].dtype != w.dtype:
+            store[key] = _lowbit_of(kind, w, blocks, report)
+        lowbit = store[key]
         shape = tuple(w.shape)
-        floor = row_floor(kind, w.dtype, shape)
+        floor = row_floor(lowbit.kind, w.dtype, shape)
         if floor is None:
             raise WeightOnlyUnavailable(
-                f"--dtype {kind}: on this CPU the {kind} kernel gives a row of a {shape[0]}x{shape[1]} "
+                f"--dtype {kind}: on this CPU the {lowbit.kind} kernel gives a row of a {shape[0]}x{shape[1]} "
                 f"layer other bits alone than among other rows (even padded to "
                 f"{FLOOR_CANDIDATES[-1]} rows), so spec could differ from full; use bfloat16/float32")
         module.__class__ = WeightOnlyLinear
-        if (name, kind) not in store or store[name, kind].dtype != w.dtype:
-            store[name, kind] = LowBitWeight.make(kind, w, w.dtype)
-        module.lowbit = store[name, kind]
+        module.lowbit = lowbit
         module.floor, module.max_rows = floor, max_rows
         report.layers += 1
         report.lowbit_bytes += module.lowbit.nbytes()
@@ -249,6 +261,21 @@ def quantize_weights(model: torch.nn.Module, kind: str, max_rows: int = MAX_ROWS
     report.seconds = time.perf_counter() - start
     model.asymagent_quantized = kind
     return report
+
+
+def _lowbit_of(kind: str, w: torch.Tensor, blocks: GgufBlocks | None, report: WeightOnlyReport) -> LowBitWeight:
+    """One layer's low-bit copy: from the GGUF's Q4_K grid where it holds, int8 where the file
+    keeps the layer above 4 bits, else rounded from the float weight (min/max); counted in
+    `report.sources`."""
+    found = blocks.find(w) if blocks is not None else None
+    if found is not None and found.grid is not None:
+        source, lowbit = "Q4_K", LowBitWeight.from_grid(found.grid, w.dtype)
+    elif found is not None and found.type_name in ABOVE_4_BITS:
+        source, lowbit = f"int8: {found.type_name}", LowBitWeight.make("int8w", w, w.dtype)
+    else:
+        source, lowbit = "min/max", LowBitWeight.make(kind, w, w.dtype)
+    report.sources[source] = report.sources.get(source, 0) + 1
+    return lowbit
 
 
 def dequantize_weights(model: torch.nn.Module) -> int:

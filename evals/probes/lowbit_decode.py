@@ -6,7 +6,8 @@
 One process, one model in the automatic dtype (bf16 on a CPU with a bf16 unit), switched between
 kinds in place, interleaved A B C A B C over `--rounds`: "bfloat16" is what the engine runs by
 default (oneDNN-packed linears, the lean forward fused, asymagent/modeling/packed_linear.py),
-"int8w" / "int4w" the weight-only low-bit copies (asymagent/modeling/weight_only.py; each layer
+"int8w" / "int4w" the weight-only low-bit copies (asymagent/modeling/weight_only.py; a GGUF's
+int4w takes the file's Q4_K grid, "int4w:minmax" rounds the float weights instead; each layer
 quantised at each switch, or once with `--keep-lowbit`), the lean forward re-attached after every switch (its own bit-identity
 check). The text: a suite conversation (`--suite`, `--seed`; the oracle episode rendered with the
 model's chat template) of at least `--context + --positions` tokens.
@@ -51,8 +52,10 @@ def _conversation_ids(tokenizer, suite: str, seed: int, need: int) -> list:
     return ids[:need]
 
 
-def _switch(model, kind: str, store: dict) -> dict:
-    """Put `model` in `kind` (module doc); returns what was done."""
+def _switch(model, kind: str, store: dict, source: str) -> dict:
+    """Put `model` in `kind` (module doc); returns what was done. "int4w" of a GGUF source takes
+    the file's Q4_K grid (asymagent/modeling/gguf_blocks.py); "int4w:minmax" rounds the float
+    weights as for any other source."""
     from asymagent.kv import lean_forward
     from asymagent.modeling.packed_linear import pack_linears, unpack_linears
     from asymagent.modeling.weight_only import dequantize_weights, quantize_weights
@@ -65,9 +68,10 @@ def _switch(model, kind: str, store: dict) -> dict:
     if kind in ("bfloat16", "float32"):
         info["packed"] = pack_linears(model).packed
     else:
-        report = quantize_weights(model, kind, store=store)
+        gguf = source if source.endswith(".gguf") and not kind.endswith(":minmax") else None
+        report = quantize_weights(model, kind.removesuffix(":minmax"), store=store, gguf=gguf)
         info.update(lowbit_gb=report.lowbit_bytes / 1e9, float_gb=report.float_bytes / 1e9,
-                    floors=report.floors)
+                    floors=report.floors, sources=report.sources)
     info["switch_s"] = time.perf_counter() - start
     lean = lean_forward.attach(model)
     info["lean_forward"] = ("fused" if lean.fused else "on") if lean.attached else f"off: {lean.why}"
@@ -180,7 +184,9 @@ def main(argv=None) -> int:
     p = parser(__doc__, "lowbit_decode")
     p.add_argument("--pair", default=None, help="a named pair: its verifier (asymagent/modeling/pairs.py)")
     p.add_argument("--verifier", default="default", help="a model source when --pair is not given")
-    p.add_argument("--kinds", default="bfloat16,int8w,int4w")
+    p.add_argument("--kinds", default="bfloat16,int8w,int4w",
+                   help='comma list of bfloat16/float32, int8w, int4w, "int4w:minmax" (int4w rounded from '
+                        "the float weights even when the source is a GGUF)")
     p.add_argument("--rounds", type=int, default=2)
     p.add_argument("--context", type=int, default=512, help="tokens prefilled before decoding")
     p.add_argument("--decode", type=int, default=16, help="one-token forwards timed per round")
@@ -211,7 +217,7 @@ def main(argv=None) -> int:
     info, tokens, fidelity, ref = {}, {}, {}, None
     for r in range(args.rounds):
         for kind in kinds:
-            info[kind] = _switch(model, kind, store if args.keep_lowbit else {})
+            info[kind] = _switch(model, kind, store if args.keep_lowbit else {}, source)
             t, toks = _decode_ms(model, ids, args.context, args.decode)
             times[kind] += t
             rounds[kind].append(statistics.median(t))
