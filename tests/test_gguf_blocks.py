@@ -75,7 +75,7 @@ def test_the_q4k_layer_takes_the_files_grid_exactly(gguf_file):
     path, weights = gguf_file
     model = _model(weights, torch.float32)
     report = quantize_weights(model, "int4w", gguf=str(path))
-    assert report.sources == {"Q4_K": 1, "int8: Q6_K": 1, "min/max": 5}
+    assert report.sources == {"Q4_K": 1, "int8: Q6_K": 1, "min/max": 5, "int8: head": 1}
     gate = model.model.layers[0].mlp.gate_proj
     want = weights["blk.0.ffn_gate.weight"]  # [512, 256]
     got = _weights_of(gate.lowbit, 256)
@@ -115,4 +115,4 @@ def test_a_weight_not_from_the_file_is_not_found(gguf_file):
 def test_without_the_file_int4w_rounds_every_layer(gguf_file):
     _, weights = gguf_file
     report = quantize_weights(_model(weights, torch.float32), "int4w")
-    assert report.sources == {"min/max": 7}
+    assert report.sources == {"min/max": 7, "int8: head": 1}

@@ -57,14 +57,16 @@ def test_dtype_names():
 
 @KIND_PARAMS
 @FAMILY_PARAMS
-def test_quantize_swaps_decoder_linears_only(kind, family):
+def test_quantize_swaps_decoder_linears_and_the_head_only(kind, family):
     model = _model(family)
     ref = _model(family)
     report = quantize_weights(model, kind)
-    assert report.layers == lowbit_count(model) == 7 * 2  # q k v o gate up down, 2 layers
+    assert report.layers == lowbit_count(model) == 7 * 2 + 1  # q k v o gate up down, 2 layers; the head
+    assert report.sources == {"min/max": 14, "int8: head": 1}
     assert report.lowbit_bytes < report.float_bytes  # int8: half of bf16, a quarter of float32
     assert set(report.floors.values()) <= set(weight_only.FLOOR_CANDIDATES)
-    assert type(model.lm_head) is torch.nn.Linear and dtype_name(model) == kind
+    assert type(model.lm_head) is WeightOnlyLinear and model.lm_head.lowbit.kind == "int8w"
+    assert type(model.model.embed_tokens) is torch.nn.Embedding and dtype_name(model) == kind
     assert torch.equal(model.model.layers[0].mlp.up_proj.weight, ref.model.layers[0].mlp.up_proj.weight)
     ids = torch.tensor(random_prompts(4, length=12, seed=2))  # [4, 12]
     with torch.inference_mode():
@@ -161,7 +163,7 @@ def test_load_model_takes_the_dtype_name(tmp_path, kind):
     model.save_pretrained(tmp_path)
     tok.save_pretrained(tmp_path)
     loaded = load_model(tmp_path, dtype=kind)
-    assert lowbit_count(loaded.model) == 14 and dtype_name(loaded.model) == kind
+    assert lowbit_count(loaded.model) == 14 + 1 and dtype_name(loaded.model) == kind  # 2 layers x 7, the head
     assert next(loaded.model.parameters()).dtype == auto_dtype("cpu")
 
 

@@ -37,7 +37,10 @@ AMX machine both kernels need no padding (floor 1) in bf16 and float32. If no ca
 from full.
 
 `quantize_weights(model, kind)` swaps the decoder layers' `nn.Linear` modules (q, k, v, o, gate,
-up, down) for `WeightOnlyLinear` in place; embeddings, norms and the LM head stay as they are.
+up, down) for `WeightOnlyLinear` in place, and the output head too, in int8 for both kinds (the
+head decides the argmax, and the 1.5B's file keeps it in Q6_K; its bf16 read was ~24 ms of a
+~120 ms int4w token, int8 ~16 ms). Embeddings and norms stay as they are (a tied head keeps its
+float `weight`, so the embedding still reads it).
 `pack_linears` leaves these layers alone (it packs plain `nn.Linear` only) and the lean forward
 (asymagent/kv/lean_forward.py) runs them through its unfused loop, attached only when its logits
 still equal transformers' bit for bit.
@@ -63,6 +66,7 @@ INT4_GROUPS = (32, 64, 128, 256)  # what the CPU int4 kernel takes; a smaller K 
 MAX_ROWS = 32  # forwards of up to this many rows take the low-bit kernel (as PackedLinear's)
 FLOOR_CANDIDATES = (1, 2, 4)  # row floors the probe tries, smallest first
 LINEAR_NAMES = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
+HEAD = "lm_head"  # the output head: int8 in both kinds (module doc)
 
 
 class WeightOnlyUnavailable(RuntimeError):
@@ -207,12 +211,17 @@ class WeightOnlyReport:
 
 
 def _targets(model: torch.nn.Module) -> list:
-    """(qualified name, nn.Linear) of every decoder-layer projection of `model`."""
+    """(qualified name, nn.Linear) of every decoder-layer projection of `model`, then its output
+    head (HEAD) when that is a bias-free linear."""
     layers = getattr(getattr(model, "model", None), "layers", None)
     if layers is None:
         raise ValueError(f"{type(model).__name__} has no model.layers to quantise")
-    return [(f"{i}.{name}", child) for i, layer in enumerate(layers) for name, child in layer.named_modules()
-            if name.rsplit(".", 1)[-1] in LINEAR_NAMES and type(child) in (torch.nn.Linear, WeightOnlyLinear)]
+    found = [(f"{i}.{name}", child) for i, layer in enumerate(layers) for name, child in layer.named_modules()
+             if name.rsplit(".", 1)[-1] in LINEAR_NAMES and type(child) in (torch.nn.Linear, WeightOnlyLinear)]
+    head = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None
+    if type(head) in (torch.nn.Linear, WeightOnlyLinear) and head.bias is None:
+        found.append((HEAD, head))
+    return found
 
 
 @torch.inference_mode()
@@ -221,7 +230,7 @@ def quantize_weights(model: torch.nn.Module, kind: str, max_rows: int = MAX_ROWS
     """Give `model`'s decoder-layer projections a `kind` low-bit copy of their weight, in place
     (module doc); marks the model `asymagent_quantized = kind`. Raises WeightOnlyUnavailable when
     this torch lacks the op or a layer's rows would not score alike alone and among others.
-    `store`: {(layer name, kind, gguf): low-bit copy} kept across calls, so a probe switching kinds
+    `store`: {(layer name, kind, gguf): (low-bit copy, source)} kept across calls, so a probe switching kinds
     on one model (`dequantize_weights` between) quantises each layer once.
     `gguf`: the GGUF file the model was loaded from; int4w then takes its Q4_K layers' own grid and
     gives int8 to the layers the file keeps above 4 bits (asymagent/modeling/gguf_blocks.py)."""
@@ -241,9 +250,11 @@ def quantize_weights(model: torch.nn.Module, kind: str, max_rows: int = MAX_ROWS
     for name, module in _targets(model):
         w = module.weight
         key = (name, kind, gguf if blocks is not None else None)
-        if key not in store or store[key].dtype != w.dtype:
-            store[key] = _lowbit_of(kind, w, blocks, report)
-        lowbit = store[key]
+        if key not in store or store[key][0].dtype != w.dtype:
+            store[key] = _lowbit_of(kind, w, blocks) if name != HEAD else (
+                LowBitWeight.make("int8w", w, w.dtype), "int8: head")
+        lowbit, source = store[key]
+        report.sources[source] = report.sources.get(source, 0) + 1
         shape = tuple(w.shape)
         floor = row_floor(lowbit.kind, w.dtype, shape)
         if floor is None:
@@ -263,19 +274,16 @@ def quantize_weights(model: torch.nn.Module, kind: str, max_rows: int = MAX_ROWS
     return report
 
 
-def _lowbit_of(kind: str, w: torch.Tensor, blocks: GgufBlocks | None, report: WeightOnlyReport) -> LowBitWeight:
-    """One layer's low-bit copy: from the GGUF's Q4_K grid where it holds, int8 where the file
-    keeps the layer above 4 bits, else rounded from the float weight (min/max); counted in
-    `report.sources`."""
+def _lowbit_of(kind: str, w: torch.Tensor, blocks: GgufBlocks | None) -> tuple:
+    """(low-bit copy, where it came from) of one decoder layer: the GGUF's Q4_K grid where it
+    holds, int8 where the file keeps the layer above 4 bits, else rounded from the float weight
+    (min/max)."""
     found = blocks.find(w) if blocks is not None else None
     if found is not None and found.grid is not None:
-        source, lowbit = "Q4_K", LowBitWeight.from_grid(found.grid, w.dtype)
-    elif found is not None and found.type_name in ABOVE_4_BITS:
-        source, lowbit = f"int8: {found.type_name}", LowBitWeight.make("int8w", w, w.dtype)
-    else:
-        source, lowbit = "min/max", LowBitWeight.make(kind, w, w.dtype)
-    report.sources[source] = report.sources.get(source, 0) + 1
-    return lowbit
+        return LowBitWeight.from_grid(found.grid, w.dtype), "Q4_K"
+    if found is not None and found.type_name in ABOVE_4_BITS:
+        return LowBitWeight.make("int8w", w, w.dtype), f"int8: {found.type_name}"
+    return LowBitWeight.make(kind, w, w.dtype), "min/max"
 
 
 def dequantize_weights(model: torch.nn.Module) -> int:
