@@ -58,9 +58,32 @@ def with_template(tokenizer, template: str):
     return tok
 
 
-@pytest.fixture(scope="module")
-def qwen_tok(smollm_tokenizer):
-    return with_template(smollm_tokenizer, QWEN25_TEMPLATE)
+# Qwen2's pre-tokenizer split: punctuation takes the newlines after it (`>\n` is one piece).
+QWEN2_SPLIT = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*"
+               r"|\s*[\r\n]+|\s+(?!\S)|\s+")
+
+
+def qwen_like(tokenizer):
+    """SmolLM2's vocabulary with Qwen2's pre-tokenizer and a `>\n` token, as Qwen2.5's vocabulary has
+    (there `</tool_response>` is no added token, so the `>` that ends one result and the newline
+    that starts the next read as ONE token when the text is tokenised whole)."""
+    from tokenizers import Tokenizer
+    from transformers import PreTrainedTokenizerFast
+
+    d = json.loads(tokenizer.backend_tokenizer.to_str())
+    d["pre_tokenizer"] = {"type": "Sequence", "pretokenizers": [
+        {"type": "Split", "pattern": {"Regex": QWEN2_SPLIT}, "behavior": "Isolated", "invert": False},
+        {"type": "ByteLevel", "add_prefix_space": False, "trim_offsets": True, "use_regex": False}]}
+    model = d["model"]
+    model["vocab"][">\u010a"] = 1 + max([*model["vocab"].values(), *(t["id"] for t in d["added_tokens"])])
+    model["merges"].insert(0, [">", "\u010a"])
+    return PreTrainedTokenizerFast(tokenizer_object=Tokenizer.from_str(json.dumps(d)))
+
+
+@pytest.fixture(scope="module", params=["smollm", "qwen-like"])
+def qwen_tok(smollm_tokenizer, request):
+    tok = smollm_tokenizer if request.param == "smollm" else qwen_like(smollm_tokenizer)
+    return with_template(tok, QWEN25_TEMPLATE)
 
 
 @pytest.fixture(scope="module")
@@ -76,16 +99,20 @@ def tail_len(segments: list) -> int:
     return n
 
 
-def test_qwen_template_merges_a_run_of_tool_messages(qwen, smollm_tokenizer):
+def test_qwen_template_merges_a_run_of_tool_messages(qwen, qwen_tok, smollm_tokenizer):
     assert qwen.tool_runs == "merged" and qwen.tool_run_tokens_exact
     assert ChatFormat(smollm_tokenizer).tool_runs == "separate"
     segs = qwen.rendered(parallel(["Paris", "Oslo", "Rome"]))
     texts = [(s.source, s.text) for s in segs]
+    # where `>\n` is one token (Qwen2.5's vocabulary), the `>` that ends a result is written with
+    # what follows it (the next result or the close), so no token spans two segments
+    joined = len(qwen_tok.encode(">\n", add_special_tokens=False)) == 1
+    end, start = ("", ">") if joined else (">", "")
     assert texts[3:7] == [
-        (3, '<|im_start|>user\n<tool_response>\nParis: 10 C, clear\n</tool_response>'),
-        (4, '\n<tool_response>\n{"city": "Oslo", "temp": 11}\n</tool_response>'),
-        (5, '\n<tool_response>\nRome: 12 C, clear\n</tool_response>'),
-        ("close", "<|im_end|>\n")]
+        (3, '<|im_start|>user\n<tool_response>\nParis: 10 C, clear\n</tool_response' + end),
+        (4, start + '\n<tool_response>\n{"city": "Oslo", "temp": 11}\n</tool_response' + end),
+        (5, start + '\n<tool_response>\nRome: 12 C, clear\n</tool_response' + end),
+        ("close", start + "<|im_end|>\n")]
     assert texts[7] == (6, "<|im_start|>assistant\nHere you are.<|im_end|>\n")
 
 
@@ -124,7 +151,8 @@ def test_every_prefix_is_append_stable(qwen, cities):
         ids_short = qwen.render_ids(conv[:n], add_generation_prompt=False)
         ids_long = qwen.render_ids(conv[: n + 1], add_generation_prompt=False)
         if ends_in_run and conv[n]["role"] == "tool":
-            assert ids_short[: len(ids_short) - len(closes[0].ids)] == ids_long[: len(ids_short) - len(closes[0].ids)]
+            kept = len(ids_short) - len(closes[0].ids)
+            assert ids_short[:kept] == ids_long[:kept]
             assert ids_long[: len(ids_short)] != ids_short  # the template's own text is not a prefix there
         else:
             assert ids_long[: len(ids_short)] == ids_short
@@ -160,12 +188,12 @@ LAST_DIFFERS = (
     "{% else %}<|im_start|>{{ m.role }}\n{{ m.content }}<|im_end|>\n{% endif %}{% endfor %}"
     "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}")
 
-# Merged like Qwen2.5, but with letters at the boundary between two tool messages (`...re` +
-# `sult...`), which a byte-level BPE tokenises as the one word `result` when the text is whole.
-WORD_BOUNDARY = (
+# Merged like Qwen2.5, but the results written back to back with no text between them: the
+# boundary is inside content (`...}{...`), which SmolLM2's tokenizer reads as one token `}{`.
+BACK_TO_BACK = (
     "{% for m in messages %}{% if m.role == 'tool' %}"
     "{% if loop.first or messages[loop.index0 - 1].role != 'tool' %}<|im_start|>user\n{% endif %}"
-    "sult{{ m.content }}re"
+    "{{ m.content }}"
     "{% if loop.last or messages[loop.index0 + 1].role != 'tool' %}<|im_end|>\n{% endif %}"
     "{% else %}<|im_start|>{{ m.role }}\n{{ m.content }}<|im_end|>\n{% endif %}{% endfor %}"
     "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}")
@@ -184,7 +212,7 @@ def test_a_run_form_that_cannot_be_split_is_detected_and_said(smollm_tokenizer, 
 
 
 def test_a_tokenizer_merging_across_the_run_boundary_is_detected_and_said(smollm_tokenizer, caplog):
-    tok = with_template(smollm_tokenizer, WORD_BOUNDARY)
+    tok = with_template(smollm_tokenizer, BACK_TO_BACK)
     with caplog.at_level(logging.WARNING, logger="asymagent.context.rendering"):
         cf = ChatFormat(tok)
     assert cf.tool_runs == "merged" and not cf.tool_run_tokens_exact
@@ -224,13 +252,15 @@ def test_views_over_parallel_results_match_the_template(qwen, qwen_tok, turns, c
         messages += [{"role": "assistant", "content": None, "tool_calls": calls}]
         messages += [{"role": "tool", "tool_call_id": c["id"], "content": o} for c, o in zip(calls, outputs)]
         pair = views.build(messages, logprob_fn=lambda ids: [-(t_ % 7) / 2.0 for t_ in ids])
-        theirs = qwen_tok.apply_chat_template(hf_messages(messages), tokenize=False, add_generation_prompt=True)
+        theirs = qwen_tok.apply_chat_template(hf_messages(messages), tokenize=False,
+                                              add_generation_prompt=True)
         assert pair.full_ids == qwen_tok.encode(theirs, add_special_tokens=False)
         gen = pair.generation_prompt_len
         assert pair.full_ids[-gen:] == pair.compressed_ids[-gen:]
         if config["compressors"][0]["type"] != "surprisal":
             comp = views.compress_messages(messages).messages
-            ctext = qwen_tok.apply_chat_template(hf_messages(comp), tokenize=False, add_generation_prompt=True)
+            ctext = qwen_tok.apply_chat_template(hf_messages(comp), tokenize=False,
+                                                 add_generation_prompt=True)
             assert pair.compressed_ids == qwen_tok.encode(ctext, add_special_tokens=False)
         else:
             assert len(pair.compressed_ids) <= len(pair.full_ids)

@@ -2,7 +2,8 @@
 
 Rendering. Every message renders to its own token segment and the prompt is the concatenation
 of the segments (then the generation prompt), so the tokens of history n are a prefix of the
-tokens of history n+1 by construction: the engine and the verifier's KV cache rely on that.
+tokens of history n+1 by construction: the engine and the verifier's KV cache rely on that (one
+tail excepted, as in the template itself: the close of a trailing run of tool messages, below).
 A message is rendered with the tokenizer's own chat template, isolated by difference:
 `render([anchor, msg]) - render([anchor])` where `anchor` is a fixed system message, which gives
 exactly what the template writes for `msg` in the middle of a conversation (SmolLM2:
@@ -14,9 +15,9 @@ as the template renders it.
 Runs of tool messages (the results of one turn of parallel calls). How the template writes two
 tool messages in a row is detected once per template (`tool_runs`, from probe messages):
 - "separate": each tool message is a turn of its own (SmolLM2, Llama 3): its isolated segment.
-- "merged": the run is one turn, closed after its last message only (Qwen2.5, Qwen3 and
-  Hermes-style templates: one `<|im_start|>user` turn holding one `<tool_response>` block per
-  message, then `<|im_end|>\n`). A tool message renders by difference in its real context, the
+- "merged": the run is one turn, closed after its last message only (Qwen2.5's template, tested;
+  Qwen3's writes runs the same way: one `<|im_start|>user` turn holding one `<tool_response>` block
+  per message, then `<|im_end|>\\n`). A tool message renders by difference in its real context, the
   tool messages of its run before it, in the *open* form (the template's text when another tool
   message follows: the common prefix of the run rendered with and without a probe tool message
   appended); the run's close is a segment of its own (source "close"), written before the next
@@ -24,11 +25,16 @@ tool messages in a row is detected once per template (`tool_runs`, from probe me
   prompt). A tool message's segment never changes when messages are appended, so the segments of
   history n are a prefix of those of history n+1; the one tail that changes is the close of a
   trailing run, which moves behind a tool message appended to that run, exactly as the template
-  itself writes it (the generation prompt is such a tail too). Detection checks the pieces put
-  back together against the template for probe runs of 1-3 messages followed by a user, an
-  assistant and another tool message, and that tokenising each piece gives the tokens of the whole
-  text (`tool_run_tokens_exact`; a tokenizer that merges across the boundary keeps each piece's
-  own tokens, logged once).
+  itself writes it (the generation prompt is such a tail too). Token boundaries: where the
+  tokenizer would read the end of one result and what follows it as one token (Qwen2.5's vocabulary
+  has `>\\n`, and `</tool_response>` is no added token there), the last characters of the
+  template's text after a result's content (`>`) move into the next piece, the next result's
+  segment or the close: the fewest characters for which tokenising the pieces apart gives the
+  tokens of the whole text (`_find_carry`). Detection checks the pieces put back together against
+  the template for probe runs of 1-3 messages followed by a user, an assistant and another tool
+  message, that each tool message's piece holds its content, and that tokenising the pieces one by
+  one gives the tokens of the whole text (`tool_run_tokens_exact`; where no split does, e.g.
+  results written back to back, each piece keeps its own tokens, logged once).
 - "unsupported": neither (logged once at construction): tool messages render isolated, which
   is not the template's text for a run of two or more.
 
@@ -241,6 +247,7 @@ class MessageRenderer:
         self.preamble_text = alone[: len(alone) - len(user_text)]
         self.default_system = self._default_system_content()
         self.tool_run_tokens_exact = True
+        self._run_carry = 0  # characters a tool message's open form hands on to the next piece
         self.tool_runs = self._detect_tool_runs()
 
     # -- low level -------------------------------------------------------------------------
@@ -285,7 +292,7 @@ class MessageRenderer:
         key = (role, tuple(m["content"] for m in run))
         if key not in self._affixes:
             probe = {"role": role, "content": "\x00c\x00"}
-            text = self._run_segment_text(run, probe) if role == "tool" and self.tool_runs == "merged" \
+            text = self._run_piece(run, probe) if role == "tool" and self.tool_runs == "merged" \
                 else self._isolated_text(probe)
             self._affixes[key] = text.partition("\x00c\x00")[::2]
             if len(self._affixes) > self._cache_size:
@@ -306,11 +313,13 @@ class MessageRenderer:
         if two.startswith(one):
             return "separate"
         try:
+            self._run_carry = self._find_carry()
             self._check_merged()
         except ValueError as exc:
             log.warning("the chat template writes consecutive tool messages in a form that cannot be "
                         "split into append-stable segments (%s); each tool message renders as its own "
                         "turn, which is NOT the template's text for two or more in a row", exc)
+            self._run_carry = 0
             return "unsupported"
         self.tool_run_tokens_exact = self._run_tokens_exact()
         if not self.tool_run_tokens_exact:
@@ -327,15 +336,15 @@ class MessageRenderer:
             text, run = self._anchor_text, []
             for m in msgs:
                 if m["role"] != "tool" and run:
-                    text, run = text + self._close_text(run), []
+                    text, run = text + self._close_piece(run), []
                 if m["role"] == "tool":
-                    piece = self._run_segment_text(run, m)
+                    piece = self._run_piece(run, m)
                     if m["content"] not in piece:
                         raise ValueError("a tool message's text moves when another one follows it")
                     text, run = text + piece, run + [m]
                 else:
                     text += self._isolated_text(m)
-            return text + (self._close_text(run) if run else "")
+            return text + (self._close_piece(run) if run else "")
 
         for n in (1, 2, 3):
             for after in ((), (_PROBE_USER,), (_PROBE_REPLY,), (_PROBE_USER, _PROBE_NEXT)):
@@ -347,9 +356,45 @@ class MessageRenderer:
         """Tokenising the pieces of a two-message run (and what follows it) one by one gives the
         tokens of tokenising their text whole."""
         t1, t2 = ({"role": "tool", "content": _TOKEN_PROBE} for _ in range(2))
-        texts = [self._run_segment_text([], t1), self._run_segment_text([t1], t2),
-                 self._close_text([t1, t2]), self._isolated_text({"role": "user", "content": "Thanks."})]
+        texts = [self._run_piece([], t1), self._run_piece([t1], t2),
+                 self._close_piece([t1, t2]), self._isolated_text({"role": "user", "content": "Thanks."})]
         return [t for x in texts for t in self.encode(x)] == self.encode("".join(texts))
+
+    def _find_carry(self) -> int:
+        """How many characters at the end of a tool message's open form (template text after its
+        content, never the content) move into the next piece so that no token spans a boundary:
+        the fewest for which tokenising the two sides apart gives the tokens of the whole text, both
+        when the run closes there and when another tool message follows (Qwen2.5's tokenizer reads
+        `>\n` as one token, so `>` of `</tool_response>` moves: it ends the message only when the
+        next piece is known). 0 when no such split exists (`_run_tokens_exact` then says so)."""
+        t1, t2 = ({"role": "tool", "content": _TOKEN_PROBE} for _ in range(2))
+        first = self._run_segment_text([], t1)
+        rests = (self._close_text([t1]), self._run_segment_text([t1], t2))
+        at = first.rfind(_TOKEN_PROBE)
+        room = len(first) - (at + len(_TOKEN_PROBE)) if at >= 0 else 0
+        for carry in range(room + 1):
+            head, tail = first[: len(first) - carry], first[len(first) - carry:]
+            if all(self.encode(head) + self.encode(tail + rest) == self.encode(first + rest)
+                   for rest in rests):
+                return carry
+        return 0
+
+    def _run_piece(self, run: list, message: dict) -> str:
+        """The segment text of tool `message` after the tool messages `run` of its turn: its open
+        form, less the carry it hands on, after the carry of the message before it."""
+        text = self._run_segment_text(run, message)
+        return self._carry_in(run) + text[: len(text) - self._run_carry]
+
+    def _close_piece(self, run: list) -> str:
+        """The close segment's text: the last message's carry, then the template's close."""
+        return self._carry_in(run) + self._close_text(run)
+
+    def _carry_in(self, run: list) -> str:
+        """The carry the last message of `run` hands on ("" for no run or no carry)."""
+        if not run or not self._run_carry:
+            return ""
+        text = self._run_segment_text(run[:-1], run[-1])
+        return text[len(text) - self._run_carry:]
 
     def _run_open(self, run: list) -> str:
         """The text of [anchor, *run] as the template writes it while the run goes on (another tool
@@ -391,7 +436,7 @@ class MessageRenderer:
             return None
         msgs = [self.template_message(m) for m in run]
         key = ("close", tuple(m["content"] for m in msgs))
-        seg = self._segment("close", key, lambda: self._close_text(msgs))
+        seg = self._segment("close", key, lambda: self._close_piece(msgs))
         return seg if seg.text else None
 
     # -- message normalisation ---------------------------------------------------------------
@@ -464,7 +509,7 @@ class MessageRenderer:
         prior = self._run_of(msg["role"], run)
         if msg["role"] == "tool" and self.tool_runs == "merged":
             key = ("run", tuple(m["content"] for m in prior), msg["content"])
-            return self._segment(index, key, lambda: self._run_segment_text(prior, msg))
+            return self._segment(index, key, lambda: self._run_piece(prior, msg))
         if first and msg["role"] == "system":
             msg = self.system_with_tools(msg, tools, tool_style)
             ttools = self.template_tools_for(tools, tool_style)

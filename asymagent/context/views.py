@@ -46,7 +46,8 @@ class ViewPair:
     full_context_tokens: int
     verifier_context_tokens: int
     compression_ratio: float  # verifier_context_tokens / full_context_tokens
-    generation_prompt_len: int = 0  # tokens of the shared tail: a trailing tool run's close, the generation prompt
+    generation_prompt_len: int = 0  # tokens of the shared tail: a trailing tool run's close (if
+    # any), then the generation prompt
 
     def fill(self, stats) -> None:
         """Copy the view fields into a StepStats."""
