@@ -365,7 +365,7 @@ class MessageRenderer:
         content, never the content) move into the next piece so that no token spans a boundary:
         the fewest for which tokenising the two sides apart gives the tokens of the whole text, both
         when the run closes there and when another tool message follows (Qwen2.5's tokenizer reads
-        `>\n` as one token, so `>` of `</tool_response>` moves: it ends the message only when the
+        `>\\n` as one token, so `>` of `</tool_response>` moves: it ends the message only when the
         next piece is known). 0 when no such split exists (`_run_tokens_exact` then says so)."""
         t1, t2 = ({"role": "tool", "content": _TOKEN_PROBE} for _ in range(2))
         first = self._run_segment_text([], t1)
@@ -418,7 +418,8 @@ class MessageRenderer:
         return after[len(before):]
 
     def _close_text(self, run: list) -> str:
-        """What a merged template writes after the last tool message of `run` (Qwen2.5: `<|im_end|>\n`)."""
+        """What a merged template writes after the last tool message of `run` (Qwen2.5:
+        `<|im_end|>\\n`)."""
         closed, open_ = self._render([_ANCHOR, *run]), self._run_open(run)
         return closed[len(open_):]
 

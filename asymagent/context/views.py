@@ -265,16 +265,22 @@ class ContextViews:
         cf = self.chat_format
         if cf is None:
             return
+        # the tool run before it as the compressed view holds it (merged templates render a tool
+        # message after its run's earlier results, and put the run's close before the next message)
         run = self._run_before(i, compressed=True)
         same_run = [m["content"] for m in run] == [x.original for x in self.entries[i - len(run):i]]
         e.lead_comp = (e.lead_full if same_run else self._close_ids(run)) if e.role != "tool" else []
         if i == 0 and e.role == "system":
             e.compressed_ids = cf.render_message(e.message, 0, self.tools, self.tool_style,
                                                  first=True).ids
-        elif text != e.original or (e.role == "tool" and not same_run):
+        elif text != e.original:
             e.compressed_ids = cf.render_message({"role": e.role, "content": text}, i, run=run).ids
         else:
             e.compressed_ids = e.pruned if e.pruned is not None else e.full.ids
+            if e.role == "tool" and not same_run:  # its run's earlier results were compressed
+                seg = cf.render_message({"role": e.role, "content": text}, i, run=run)
+                if seg.text != e.full.text:  # a template that reads them (none we know of)
+                    e.compressed_ids = seg.ids
 
     def _apply_surprisal(self, logprob_fn) -> None:
         """Decide surprisal pruning once for new messages, from the drafter's log-probs."""
