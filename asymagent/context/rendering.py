@@ -2,7 +2,8 @@
 
 Rendering. Every message renders to its own token segment and the prompt is the concatenation
 of the segments (then the generation prompt), so the tokens of history n are a prefix of the
-tokens of history n+1 by construction: the engine and the verifier's KV cache rely on that.
+tokens of history n+1 by construction: the engine and the verifier's KV cache rely on that (one
+tail excepted, as in the template itself: the close of a trailing run of tool messages, below).
 A message is rendered with the tokenizer's own chat template, isolated by difference:
 `render([anchor, msg]) - render([anchor])` where `anchor` is a fixed system message, which gives
 exactly what the template writes for `msg` in the middle of a conversation (SmolLM2:
@@ -10,6 +11,32 @@ exactly what the template writes for `msg` in the middle of a conversation (Smol
 when that one is not a system message (SmolLM2 injects a default system prompt there) becomes a
 separate *preamble* segment, so a conversation without a system message still renders exactly
 as the template renders it.
+
+Runs of tool messages (the results of one turn of parallel calls). How the template writes two
+tool messages in a row is detected once per template (`tool_runs`, from probe messages):
+- "separate": each tool message is a turn of its own (SmolLM2, Llama 3): its isolated segment.
+- "merged": the run is one turn, closed after its last message only (Qwen2.5's template, tested;
+  Qwen3's writes runs the same way: one `<|im_start|>user` turn holding one `<tool_response>` block
+  per message, then `<|im_end|>\\n`). A tool message renders by difference in its real context, the
+  tool messages of its run before it, in the *open* form (the template's text when another tool
+  message follows: the common prefix of the run rendered with and without a probe tool message
+  appended); the run's close is a segment of its own (source "close"), written before the next
+  message, or at the end when the conversation ends with the run (then before the generation
+  prompt). A tool message's segment never changes when messages are appended, so the segments of
+  history n are a prefix of those of history n+1; the one tail that changes is the close of a
+  trailing run, which moves behind a tool message appended to that run, exactly as the template
+  itself writes it (the generation prompt is such a tail too). Token boundaries: where the
+  tokenizer would read the end of one result and what follows it as one token (Qwen2.5's vocabulary
+  has `>\\n`, and `</tool_response>` is no added token there), the last characters of the
+  template's text after a result's content (`>`) move into the next piece, the next result's
+  segment or the close: the fewest characters for which tokenising the pieces apart gives the
+  tokens of the whole text (`_find_carry`). Detection checks the pieces put back together against
+  the template for probe runs of 1-3 messages followed by a user, an assistant and another tool
+  message, that each tool message's piece holds its content, and that tokenising the pieces one by
+  one gives the tokens of the whole text (`tool_run_tokens_exact`; where no split does, e.g.
+  results written back to back, each piece keeps its own tokens, logged once).
+- "unsupported": neither (logged once at construction): tool messages render isolated, which
+  is not the template's text for a run of two or more.
 
 Tools (docs/architecture.md "Chat format"). A template that reads `tools` (detected once by
 rendering with and without a dummy tool) gets them, and tool calls are written Hermes-style,
@@ -27,12 +54,17 @@ and context/ imports nothing from chat/.
 from __future__ import annotations
 
 import json
+import logging
 from collections import OrderedDict
 from dataclasses import dataclass
 
 
 _ANCHOR = {"role": "system", "content": "\x00anchor\x00"}
 _PROBE_USER = {"role": "user", "content": "\x00probe\x00"}
+_PROBE_TOOLS = tuple({"role": "tool", "content": f"\x00result{i}\x00"} for i in range(3))
+_PROBE_NEXT = {"role": "tool", "content": "\x00next\x00"}  # what an open run is rendered against
+_PROBE_REPLY = {"role": "assistant", "content": "\x00reply\x00"}
+_TOKEN_PROBE = '{"ok": true}'  # realistic tool output for the token-boundary check
 _PROBE_TOOL = {"type": "function", "function": {
     "name": "zz_probe_tool", "description": "probe", "parameters": {"type": "object", "properties": {}}}}
 
@@ -47,11 +79,15 @@ TOOL_INSTRUCTION_NAME_SIG = (
     '"arguments": {<argument>: <value>}}, and nothing else; otherwise answer in plain text.'
 )
 _TOOL_STYLES = ("full", "name_sig")
+TOOL_RUNS = ("separate", "merged", "unsupported")  # MessageRenderer.tool_runs
+
+log = logging.getLogger(__name__)
 
 
 @dataclass
 class Segment:
-    """One rendered piece of a prompt. `source` is a message index, "preamble" or "generation"."""
+    """One rendered piece of a prompt. `source` is a message index, "preamble", "close" (the
+    close of a run of tool messages, merged templates) or "generation"."""
 
     source: int | str
     text: str
@@ -210,6 +246,9 @@ class MessageRenderer:
                              "later ones; it cannot be rendered append-stably")
         self.preamble_text = alone[: len(alone) - len(user_text)]
         self.default_system = self._default_system_content()
+        self.tool_run_tokens_exact = True
+        self._run_carry = 0  # characters a tool message's open form hands on to the next piece
+        self.tool_runs = self._detect_tool_runs()
 
     # -- low level -------------------------------------------------------------------------
     def _render(self, messages, tools=None, add_generation_prompt=False) -> str:
@@ -245,16 +284,161 @@ class MessageRenderer:
             return pre[len(before): len(pre) - len(after)]
         return None
 
-    def content_span(self, segment_text: str, role: str, content: str) -> tuple | None:
-        """(start, end) characters of `content` inside the isolated segment of a `role` message,
-        or None when the segment is not `before + content + after` for that role."""
-        if role not in self._affixes:
-            probe = self._isolated_text({"role": role, "content": "\x00c\x00"})
-            self._affixes[role] = probe.partition("\x00c\x00")[::2]
-        before, after = self._affixes[role]
+    def content_span(self, segment_text: str, role: str, content: str, run: list = ()) -> tuple | None:
+        """(start, end) characters of `content` inside the segment of a `role` message (rendered
+        after the tool messages `run`, see `render_message`), or None when the segment is not
+        `before + content + after` for that role there."""
+        run = self._run_of(role, run)
+        key = (role, tuple(m["content"] for m in run))
+        if key not in self._affixes:
+            probe = {"role": role, "content": "\x00c\x00"}
+            text = self._run_piece(run, probe) if role == "tool" and self.tool_runs == "merged" \
+                else self._isolated_text(probe)
+            self._affixes[key] = text.partition("\x00c\x00")[::2]
+            if len(self._affixes) > self._cache_size:
+                self._affixes.pop(next(iter(self._affixes)))
+        before, after = self._affixes[key]
         if segment_text == before + content + after:
             return len(before), len(before) + len(content)
         return None
+
+    # -- runs of tool messages (module docstring) ----------------------------------------------------
+    def _detect_tool_runs(self) -> str:
+        """"separate", "merged" or "unsupported": how the template writes tool messages in a row."""
+        t1, t2 = _PROBE_TOOLS[:2]
+        try:
+            one, two = self._render([_ANCHOR, t1]), self._render([_ANCHOR, t1, t2])
+        except ValueError:  # the template refuses a tool message here: rendering one will say so
+            return "separate"
+        if two.startswith(one):
+            return "separate"
+        try:
+            self._run_carry = self._find_carry()
+            self._check_merged()
+        except ValueError as exc:
+            log.warning("the chat template writes consecutive tool messages in a form that cannot be "
+                        "split into append-stable segments (%s); each tool message renders as its own "
+                        "turn, which is NOT the template's text for two or more in a row", exc)
+            self._run_carry = 0
+            return "unsupported"
+        self.tool_run_tokens_exact = self._run_tokens_exact()
+        if not self.tool_run_tokens_exact:
+            log.warning("the tokenizer merges tokens across the boundary between two tool messages "
+                        "of one turn: each keeps its own tokens (append-stable); the prompt's text is "
+                        "the template's, its tokens are not those of tokenising the whole text")
+        return "merged"
+
+    def _check_merged(self) -> None:
+        """The merged pieces, put back together, equal the template's text for probe runs of 1-3
+        tool messages followed by a user, an assistant and a tool message, and each tool message's
+        piece holds its content (ValueError if not)."""
+        def pieces(msgs: list) -> str:
+            text, run = self._anchor_text, []
+            for m in msgs:
+                if m["role"] != "tool" and run:
+                    text, run = text + self._close_piece(run), []
+                if m["role"] == "tool":
+                    piece = self._run_piece(run, m)
+                    if m["content"] not in piece:
+                        raise ValueError("a tool message's text moves when another one follows it")
+                    text, run = text + piece, run + [m]
+                else:
+                    text += self._isolated_text(m)
+            return text + (self._close_piece(run) if run else "")
+
+        for n in (1, 2, 3):
+            for after in ((), (_PROBE_USER,), (_PROBE_REPLY,), (_PROBE_USER, _PROBE_NEXT)):
+                msgs = [*_PROBE_TOOLS[:n], *after]
+                if pieces(msgs) != self._render([_ANCHOR, *msgs]):
+                    raise ValueError(f"roles {[m['role'] for m in msgs]} do not render as their pieces")
+
+    def _run_tokens_exact(self) -> bool:
+        """Tokenising the pieces of a two-message run (and what follows it) one by one gives the
+        tokens of tokenising their text whole."""
+        t1, t2 = ({"role": "tool", "content": _TOKEN_PROBE} for _ in range(2))
+        texts = [self._run_piece([], t1), self._run_piece([t1], t2),
+                 self._close_piece([t1, t2]), self._isolated_text({"role": "user", "content": "Thanks."})]
+        return [t for x in texts for t in self.encode(x)] == self.encode("".join(texts))
+
+    def _find_carry(self) -> int:
+        """How many characters at the end of a tool message's open form (template text after its
+        content, never the content) move into the next piece so that no token spans a boundary:
+        the fewest for which tokenising the two sides apart gives the tokens of the whole text, both
+        when the run closes there and when another tool message follows (Qwen2.5's tokenizer reads
+        `>\\n` as one token, so `>` of `</tool_response>` moves: it ends the message only when the
+        next piece is known). 0 when no such split exists (`_run_tokens_exact` then says so)."""
+        t1, t2 = ({"role": "tool", "content": _TOKEN_PROBE} for _ in range(2))
+        first = self._run_segment_text([], t1)
+        rests = (self._close_text([t1]), self._run_segment_text([t1], t2))
+        at = first.rfind(_TOKEN_PROBE)
+        room = len(first) - (at + len(_TOKEN_PROBE)) if at >= 0 else 0
+        for carry in range(room + 1):
+            head, tail = first[: len(first) - carry], first[len(first) - carry:]
+            if all(self.encode(head) + self.encode(tail + rest) == self.encode(first + rest)
+                   for rest in rests):
+                return carry
+        return 0
+
+    def _run_piece(self, run: list, message: dict) -> str:
+        """The segment text of tool `message` after the tool messages `run` of its turn: its open
+        form, less the carry it hands on, after the carry of the message before it."""
+        text = self._run_segment_text(run, message)
+        return self._carry_in(run) + text[: len(text) - self._run_carry]
+
+    def _close_piece(self, run: list) -> str:
+        """The close segment's text: the last message's carry, then the template's close."""
+        return self._carry_in(run) + self._close_text(run)
+
+    def _carry_in(self, run: list) -> str:
+        """The carry the last message of `run` hands on ("" for no run or no carry)."""
+        if not run or not self._run_carry:
+            return ""
+        text = self._run_segment_text(run[:-1], run[-1])
+        return text[len(text) - self._run_carry:]
+
+    def _run_open(self, run: list) -> str:
+        """The text of [anchor, *run] as the template writes it while the run goes on (another tool
+        message follows): the common prefix of the run rendered without and with a probe tool
+        message appended."""
+        if not run:
+            return self._anchor_text
+        closed, more = self._render([_ANCHOR, *run]), self._render([_ANCHOR, *run, _PROBE_NEXT])
+        n = 0
+        while n < min(len(closed), len(more)) and closed[n] == more[n]:
+            n += 1
+        return closed[:n]
+
+    def _run_segment_text(self, run: list, message: dict) -> str:
+        """What a merged template writes for tool `message` after the tool messages `run` of its
+        turn, in the open form (without the run's close)."""
+        before, after = self._run_open(run), self._run_open([*run, message])
+        if not after.startswith(before):
+            raise ValueError("the chat template rewrites a tool message's text when another one "
+                             "follows it; it cannot be rendered append-stably")
+        return after[len(before):]
+
+    def _close_text(self, run: list) -> str:
+        """What a merged template writes after the last tool message of `run` (Qwen2.5:
+        `<|im_end|>\\n`)."""
+        closed, open_ = self._render([_ANCHOR, *run]), self._run_open(run)
+        return closed[len(open_):]
+
+    def _run_of(self, role: str, run) -> list:
+        """The template messages of `run` that matter for a `role` message: all of them for a tool
+        message under a merged template, none otherwise."""
+        if role != "tool" or self.tool_runs != "merged" or not run:
+            return []
+        return [self.template_message(m) for m in run]
+
+    def close_segment(self, run: list) -> Segment | None:
+        """The close of the tool run `run` (the messages of one turn; OpenAI dicts), written before
+        the next non-tool message or at the end; None when the template writes none (not merged)."""
+        if self.tool_runs != "merged" or not run:
+            return None
+        msgs = [self.template_message(m) for m in run]
+        key = ("close", tuple(m["content"] for m in msgs))
+        seg = self._segment("close", key, lambda: self._close_piece(msgs))
+        return seg if seg.text else None
 
     # -- message normalisation ---------------------------------------------------------------
     def template_message(self, message: dict) -> dict:
@@ -317,10 +501,16 @@ class MessageRenderer:
         return seg
 
     def render_message(self, message: dict, index: int, tools=None, tool_style: str = "full",
-                       first: bool = False) -> Segment:
+                       first: bool = False, run: list = ()) -> Segment:
         """The segment of one message. `first` marks message 0 (a system message there carries
-        the tools; a non-system first message is preceded by `preamble_segment`)."""
+        the tools; a non-system first message is preceded by `preamble_segment`). `run`: the tool
+        messages right before this one (its turn's earlier results); a tool message of a merged
+        template renders after them in the open form (its run's close is `close_segment`)."""
         msg = self.template_message(message)
+        prior = self._run_of(msg["role"], run)
+        if msg["role"] == "tool" and self.tool_runs == "merged":
+            key = ("run", tuple(m["content"] for m in prior), msg["content"])
+            return self._segment(index, key, lambda: self._run_piece(prior, msg))
         if first and msg["role"] == "system":
             msg = self.system_with_tools(msg, tools, tool_style)
             ttools = self.template_tools_for(tools, tool_style)
@@ -366,8 +556,15 @@ class MessageRenderer:
             pre = self.preamble_segment(tools, tool_style)
             if pre is not None:
                 out.append(pre)
+        run: list = []  # the tool messages of the turn being written
         for i, message in enumerate(messages):
-            out.append(self.render_message(message, i, tools, tool_style, first=(i == 0)))
+            is_tool = self.template_message(message)["role"] == "tool"
+            if not is_tool and run:
+                out.extend(s for s in [self.close_segment(run)] if s is not None)
+                run = []
+            out.append(self.render_message(message, i, tools, tool_style, first=(i == 0), run=run))
+            run = run + [message] if is_tool else run
+        out.extend(s for s in [self.close_segment(run)] if s is not None)
         if add_generation_prompt:
             out.append(Segment("generation", self.generation_prompt_text,
                                list(self.generation_prompt_ids)))

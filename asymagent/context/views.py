@@ -5,7 +5,9 @@ form is decided once and memoised, so the compressed stream of history n is a to
 that of history n+1 and the verifier's KV cache is reused across agent steps. The only changes
 to earlier messages are *rewrites*, each counted: a batched `recent_turns` demotion (every m
 turns), a budget escalation, or a caller whose history is not an extension of the previous one
-(the memo is reset). Both streams end with the same generation prompt.
+(the memo is reset). Both streams end with the same tail: the generation prompt, after the close
+of a trailing run of tool messages where the template merges such a run into one turn
+(asymagent/context/rendering.py; a message after a run carries the run's close in front of it).
 
 Budget (`max_verifier_tokens`, counted in the verifier's own tokens): when the compressed view
 is over it, these steps are taken in order, each sticky for the rest of the conversation, until
@@ -39,12 +41,13 @@ class ViewPair:
     """Both token streams at one generation point, and what building them cost."""
 
     full_ids: list  # [N_full] drafter's view, ends with the generation prompt
-    compressed_ids: list  # [N_ver] verifier's view, ends with the same generation prompt
+    compressed_ids: list  # [N_ver] verifier's view, ends with the same tail (generation prompt)
     rewrites: int  # 1 if the compressed stream is not an extension of the previous build's
     full_context_tokens: int
     verifier_context_tokens: int
     compression_ratio: float  # verifier_context_tokens / full_context_tokens
-    generation_prompt_len: int = 0  # tokens of the shared generation prompt at the end
+    generation_prompt_len: int = 0  # tokens of the shared tail: a trailing tool run's close (if
+    # any), then the generation prompt
 
     def fill(self, stats) -> None:
         """Copy the view fields into a StepStats."""
@@ -85,6 +88,8 @@ class _Entry:
     tool_name: str | None
     has_tool_calls: bool
     full: Segment | None = None
+    lead_full: list = field(default_factory=list)  # close of the tool run before it (merged templates)
+    lead_comp: list = field(default_factory=list)  # the same in the compressed view
     pruned: list | None = None  # surprisal-kept ids of the full segment, decided at entry
     surprisal_done: bool = False
     demoted: bool = False
@@ -211,13 +216,36 @@ class ContextViews:
             self._comp_pre = cf.preamble_segment(self.tools, style) if not self._first_system() else None
             for i, e in enumerate(self.entries):
                 if e.full is None:
-                    e.full = cf.render_message(e.message, i, self.tools, "full", first=(i == 0))
+                    run = self._run_before(i, compressed=False)
+                    e.full = cf.render_message(e.message, i, self.tools, "full", first=(i == 0), run=run)
+                    e.lead_full = self._close_ids(run) if e.role != "tool" else []
             self._apply_surprisal(logprob_fn)
+        changed = False  # the previous entry was (re)compressed: a tool run's next message follows it
         for i, e in enumerate(self.entries):
             state = (e.demoted, e.shrink, style if i == 0 else None, e.newest, e.restored)
-            if e.state != state:
+            follows_tool = i > 0 and self.entries[i - 1].role == "tool"
+            changed = e.state != state or (changed and follows_tool)
+            if changed:
                 self._compress(i, e)
                 e.state = state
+
+    def _run_before(self, i: int, compressed: bool) -> list:
+        """The tool messages right before entry i (its turn's earlier results), as the full or
+        the compressed view renders them."""
+        j = i
+        while j > 0 and self.entries[j - 1].role == "tool":
+            j -= 1
+        return [{"role": "tool", "content": x.compressed_text} if compressed else x.message
+                for x in self.entries[j:i]]
+
+    def _close_ids(self, run: list) -> list:
+        seg = self.chat_format.close_segment(run) if run else None
+        return list(seg.ids) if seg is not None else []
+
+    def _tail(self, compressed: bool) -> list:
+        """What follows the last message: the close of a trailing tool run, then the generation prompt."""
+        run = self._run_before(len(self.entries), compressed)
+        return self._close_ids(run) + list(self.chat_format.generation_prompt_ids)
 
     def _context(self, e: _Entry) -> MessageContext:
         return MessageContext(e.role, e.original, e.demoted, e.shrink, e.tool_name,
@@ -237,13 +265,22 @@ class ContextViews:
         cf = self.chat_format
         if cf is None:
             return
+        # the tool run before it as the compressed view holds it (merged templates render a tool
+        # message after its run's earlier results, and put the run's close before the next message)
+        run = self._run_before(i, compressed=True)
+        same_run = [m["content"] for m in run] == [x.original for x in self.entries[i - len(run):i]]
+        e.lead_comp = (e.lead_full if same_run else self._close_ids(run)) if e.role != "tool" else []
         if i == 0 and e.role == "system":
             e.compressed_ids = cf.render_message(e.message, 0, self.tools, self.tool_style,
                                                  first=True).ids
         elif text != e.original:
-            e.compressed_ids = cf.render_message({"role": e.role, "content": text}, i).ids
+            e.compressed_ids = cf.render_message({"role": e.role, "content": text}, i, run=run).ids
         else:
             e.compressed_ids = e.pruned if e.pruned is not None else e.full.ids
+            if e.role == "tool" and not same_run:  # its run's earlier results were compressed
+                seg = cf.render_message({"role": e.role, "content": text}, i, run=run)
+                if seg.text != e.full.text:  # a template that reads them (none we know of)
+                    e.compressed_ids = seg.ids
 
     def _apply_surprisal(self, logprob_fn) -> None:
         """Decide surprisal pruning once for new messages, from the drafter's log-probs."""
@@ -261,8 +298,10 @@ class ContextViews:
         if len(logprobs) != len(full_ids):
             raise ValueError(f"logprob_fn returned {len(logprobs)} log-probs for {len(full_ids)} tokens")
         tok = self.chat_format.tokenizer
+        position = {id(x): k for k, x in enumerate(self.entries)}
         for e in todo:
-            span = self.chat_format.content_span(e.full.text, e.role, e.original)
+            run = self._run_before(position[id(e)], compressed=False)
+            span = self.chat_format.content_span(e.full.text, e.role, e.original, run)
             if span is None:
                 continue
             try:
@@ -288,19 +327,21 @@ class ContextViews:
         ids = list(self._full_pre.ids) if self._full_pre else []
         offsets = {}
         for e in self.entries:
+            ids.extend(e.lead_full)
             offsets[id(e)] = len(ids)
             ids.extend(e.full.ids)
-        return ids + list(self.chat_format.generation_prompt_ids), offsets
+        return ids + self._tail(compressed=False), offsets
 
     def _compressed_body(self) -> list:
         ids = list(self._comp_pre.ids) if self._comp_pre else []
         for e in self.entries:
+            ids.extend(e.lead_comp)
             ids.extend(e.compressed_ids)
         return ids
 
     def _measure(self) -> int:
         if self.chat_format is not None:
-            return len(self._compressed_body()) + len(self.chat_format.generation_prompt_ids)
+            return len(self._compressed_body()) + len(self._tail(compressed=True))
         return self._text_tokens(compressed=True)
 
     def _text_tokens(self, compressed: bool) -> int:
@@ -315,7 +356,7 @@ class ContextViews:
             fixed = len(self._comp_pre.ids) if self._comp_pre else 0
             if self._first_system():
                 fixed += len(self.entries[0].compressed_ids)
-            fixed += len(self.chat_format.generation_prompt_ids)
+            fixed += len(self._tail(compressed=True))
         return (f"the verifier's view needs {self._measure()} tokens after every compression step, "
                 f"over max_verifier_tokens={budget} (the system prompt, tool listing and generation "
                 f"prompt alone take {fixed} tokens); raise max_verifier_tokens or shorten the history")
@@ -336,7 +377,7 @@ class ContextViews:
         rewrites = int(last is not None and (reset or body[: len(last)] != last))
         self._last_body = body
         self.total_rewrites += rewrites
-        gen = list(self.chat_format.generation_prompt_ids)
+        gen = self._tail(compressed=True)
         full_ids = self._full_ids_with_offsets()[0]
         compressed_ids = body + gen
         return ViewPair(full_ids, compressed_ids, rewrites, len(full_ids), len(compressed_ids),
@@ -379,7 +420,7 @@ class ContextViews:
 
     def compressed_ids(self) -> list:
         """The compressed view of the last `build` as it stands now (after any `restore`)."""
-        return self._compressed_body() + list(self.chat_format.generation_prompt_ids)
+        return self._compressed_body() + self._tail(compressed=True)
 
     def message_spans(self) -> list:
         """Where each message of the last `build` sits in both token views.
@@ -391,6 +432,7 @@ class ContextViews:
         comp = len(self._comp_pre.ids) if self._comp_pre else 0
         out = []
         for e in self.entries:
+            full, comp = full + len(e.lead_full), comp + len(e.lead_comp)
             nf, nc = len(e.full.ids), len(e.compressed_ids)
             out.append(MessageSpan(e.role, (full, full + nf), (comp, comp + nc),
                                    list(e.full.ids) == list(e.compressed_ids)))
