@@ -20,6 +20,9 @@ model's chat template) of at least `--context + --positions` tokens.
   the low-bit kernel's rows); top-1 agreement with bf16's argmax and mean KL(bf16 || kind) in nats
   per position. The prefill runs the kept float weights in every kind (weight_only.py: forwards of
   more than 32 rows), as the engine does.
+- "llama_cpp": llama.cpp (llama-cpp-python, its own kernels on the GGUF's blocks, the torch
+  thread count) timed and teacher-forced the same way in the same rounds: the issue's peer per
+  token, interleaved (`LlamaCppKind`).
 - Kernels alone (`--kernel-rows`): one random [8960, 1536] layer (the 1.5B's gate/up) at 1..512
   rows: bf16 packed and F.linear, int8w, int4w; median ms.
 - `--compare REF.json,A.json,...`: no measurement; the steps of `asymagent eval` JSONs (one run
@@ -114,6 +117,47 @@ def _forced_logprobs(model, ids: list, context: int, positions: int, chunk: int)
     return torch.cat(rows)  # [positions, V]
 
 
+class LlamaCppKind:
+    """The kind "llama_cpp": llama.cpp (llama-cpp-python) on the same GGUF file, its own 4-bit
+    kernels, decoding and teacher-forced the same way as the engine's kinds (the peer the bench
+    runs, evals/bench/llama_cpp_peer.py; here per token, interleaved with our kinds)."""
+
+    def __init__(self, gguf: str, n_ctx: int, threads: int):
+        from llama_cpp import Llama
+        import llama_cpp
+
+        self.llm = Llama(model_path=gguf, n_ctx=n_ctx, n_threads=threads, n_threads_batch=threads,
+                         n_batch=512, logits_all=True, verbose=False)
+        self.info = {"llama_cpp": getattr(llama_cpp, "__version__", "?"), "threads": threads}
+
+    def _last(self):
+        import torch
+
+        return torch.from_numpy(self.llm.scores[self.llm.n_tokens - 1].copy())  # [V] float32
+
+    def decode_ms(self, ids: list, context: int, steps: int) -> tuple[list, list]:
+        self.llm.reset()
+        self.llm.eval(ids[:context])
+        times, tokens = [], []
+        for _ in range(steps + WARMUP):
+            tok = int(self._last().argmax())
+            tokens.append(tok)
+            start = time.perf_counter()
+            self.llm.eval([tok])
+            times.append((time.perf_counter() - start) * 1e3)
+        return times[WARMUP:], tokens
+
+    def forced_logprobs(self, ids: list, context: int, positions: int, chunk: int):
+        import torch
+
+        self.llm.reset()
+        self.llm.eval(ids[:context])
+        for lo in range(context, context + positions, chunk):
+            self.llm.eval(ids[lo:min(lo + chunk, context + positions)])
+        scores = torch.from_numpy(self.llm.scores[context:context + positions].copy())  # [P, V]
+        return torch.log_softmax(scores, dim=-1)
+
+
 def _fidelity(ref, low) -> dict:
     agree = (ref.argmax(-1) == low.argmax(-1)).float()  # [P]
     kl = (ref.exp() * (ref - low)).sum(-1)  # [P] KL(bf16 || kind)
@@ -186,7 +230,8 @@ def main(argv=None) -> int:
     p.add_argument("--verifier", default="default", help="a model source when --pair is not given")
     p.add_argument("--kinds", default="bfloat16,int8w,int4w",
                    help='comma list of bfloat16/float32, int8w, int4w, "int4w:minmax" (int4w rounded from '
-                        "the float weights even when the source is a GGUF)")
+                        'the float weights even when the source is a GGUF), "llama_cpp" (llama-cpp-python '
+                        "on the same GGUF file)")
     p.add_argument("--rounds", type=int, default=2)
     p.add_argument("--context", type=int, default=512, help="tokens prefilled before decoding")
     p.add_argument("--decode", type=int, default=16, help="one-token forwards timed per round")
@@ -215,15 +260,22 @@ def main(argv=None) -> int:
     times = {k: [] for k in kinds}
     rounds = {k: [] for k in kinds}
     info, tokens, fidelity, ref = {}, {}, {}, None
+    peer = (LlamaCppKind(source, args.context + args.positions + args.decode + 8, torch.get_num_threads())
+            if "llama_cpp" in kinds else None)
     for r in range(args.rounds):
         for kind in kinds:
-            info[kind] = _switch(model, kind, store if args.keep_lowbit else {}, source)
-            t, toks = _decode_ms(model, ids, args.context, args.decode)
+            if kind == "llama_cpp":
+                info[kind] = peer.info
+                t, toks = peer.decode_ms(ids, args.context, args.decode)
+            else:
+                info[kind] = _switch(model, kind, store if args.keep_lowbit else {}, source)
+                t, toks = _decode_ms(model, ids, args.context, args.decode)
             times[kind] += t
             rounds[kind].append(statistics.median(t))
             tokens[kind] = toks
             if r == 0:  # fidelity once per kind (the bits do not change between rounds)
-                lp = _forced_logprobs(model, ids, args.context, args.positions, args.chunk)
+                lp = (peer.forced_logprobs(ids, args.context, args.positions, args.chunk) if kind == "llama_cpp"
+                      else _forced_logprobs(model, ids, args.context, args.positions, args.chunk))
                 if ref is None:
                     ref = lp
                 fidelity[kind] = _fidelity(ref, lp)
