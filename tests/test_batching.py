@@ -236,3 +236,58 @@ def test_rounds_in_company_fit_one_forward_and_keep_the_tokens():
     assert mixed == alone
     assert verifier_rows, "no batched verifier forward"
     assert max(verifier_rows) <= 32 // 2  # at least two decoding: each at most its share
+
+
+@needs_packed
+def test_costs_in_company_change_no_token():
+    """Tuned requests (asym and spec; greedy and seeded, position-invariant rules) at once, with
+    the company costs on (adaptive K and the draft choice read each request's share of the
+    forwards it joined, asymagent/scheduling/company_clock.py) and off (its wall time): the
+    tokens are those each request gets alone either way, and the charges were taken (a share
+    is never more than the wait it replaces)."""
+    models = _models()
+    g = torch.Generator().manual_seed(17)
+    requests = []
+    for i in range(8):
+        prompt = torch.randint(3, 256, (24 + 13 * i,), generator=g).tolist()
+        prompt = prompt + prompt[:16]  # repeats: copied drafts compete with the drafter model
+        sampled = i % 4 == 3
+        requests.append(dict(prompt_ids=prompt, mode=("asym", "spec")[i % 2], max_new_tokens=32,
+                             temperature=0.7 if sampled else 0.0, seed=200 + i if sampled else None,
+                             compressed_prompt_ids=prompt[::2] + prompt[-3:] if i % 2 == 0 else None,
+                             cache_key=f"conv-{i}"))
+    alone_engine = _engine(models, 1)
+    alone = [_tokens(alone_engine, r) for r in requests]
+    from asymagent.scheduling import company_clock
+
+    charges: list = []
+    real = company_clock.charge
+
+    def spy(waited: float, share: float) -> None:
+        charges.append((waited, share))
+        real(waited, share)
+
+    company_clock.charge = spy
+    try:
+        for sharing in (True, False):
+            engine = _engine(models, 8)
+            engine.scheduler.batcher.cost_sharing = sharing
+            charges.clear()
+            barrier = threading.Barrier(8)
+
+            def run(req):
+                barrier.wait()
+                return _tokens(engine, req)
+
+            with ThreadPoolExecutor(8) as pool:
+                mixed = list(pool.map(run, requests))
+            assert mixed == alone, f"cost_sharing={sharing}: tokens differ from alone"
+            if sharing:
+                assert charges, "no forward was charged in company"
+                assert all(0.0 <= share <= waited for waited, share in charges)
+                assert any(share < waited for waited, share in charges)
+                assert engine.scheduler.batcher.costs  # the forwards' fits
+            else:
+                assert not charges
+    finally:
+        company_clock.charge = real

@@ -7,7 +7,6 @@ delta-fusion and the JSD need (both are defined on the full vocabulary).
 
 from __future__ import annotations
 
-import time
 
 import torch
 
@@ -16,6 +15,7 @@ from asymagent.decoding.drafts import Drafts, RoundOutcome
 from asymagent.decoding.noise import KeyedNoise
 from asymagent.decoding.sampling import NEG_INF, apply_mask, gather_mask, sample_token
 from asymagent.modeling.packed_linear import linear_of
+from asymagent.scheduling import company_clock
 
 
 class DraftHead:
@@ -102,9 +102,9 @@ class ModelDrafter:
     def propose(self, k: int) -> Drafts:
         setup_s = 0.0
         if self.catch_up is not None:  # the deferred prefill, once
-            t0 = time.perf_counter()
+            t0 = company_clock.now()  # the clock the round's draft_s is read on (round.py)
             self.catch_up()
-            self.catch_up, setup_s = None, time.perf_counter() - t0
+            self.catch_up, setup_s = None, company_clock.now() - t0
         drafts = self._propose(k)
         drafts.setup_s = setup_s
         return drafts

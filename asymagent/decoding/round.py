@@ -19,7 +19,6 @@ rows perturbed with the Gumbel noise of their output positions (docs/engine.md, 
 
 from __future__ import annotations
 
-import time
 from dataclasses import dataclass
 
 import torch
@@ -36,6 +35,7 @@ from asymagent.kernels import fused_gate
 from asymagent.kv.attention import GROUP_ROWS
 from asymagent.kv.cache import ViewCache
 from asymagent.request import SamplingParams
+from asymagent.scheduling import company_clock
 
 
 # On the CPU a verify forward scores a position with the bits a one-token forward gives only up
@@ -168,7 +168,7 @@ class Decoder:
             return self._round(Drafts(tokens=[], source=""), None,
                                RoundRule(Acceptance.of("greedy", self.temperature), beta=beta,
                                          gamma=1.0, fuse_bonus=True))
-        t0 = time.perf_counter()
+        t0 = company_clock.now()  # wall time, or the cost in company (only K and drafters read it)
         raw = self._verify([], keep=1)  # [1, V]
         c = self.constraint
         logits = self._target(raw, [], None if c is None else [c.allowed_mask()])[0]  # [V]
@@ -176,7 +176,7 @@ class Decoder:
         token = sample_token(logits, self.temperature, gumbel)
         if self.logprobs is not None:
             self.logprobs.record(raw, [token])
-        return RoundOutcome(tokens=[token], verify_s=time.perf_counter() - t0)
+        return RoundOutcome(tokens=[token], verify_s=company_clock.now() - t0)
 
     def _proposal(self, drafts: Drafts, like: torch.Tensor) -> torch.Tensor:
         """[K, V] logits the drafts were drawn from: one-hot (log 1 = 0 at d_i) or the drafter's."""
@@ -200,7 +200,7 @@ class Decoder:
             if outcome is not None:
                 return outcome
         # 1. Draft d_1..d_K on the full view: the first drafter with a proposal wins.
-        t0 = time.perf_counter()
+        t0 = company_clock.now()  # wall time, or the cost in company (company_clock.py)
         drafts, source = Drafts(tokens=[], source=""), None
         for source in self.drafters:
             drafts = source.propose(budgets.get(source.name, 0))
@@ -214,7 +214,7 @@ class Decoder:
 
     def _round(self, drafts: Drafts, t0: float | None, rule: "RoundRule") -> RoundOutcome:
         """Steps 2-5 of a round over `drafts` (none: a fused plain step); `t0` = drafting start."""
-        t1 = time.perf_counter()
+        t1 = company_clock.now()
         t0 = t1 if t0 is None else t0
         k, tokens = len(drafts), drafts.tokens
         masks = drafts.masks
@@ -270,7 +270,7 @@ class Decoder:
             self.logprobs.record(raw[: n + 1], tokens[:n] + [token])
         return RoundOutcome(tokens=tokens[:n] + [token], drafted=k, accepted=n,
                             jsd=float(result.jsd[0, : n + 1].mean()) if self.fused else 0.0,
-                            draft_s=t1 - t0 - drafts.setup_s, verify_s=time.perf_counter() - t1,
+                            draft_s=t1 - t0 - drafts.setup_s, verify_s=company_clock.now() - t1,
                             source=drafts.source)
 
     def escalate(self, verifier: ViewCache) -> None:

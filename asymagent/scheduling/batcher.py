@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import contextlib
 import threading
+import time
 from dataclasses import dataclass
 from typing import Callable
 
@@ -32,6 +33,8 @@ from asymagent.fair_lock import FairLock
 from asymagent.kv.batched_forward import (MAX_ROWS, SeqCall, batchable, forward_many, model_batchable,
                                          run_one)
 from asymagent.kv.lean_forward import ATTR, LeanForward, lean_of
+from asymagent.scheduling import company_clock
+from asymagent.scheduling.forward_costs import ForwardCosts
 
 _CURRENT = threading.local()  # .batcher: the ForwardBatcher this request thread decodes under
 
@@ -78,6 +81,7 @@ class _Ticket:
     result: torch.Tensor | None = None
     error: BaseException | None = None
     done: bool = False
+    share: float = 0.0  # seconds of its forward charged to its request (ForwardCosts.shares)
 
 
 class ForwardBatcher:
@@ -93,6 +97,11 @@ class ForwardBatcher:
         self._running = False  # a thread is running a round's forwards
         # called with (sequences, rows) after every forward a round runs (metrics)
         self.observers: list[Callable[[int, int], None]] = []
+        # per model (id of its LeanForward): the fit of its decode-sized forwards' seconds
+        self.costs: dict = {}
+        # charge a request in company its share of the forwards it waited for
+        # (asymagent/scheduling/company_clock.py); False: its wall time, as alone
+        self.cost_sharing = True
 
     def draft_share(self) -> int | None:
         """Most drafts one request's round should verify while several requests decode under
@@ -126,11 +135,13 @@ class ForwardBatcher:
         with self._cv:
             alone = self._active <= 1 and not self._pending and not self._running
         if alone:
+            t0 = time.perf_counter()
             out = run_one(call)
-            self._observe(1, call.rows)
+            self._observe([call], time.perf_counter() - t0)
             return out
         ticket = _Ticket(call)
         held = self.baton.holder == threading.get_ident()
+        t_wait = time.perf_counter()
         depth = self.baton.release_all() if held else 0
         try:
             with self._cv:
@@ -144,6 +155,8 @@ class ForwardBatcher:
         finally:
             if held:
                 self.baton.reacquire(depth)
+            if self.cost_sharing:
+                company_clock.charge(time.perf_counter() - t_wait, ticket.share)
         if ticket.error is not None:
             raise ticket.error
         return ticket.result
@@ -196,6 +209,7 @@ class ForwardBatcher:
                 self._finish(group, forward_many)
 
     def _finish(self, tickets: list, run: Callable[[list], list]) -> None:
+        t0 = time.perf_counter()
         try:
             outs = run([t.call for t in tickets])
             for t, out in zip(tickets, outs):
@@ -203,10 +217,22 @@ class ForwardBatcher:
         except Exception as exc:  # noqa: BLE001 - each waiting request raises it
             for t in tickets:
                 t.error = exc
-        for t in tickets:
+        seconds = time.perf_counter() - t0
+        shares = self._observe([t.call for t in tickets], seconds)
+        for t, share in zip(tickets, shares):
+            t.share = share
             t.done = True
-        self._observe(len(tickets), sum(t.call.rows for t in tickets))
 
-    def _observe(self, sequences: int, rows: int) -> None:
+    def _observe(self, calls: list, seconds: float) -> list:
+        """Record a forward of `calls` that took `seconds`: its model's cost fit (decode-sized
+        forwards only: a prefill chunk is another regime), the observers; returns each call's
+        share of the seconds (ForwardCosts.shares)."""
+        rows = [c.rows for c in calls]
+        costs = self.costs.get(id(calls[0].lean))
+        if costs is None:
+            costs = self.costs[id(calls[0].lean)] = ForwardCosts()
+        if sum(rows) <= self.max_rows:
+            costs.observe(len(calls), sum(rows), seconds)
         for fn in self.observers:
-            fn(sequences, rows)
+            fn(len(calls), sum(rows))
+        return costs.shares(rows, seconds)
