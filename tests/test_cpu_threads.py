@@ -177,3 +177,33 @@ def test_cpu_choice_agrees_with_auto_dtype(monkeypatch):
     finally:
         monkeypatch.delenv("ASYMAGENT_CPU_BF16", raising=False)
         cpu_dtype.cpu_bf16_support.cache_clear()
+
+
+def _stat_file(tmp_path, busy: int, idle: int):
+    path = tmp_path / "stat"
+    path.write_text(f"cpu  {busy} 0 0 {idle} 0 0 0 0 0 0\ncpu0 1 0 0 1 0 0 0 0 0 0\n")
+    return path
+
+
+def test_busy_cpus_now_reads_the_counters_over_the_interval(tmp_path, monkeypatch):
+    path = _stat_file(tmp_path, busy=1000, idle=1000)
+    monkeypatch.setattr(ct.os, "cpu_count", lambda: 4)
+
+    def advance(_seconds):  # 300 busy and 100 idle ticks pass while it sleeps: 3 of 4 CPUs busy
+        path.write_text(path.read_text().replace("cpu  1000 0 0 1000", "cpu  1300 0 0 1100"))
+
+    monkeypatch.setattr(ct.time, "sleep", advance)
+    assert ct.busy_cpus_now(stat=str(path)) == pytest.approx(3.0)
+    assert ct.busy_cpus_now(stat=str(tmp_path / "missing")) is None
+
+
+def test_a_job_started_seconds_ago_counts_though_the_load_average_lags(monkeypatch):
+    monkeypatch.setattr(ct, "available_cpus", lambda *a, **k: 2)
+    monkeypatch.setattr(ct.os, "getloadavg", lambda: (0.4, 0.3, 0.2))  # the average has not caught up
+    monkeypatch.setattr(ct, "busy_cpus_now", lambda *a, **k: 2.0)  # two spinning threads right now
+    assert ct.busy_machine()
+    assert ct.use_omp_policy({}) == {"OMP_WAIT_POLICY": "PASSIVE"}
+    monkeypatch.setattr(ct, "busy_cpus_now", lambda *a, **k: 0.1)
+    assert not ct.busy_machine() and ct.use_omp_policy({}) == {}
+    monkeypatch.setattr(ct, "busy_cpus_now", lambda *a, **k: None)  # /proc/stat unreadable
+    assert not ct.busy_machine()

@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import math
 import os
+import time
 from pathlib import Path
 
 OMP_POLICY = {"OMP_WAIT_POLICY": "PASSIVE"}  # set where the user set no wait policy of their own
@@ -169,14 +170,43 @@ def omp_env(environ=None, threads: int | None = None) -> dict:
 POLICY_ENV = "ASYMAGENT_OMP_POLICY"  # "auto" (default), "passive" or "spin"
 
 
+PROC_STAT = "/proc/stat"
+BUSY_SAMPLE_S = 0.1  # how long `busy_cpus_now` watches the machine's CPU counters
+
+
+def busy_cpus_now(interval: float = BUSY_SAMPLE_S, stat: str = PROC_STAT) -> float | None:
+    """How many of the machine's CPUs were busy over the next `interval` seconds (/proc/stat's
+    aggregate counters: non-idle share x CPUs), or None where it cannot be read."""
+    def sample() -> tuple[int, int] | None:
+        text = _read(Path(stat))
+        if not text or not text.startswith("cpu "):
+            return None
+        ticks = [int(x) for x in text.split("\n", 1)[0].split()[1:]]
+        idle = ticks[3] + (ticks[4] if len(ticks) > 4 else 0)  # idle + iowait
+        return sum(ticks), idle
+
+    first = sample()
+    if first is None:
+        return None
+    time.sleep(interval)
+    second = sample()
+    if second is None or second[0] <= first[0]:
+        return None
+    total, idle = second[0] - first[0], second[1] - first[1]
+    return (total - idle) / total * (os.cpu_count() or 1)
+
+
 def busy_machine(load: float | None = None, cpus: int | None = None) -> bool:
-    """Whether the machine is already busy: its 1-minute load average at least the CPUs this
-    process may use (other runnable work would take the cores our spinning workers wait for)."""
+    """Whether the machine is already busy: other work at least the CPUs this process may use
+    (it would take the cores our spinning workers wait for). `load` None: the larger of the
+    1-minute load average and the CPUs busy right now (`busy_cpus_now`; the load average lags a
+    job started seconds ago by a minute: issue 44's demo beside a just-started engine spun)."""
     if load is None:
         try:
             load = os.getloadavg()[0]
-        except (OSError, AttributeError):  # no load average on this platform: not known busy
-            return False
+        except (OSError, AttributeError):  # no load average on this platform
+            load = 0.0
+        load = max(load, busy_cpus_now() or 0.0)
     return load >= (cpus if cpus is not None else available_cpus())
 
 
