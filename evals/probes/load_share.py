@@ -3,7 +3,7 @@
     flock /tmp/asym-bench.lock python -m asymagent.evals.probes.load_share --competitors 0,1,3 \
         --policies old,new --repeats 3 --json docs/results/load_share.json
     flock /tmp/asym-bench.lock python -m asymagent.evals.probes.load_share --demo --competitors 0,1 \
-        --policies old,new --repeats 2 --json docs/results/load_share_demo.json
+        --policies new --repeats 2 --timeout 200 --json docs/results/load_share_demo_quiet.json
 
 Every engine is its own process on the embedded default (`--worker measure|compete`): a
 competitor decodes without end (mode full, 16 new tokens a call) until it is stopped; the
