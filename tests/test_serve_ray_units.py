@@ -261,3 +261,38 @@ def test_ingress_ends_a_cut_stream_with_an_error_event_and_maps_backpressure_to_
     response, body, _, _ = _ingress_answer([_Stream([BackPressureError(
         num_queued_requests=9, max_queued_requests=8)])])
     assert response.status_code == 429 and response.headers["retry-after"] == "1"
+
+
+class _Replica:
+    def __init__(self, name):
+        self.replica_id = name
+
+
+class _Pending:
+    def __init__(self, key):
+        self.kwargs = {"conversation": key}
+
+
+def test_new_conversations_spread_over_replicas_even_when_they_start_at_once():
+    pytest.importorskip("ray.serve.request_router")
+    from asymagent.integrations.ray_serve.router import ConversationRouter
+
+    router = object.__new__(ConversationRouter)  # its state only: no Ray cluster
+    router.initialize_state()
+    replicas = [_Replica("a"), _Replica("b")]
+
+    def choose(key):
+        return asyncio.run(router.choose_replicas(replicas, _Pending(key)))
+
+    # four conversations choose before any of them is routed (they arrived together)
+    first = {key: choose(key)[0][0].replica_id for key in ("c1", "c2", "c3", "c4")}
+    assert sorted(first.values()) == ["a", "a", "b", "b"]
+    assert choose("c4")[0][0].replica_id in ("a", "b")  # asked again: its old claim lapses
+    assert sum(router.held.values()) == 4
+    routed = {"c1": "a", "c2": "a", "c3": "a", "c4": "b"}  # where Ray sent them (fallbacks taken)
+    for key, replica in routed.items():
+        router.on_request_routed(_Pending(key), replica, None)
+    assert dict(router.held) == {"a": 3, "b": 1} and router.claims == {}
+    assert [r[0].replica_id for r in choose("c5")] == ["b", "a"]  # the least-held first, then the rest
+    router.on_request_routed(_Pending("c2"), "b", None)  # a conversation moved (its replica was gone)
+    assert dict(router.held) == {"a": 2, "b": 3}  # c5's claim on b, c2 now on b

@@ -4,9 +4,12 @@ Ray Serve's custom request-router API (`ray.serve.request_router.RequestRouter`,
 the ingress calls the engine deployment with `conversation=KEY` (affinity.py); this router, which
 Ray runs inside every handle to that deployment, remembers which replica served each key and
 sends the key's next requests there. A key seen for the first time, or whose replica is gone
-(died, scaled down), goes to the less loaded of two replicas drawn at random (Ray's own "power of
-two choices": Ray probes their ongoing-request counts) and is remembered there; requests with no
-key (/v1/models, unparseable bodies) are balanced the same way. Why a router and not model
+(died, scaled down), goes to the replica holding the fewest conversations (ties broken at random;
+the others follow as fallbacks, most free first) and is remembered there. Counted from the
+router's own table, with a claim taken at the choice: several conversations starting at once
+would all see equal queue lengths (Ray's "power of two choices" probe), and a 2-replica load
+test put 3 of 4 on one replica that way. Requests with no key (/v1/models, unparseable bodies)
+go to the less loaded of two replicas drawn at random (Ray probes their ongoing-request counts). Why a router and not model
 multiplexing: multiplexing learns where an id lives from the replicas' periodic reports, so two
 quick steps of a new conversation can land on two replicas, and it evicts ids by a per-replica
 count rather than by the engine's own LRU; the router decides from its own table at once.
@@ -21,7 +24,7 @@ the process-wide `route_counts.ROUTES` (the ingress exports them on /metrics):
 from __future__ import annotations
 
 import random
-from collections import OrderedDict
+from collections import Counter, OrderedDict
 
 from ray.serve.request_router import FIFOMixin, PendingRequest, ReplicaID, RequestRouter, RunningReplica
 
@@ -41,6 +44,8 @@ class ConversationRouter(FIFOMixin, RequestRouter):
     def initialize_state(self, max_conversations: int = MAX_CONVERSATIONS, **kwargs) -> None:
         self.max_conversations = int(max_conversations)
         self.owners: OrderedDict[str, ReplicaID] = OrderedDict()  # key -> replica, LRU order
+        self.held: Counter = Counter()  # replica id -> conversations it holds or was chosen for
+        self.claims: dict = {}  # new key -> the replica chosen for it, until it is routed
 
     async def choose_replicas(self, candidate_replicas: list[RunningReplica],
                               pending_request: PendingRequest | None = None
@@ -53,9 +58,22 @@ class ConversationRouter(FIFOMixin, RequestRouter):
                 # Only its own replica: if that one is busy the request waits for it (its own
                 # queue answers 429 when full), it never goes cold to another replica.
                 return [[replica]]
+        if key is not None and candidate_replicas:
+            return self._claim(key, list(candidate_replicas))
         if len(candidate_replicas) <= 2:
             return [list(candidate_replicas)]
         return [random.sample(list(candidate_replicas), 2)]
+
+    def _claim(self, key: str, candidates: list) -> list[list[RunningReplica]]:
+        """Ranks for a new key: the replica holding the fewest conversations first (claimed for
+        the key until it is routed), then the others, fewest first."""
+        previous = self.claims.pop(key, None)
+        if previous is not None:  # asked again (its choice was full): the old claim lapses
+            self.held[previous] -= 1
+        ranked = sorted(candidates, key=lambda r: (self.held[r.replica_id], random.random()))
+        self.claims[key] = ranked[0].replica_id
+        self.held[ranked[0].replica_id] += 1
+        return [[r] for r in ranked]
 
     def on_request_routed(self, pending_request: PendingRequest, replica_id: ReplicaID,
                           result) -> None:
@@ -65,9 +83,17 @@ class ConversationRouter(FIFOMixin, RequestRouter):
         if key is None:
             ROUTES.add("unkeyed")
             return
+        claimed = self.claims.pop(key, None)
+        if claimed is not None:
+            self.held[claimed] -= 1
         before = self.owners.get(key)
         ROUTES.add("new" if before is None else "affine" if before == replica_id else "moved")
+        if before != replica_id:
+            if before is not None:
+                self.held[before] -= 1
+            self.held[replica_id] += 1
         self.owners[key] = replica_id
         self.owners.move_to_end(key)
         while len(self.owners) > self.max_conversations:
-            self.owners.popitem(last=False)
+            _, gone = self.owners.popitem(last=False)
+            self.held[gone] -= 1
