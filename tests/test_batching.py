@@ -62,6 +62,18 @@ def _tokens(engine: Engine, req: dict) -> list:
     return engine.generate(**req).token_ids
 
 
+def _all_at_once(engine, requests: list) -> list:
+    """Each request's tokens, the requests started together (one thread each, past a barrier)."""
+    barrier = threading.Barrier(len(requests))
+
+    def run(req):
+        barrier.wait()
+        return _tokens(engine, req)
+
+    with ThreadPoolExecutor(len(requests)) as pool:
+        return list(pool.map(run, requests))
+
+
 @needs_packed
 def test_tokens_alone_equal_tokens_in_company():
     models = _models()
@@ -223,14 +235,7 @@ def test_rounds_in_company_fit_one_forward_and_keep_the_tokens():
 
     batcher_module.forward_many = spy
     try:
-        barrier = threading.Barrier(8)
-
-        def run(req):
-            barrier.wait()
-            return _tokens(engine, req)
-
-        with ThreadPoolExecutor(8) as pool:
-            mixed = list(pool.map(run, requests))
+        mixed = _all_at_once(engine, requests)
     finally:
         batcher_module.forward_many = real
     assert mixed == alone
@@ -273,14 +278,7 @@ def test_costs_in_company_change_no_token():
             engine = _engine(models, 8)
             engine.scheduler.batcher.cost_sharing = sharing
             charges.clear()
-            barrier = threading.Barrier(8)
-
-            def run(req):
-                barrier.wait()
-                return _tokens(engine, req)
-
-            with ThreadPoolExecutor(8) as pool:
-                mixed = list(pool.map(run, requests))
+            mixed = _all_at_once(engine, requests)
             assert mixed == alone, f"cost_sharing={sharing}: tokens differ from alone"
             if sharing:
                 assert charges, "no forward was charged in company"
