@@ -167,6 +167,23 @@ def test_load_model_takes_the_dtype_name(tmp_path, kind):
     assert next(loaded.model.parameters()).dtype == auto_dtype("cpu")
 
 
+@pytest.mark.parametrize("capability", ["AVX2", "AVX512"])
+def test_low_bit_on_a_cpu_without_avx512_says_it_is_slow(tmp_path, monkeypatch, caplog, capability):
+    from asymagent.modeling.loading import load_default_verifier, load_model
+
+    kind = next((k for k in KINDS if op_missing(k) is None), None)
+    if kind is None:
+        pytest.skip("no weight-only op in this torch")
+    tok = load_default_verifier(dtype="float32").tokenizer
+    _model("llama").save_pretrained(tmp_path)
+    tok.save_pretrained(tmp_path)
+    monkeypatch.setattr(torch.backends.cpu, "get_cpu_capability", lambda: capability)
+    with caplog.at_level("WARNING", logger="asymagent"):
+        load_model(tmp_path, dtype=kind)
+    warned = [r for r in caplog.records if "low-bit kernels here were measured slower" in r.getMessage()]
+    assert len(warned) == (1 if capability == "AVX2" else 0)
+
+
 def test_cli_dtype_choices(capsys):
     from asymagent.integrations import cli
     from asymagent.integrations.cli import build_parser

@@ -3,7 +3,9 @@
     flock /tmp/asym-bench.lock python -m asymagent.evals.probes.lowbit_decode --pair qwen2.5-coder \\
         --kinds bfloat16,int8w,int4w --rounds 2 --json docs/results/lowbit_decode.json
 
-One process, one model in the automatic dtype (bf16 on a CPU with a bf16 unit), switched between
+One process, one model in the automatic dtype (bf16 on a CPU with a bf16 unit; `--dtype float32` for
+what a CPU without one runs, e.g. with `ATEN_CPU_CAPABILITY=avx2 ONEDNN_MAX_CPU_ISA=AVX2` in the
+environment to keep torch's and oneDNN's kernels to AVX2 as on an AVX2-only machine), switched between
 kinds in place, interleaved A B C A B C over `--rounds`: "bfloat16" is what the engine runs by
 default (oneDNN-packed linears, the lean forward fused, asymagent/modeling/packed_linear.py),
 "int8w" / "int4w" the weight-only low-bit copies (asymagent/modeling/weight_only.py; a GGUF's
@@ -215,7 +217,7 @@ def _load(args):
     from asymagent.modeling.pairs import resolve_sources
 
     source = args.verifier if args.pair is None else resolve_sources("pair:" + args.pair, None)[0]
-    loaded = load_model(source, dtype="auto")
+    loaded = load_model(source, dtype=args.dtype)
     return loaded, str(source)
 
 
@@ -232,6 +234,9 @@ def main(argv=None) -> int:
                    help='comma list of bfloat16/float32, int8w, int4w, "int4w:minmax" (int4w rounded from '
                         'the float weights even when the source is a GGUF), "llama_cpp" (llama-cpp-python '
                         "on the same GGUF file)")
+    p.add_argument("--dtype", default="auto",
+                   help="the float dtype the model loads in, which the low-bit kinds keep for activations "
+                        "and prefill (auto: bfloat16 with a bf16 unit, else float32); name it first in --kinds")
     p.add_argument("--rounds", type=int, default=2)
     p.add_argument("--context", type=int, default=512, help="tokens prefilled before decoding")
     p.add_argument("--decode", type=int, default=16, help="one-token forwards timed per round")
