@@ -34,14 +34,15 @@ ABOVE_4_BITS = ("Q5_0", "Q5_1", "Q5_K", "Q6_K", "Q8_0", "Q8_1", "Q8_K", "F16", "
 
 @dataclass
 class Q4KGrid:
-    """One Q4_K tensor's weights as w = scale * q + lo per group of 32 inputs."""
+    """4-bit weights as w = scale * q + lo per group of inputs: a Q4_K tensor's (groups of 32), or
+    int4w's min/max rounding of a float weight (weight_only.LowBitWeight.make)."""
 
     q: torch.Tensor  # [N, K] int32 in 0..15
-    scale: torch.Tensor  # [N, K / 32] float32: d * sc
-    lo: torch.Tensor  # [N, K / 32] float32: -dmin * m, the value of q = 0
+    scale: torch.Tensor  # [N, K / group] float32 (Q4_K: d * sc)
+    lo: torch.Tensor  # [N, K / group] float32, the value of q = 0 (Q4_K: -dmin * m)
 
     def dequantized(self) -> torch.Tensor:
-        """[N, K] float32, the same float32 arithmetic as gguf's Q4_K dequantisation."""
+        """[N, K] float32 of a Q4_K grid, the same float32 arithmetic as gguf's dequantisation."""
         n, k = self.q.shape
         qg = self.q.view(n, k // Q4K_GROUP, Q4K_GROUP).to(torch.float32)  # [N, G, 32]
         return (self.scale[..., None] * qg - (-self.lo)[..., None]).view(n, k)

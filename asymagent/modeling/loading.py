@@ -245,11 +245,6 @@ def load_model(source: str | os.PathLike, *, gguf_file: str | None = None,
 
         gguf = loaded.source if loaded.source.endswith(".gguf") else None
         report = quantize_weights(loaded.model, quantize, gguf=gguf)
-        capability = torch.backends.cpu.get_cpu_capability()
-        if not capability.startswith("AVX512"):
-            _log.warning("--dtype %s on a %s CPU: torch's low-bit kernels here were measured slower than "
-                         "%s (the pair's 1.5B with AVX2 kernels: int4w 1.23 s, int8w 0.70 s, float32 0.28 s "
-                         "a token; docs/cpu.md)", quantize, capability, str(dtype).removeprefix("torch."))
         _log.info("%s: %d linears to %s in %.1f s (%.2f GB low-bit beside %.2f GB float; from %s)",
                   source, report.layers, quantize, report.seconds, report.lowbit_bytes / 1e9,
                   report.float_bytes / 1e9, report.sources)

@@ -49,6 +49,7 @@ still equal transformers' bit for bit.
 from __future__ import annotations
 
 import functools
+import logging
 import time
 from dataclasses import dataclass, field
 
@@ -59,6 +60,8 @@ from asymagent.modeling.gguf_blocks import ABOVE_4_BITS, Q4K_GROUP, GgufBlocks, 
 from asymagent.modeling.packed_linear import unpack_linears
 from asymagent.modeling.probe_cache import cached_probe
 from asymagent.modeling.row_floor import floors_off, linear_rows_floor, pad_rows
+
+_log = logging.getLogger(__name__)
 
 KINDS = ("int8w", "int4w")
 INT4_GROUP = 32  # inputs per int4 scale/zero: Q4_K's sub-block (module doc)
@@ -123,19 +126,16 @@ class LowBitWeight:
         lo, hi = wg.amin(dim=-1), wg.amax(dim=-1)  # [N, G]
         scale = ((hi - lo) / 15.0).clamp(min=1e-12)  # [N, G]
         q = torch.round((wg - lo[..., None]) / scale[..., None]).clamp(0, 15)  # [N, G, g]
-        q = q.to(torch.int32).view(n_out, n_in)  # [N, K] in 0..15
-        packed = torch.ops.aten._convert_weight_to_int4pack_for_cpu(q, 1)  # [N, K / 2] uint8
-        # the kernel computes (q - 8) * s + z: z = lo + 8 s gives lo + q s
-        sz = torch.stack([scale, lo + 8.0 * scale], dim=-1)  # [N, G, 2]
-        return cls(kind, packed, sz.transpose(0, 1).contiguous().to(dtype), group, dtype)
+        return cls.from_grid(Q4KGrid(q.to(torch.int32).view(n_out, n_in), scale, lo), dtype, group)
 
     @classmethod
-    def from_grid(cls, grid: Q4KGrid, dtype: torch.dtype) -> "LowBitWeight":
-        """int4w from a GGUF's Q4_K grid (w = scale * q + lo per 32 inputs; gguf_blocks.py): the
-        file's own 4-bit values and scales, not a second rounding of their float form."""
+    def from_grid(cls, grid: Q4KGrid, dtype: torch.dtype, group: int = Q4K_GROUP) -> "LowBitWeight":
+        """int4w from a grid w = scale * q + lo per `group` inputs: a GGUF's Q4_K blocks as the file
+        holds them (gguf_blocks.py), or `make`'s min/max rounding of a float weight."""
         packed = torch.ops.aten._convert_weight_to_int4pack_for_cpu(grid.q, 1)  # [N, K / 2] uint8
-        sz = torch.stack([grid.scale, grid.lo + 8.0 * grid.scale], dim=-1)  # [N, G, 2]: (q - 8) s + z
-        return cls("int4w", packed, sz.transpose(0, 1).contiguous().to(dtype), Q4K_GROUP, dtype)
+        # the kernel computes (q - 8) * s + z: z = lo + 8 s gives lo + q s
+        sz = torch.stack([grid.scale, grid.lo + 8.0 * grid.scale], dim=-1)  # [N, G, 2]
+        return cls("int4w", packed, sz.transpose(0, 1).contiguous().to(dtype), group, dtype)
 
     def matmul(self, x: torch.Tensor) -> torch.Tensor:
         """x [M, K] (self.dtype) -> [M, N] through the low-bit kernel."""
@@ -242,17 +242,21 @@ def quantize_weights(model: torch.nn.Module, kind: str, max_rows: int = MAX_ROWS
     if param.device.type != "cpu" or param.dtype not in (torch.bfloat16, torch.float32):
         raise ValueError(f"--dtype {kind} runs bf16 or float32 models on the CPU, got "
                          f"{param.dtype} on {param.device}")
+    capability = torch.backends.cpu.get_cpu_capability()
+    if not capability.startswith("AVX512"):
+        _log.warning("--dtype %s on a %s CPU: torch's low-bit kernels without AVX-512 were measured "
+                     "slower than the float weights they replace (docs/cpu.md, AVX2 kernels)", kind, capability)
     start = time.perf_counter()
     report = WeightOnlyReport(kind)
     unpack_linears(model)  # an engine's packed copies (re-made by the next pack_linears)
     store = {} if store is None else store
-    blocks = GgufBlocks(gguf) if gguf is not None and kind == "int4w" else None
+    gguf = gguf if kind == "int4w" else None  # only int4w reads the file's blocks
+    blocks = functools.cache(lambda: GgufBlocks(gguf) if gguf is not None else None)  # parsed once, if needed
     for name, module in _targets(model):
         w = module.weight
-        key = (name, kind, gguf if blocks is not None else None)
+        key = (name, kind, gguf)
         if key not in store or store[key][0].dtype != w.dtype:
-            store[key] = _lowbit_of(kind, w, blocks) if name != HEAD else (
-                LowBitWeight.make("int8w", w, w.dtype), "int8: head")
+            store[key] = _lowbit_of(kind, name, w, blocks)
         lowbit, source = store[key]
         report.sources[source] = report.sources.get(source, 0) + 1
         shape = tuple(w.shape)
@@ -274,11 +278,13 @@ def quantize_weights(model: torch.nn.Module, kind: str, max_rows: int = MAX_ROWS
     return report
 
 
-def _lowbit_of(kind: str, w: torch.Tensor, blocks: GgufBlocks | None) -> tuple:
-    """(low-bit copy, where it came from) of one decoder layer: the GGUF's Q4_K grid where it
-    holds, int8 where the file keeps the layer above 4 bits, else rounded from the float weight
-    (min/max)."""
-    found = blocks.find(w) if blocks is not None else None
+def _lowbit_of(kind: str, name: str, w: torch.Tensor, blocks) -> tuple:
+    """(low-bit copy, where it came from) of one layer: int8 for the head; else the GGUF's Q4_K
+    grid where it holds, int8 where the file keeps the layer above 4 bits, else rounded from the
+    float weight (min/max). `blocks()`: the GgufBlocks of the source file, or None."""
+    if name == HEAD:
+        return LowBitWeight.make("int8w", w, w.dtype), "int8: head"
+    found = blocks().find(w) if blocks() is not None else None
     if found is not None and found.grid is not None:
         return LowBitWeight.from_grid(found.grid, w.dtype), "Q4_K"
     if found is not None and found.type_name in ABOVE_4_BITS:
