@@ -201,13 +201,15 @@ def busy_machine(load: float | None = None, cpus: int | None = None) -> bool:
     (it would take the cores our spinning workers wait for). `load` None: the larger of the
     1-minute load average and the CPUs busy right now (`busy_cpus_now`; the load average lags a
     job started seconds ago by a minute: issue 44's demo beside a just-started engine spun)."""
+    cpus = cpus if cpus is not None else available_cpus()
     if load is None:
         try:
             load = os.getloadavg()[0]
         except (OSError, AttributeError):  # no load average on this platform
             load = 0.0
-        load = max(load, busy_cpus_now() or 0.0)
-    return load >= (cpus if cpus is not None else available_cpus())
+        if load < cpus:  # the 0.1 s look only where the average does not already say busy
+            load = max(load, busy_cpus_now() or 0.0)
+    return load >= cpus
 
 
 def use_omp_policy(environ=None, load: float | None = None) -> dict:

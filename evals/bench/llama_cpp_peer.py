@@ -61,13 +61,15 @@ class LlamaCppStep:
 class LlamaCppPeer:
     """One llama.cpp context on `gguf_path` (greedy, prefix reuse across `run` calls)."""
 
-    def __init__(self, gguf_path: str, n_ctx: int, threads: int) -> None:
+    def __init__(self, gguf_path: str, n_ctx: int, threads: int, logits_all: bool = False) -> None:
+        """`logits_all`: keep every evaluated position's logits in `llm.scores` (teacher forcing)."""
         from llama_cpp import Llama
 
         # verbose=False makes llama_cpp redirect the process's stdout/stderr file descriptors,
         # which fails where they are not real files (pytest's capture): then let it talk
         self.llm = Llama(model_path=str(gguf_path), n_ctx=n_ctx, n_threads=threads,
-                         n_threads_batch=threads, n_batch=512, verbose=not _real_std_fds())
+                         n_threads_batch=threads, n_batch=512, logits_all=logits_all,
+                         verbose=not _real_std_fds())
         import llama_cpp
 
         self.version = getattr(llama_cpp, "__version__", "?")

@@ -125,12 +125,11 @@ class LlamaCppKind:
     runs, evals/bench/llama_cpp_peer.py; here per token, interleaved with our kinds)."""
 
     def __init__(self, gguf: str, n_ctx: int, threads: int):
-        from llama_cpp import Llama
-        import llama_cpp
+        from asymagent.evals.bench.llama_cpp_peer import LlamaCppPeer
 
-        self.llm = Llama(model_path=gguf, n_ctx=n_ctx, n_threads=threads, n_threads_batch=threads,
-                         n_batch=512, logits_all=True, verbose=False)
-        self.info = {"llama_cpp": getattr(llama_cpp, "__version__", "?"), "threads": threads}
+        peer = LlamaCppPeer(gguf, n_ctx, threads, logits_all=True)
+        self.llm = peer.llm
+        self.info = {"llama_cpp": peer.version, "threads": threads}
 
     def _last(self):
         import torch
