@@ -218,15 +218,15 @@ class ForwardBatcher:
             for t in tickets:
                 t.error = exc
         seconds = time.perf_counter() - t0
-        shares = self._observe([t.call for t in tickets], seconds)
-        for t, share in zip(tickets, shares):
+        costs = self._observe([t.call for t in tickets], seconds)
+        for t, share in zip(tickets, costs.shares([t.call.rows for t in tickets], seconds)):
             t.share = share
             t.done = True
 
-    def _observe(self, calls: list, seconds: float) -> list:
+    def _observe(self, calls: list, seconds: float) -> ForwardCosts:
         """Record a forward of `calls` that took `seconds`: its model's cost fit (decode-sized
-        forwards only: a prefill chunk is another regime), the observers; returns each call's
-        share of the seconds (ForwardCosts.shares)."""
+        forwards only: a prefill chunk is another regime), the observers; returns the fit (a
+        batched forward's shares are read from it; a request alone is charged nothing)."""
         rows = [c.rows for c in calls]
         costs = self.costs.get(id(calls[0].lean))
         if costs is None:
@@ -235,4 +235,4 @@ class ForwardBatcher:
             costs.observe(len(calls), sum(rows), seconds)
         for fn in self.observers:
             fn(len(calls), sum(rows))
-        return costs.shares(rows, seconds)
+        return costs
