@@ -30,6 +30,34 @@ import torch
 DTYPE_NAMES = ("auto", "float32", "bfloat16", "float16", "int8", "int8w", "int4w")
 QUANTIZED = ("int8",)  # names that are a quantisation of float32 weights, not a torch dtype
 WEIGHT_ONLY = ("int8w", "int4w")  # weight-only low-bit copies over the automatic dtype's weights
+CPUINFO = "/proc/cpuinfo"
+
+
+def cpuinfo_field(name: str, path: str = CPUINFO) -> str | None:
+    """The value of the first `name` line of /proc/cpuinfo (the first CPU's), or None."""
+    try:
+        with open(path) as f:
+            for line in f:
+                if line.startswith(name):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return None
+
+
+def cpu_flags(path: str = CPUINFO) -> set:
+    """The first CPU's flags (empty where /proc/cpuinfo is not there)."""
+    return set((cpuinfo_field("flags", path) or "").split())
+
+
+def cpu_model(path: str = CPUINFO) -> str | None:
+    """The CPU's model name (lscpu's "Model name")."""
+    return cpuinfo_field("model name", path)
+
+
+def bf16_forced_off() -> bool:
+    """`ASYMAGENT_CPU_BF16=0`: the bf16 unit turned off (to measure the float32 path on a bf16 machine)."""
+    return os.environ.get("ASYMAGENT_CPU_BF16", "").strip().lower() in ("0", "false", "off", "no")
 
 
 @functools.cache
@@ -37,17 +65,9 @@ def cpu_bf16_support() -> str | None:
     """The CPU's bf16 matrix unit ("amx_bf16" or "avx512_bf16"), or None; probed once.
 
     `ASYMAGENT_CPU_BF16=0` forces None (to measure the float32 path on a bf16 machine)."""
-    if os.environ.get("ASYMAGENT_CPU_BF16", "").strip().lower() in ("0", "false", "off", "no"):
+    if bf16_forced_off():
         return None
-    flags: set = set()
-    try:
-        with open("/proc/cpuinfo") as f:
-            for line in f:
-                if line.startswith("flags"):
-                    flags = set(line.split(":", 1)[1].split())
-                    break
-    except OSError:
-        pass
+    flags = cpu_flags()
     cpu = getattr(torch, "cpu", None)
 
     def probe(name: str) -> bool:

@@ -14,7 +14,7 @@ row floors (row_floor.py) are probed on this machine at the engine's thread coun
 
 from __future__ import annotations
 
-from asymagent.modeling.cpu_dtype import cpu_bf16_support
+from asymagent.modeling.cpu_dtype import bf16_forced_off, cpu_bf16_support, cpu_flags, cpu_model  # noqa: F401 - cpu_flags, cpu_model re-exported
 
 FAMILIES = ("amx", "avx512_bf16", "avx512", "avx2", "baseline")
 REASONS = {
@@ -24,18 +24,6 @@ REASONS = {
     "avx2": "float32: AVX2 only, no bf16 unit; bf16 would be converted op by op (slower)",
     "baseline": "float32: no wide vector or bf16 unit found",
 }
-
-
-def cpu_flags(path: str = "/proc/cpuinfo") -> set:
-    """The first CPU's flags (empty where /proc/cpuinfo is not there)."""
-    try:
-        with open(path) as f:
-            for line in f:
-                if line.startswith("flags"):
-                    return set(line.split(":", 1)[1].split())
-    except OSError:
-        pass
-    return set()
 
 
 def cpu_family(flags: set, bf16_unit: str | None) -> str:
@@ -51,27 +39,15 @@ def cpu_family(flags: set, bf16_unit: str | None) -> str:
     return "baseline"
 
 
-def cpu_model(path: str = "/proc/cpuinfo") -> str | None:
-    """The CPU's model name (lscpu's "Model name")."""
-    try:
-        with open(path) as f:
-            return next((line.split(":", 1)[1].strip() for line in f
-                         if line.startswith("model name")), None)
-    except OSError:
-        return None
-
-
 def cpu_choice(flags: set | None = None, bf16_unit: str | None = ...) -> dict:
     """{"cpu_model", "family", "dtype", "why", "bf16_unit", "capability", "forced_off"}: what the
     engine picks on this CPU (or on the given flags / unit) and why."""
-    import os
-
     import torch
 
     flags = cpu_flags() if flags is None else flags
     unit = cpu_bf16_support() if bf16_unit is ... else bf16_unit
     family = cpu_family(flags, unit)
-    forced = os.environ.get("ASYMAGENT_CPU_BF16", "").strip().lower() in ("0", "false", "off", "no")
+    forced = bf16_forced_off()
     why = REASONS[family]
     if forced and unit is None and family in ("avx512", "avx2", "baseline") and (
             "amx_bf16" in flags or "avx512_bf16" in flags):

@@ -27,6 +27,7 @@ from typing import Callable
 import torch
 
 from asymagent.modeling.cache_dir import cache_dir
+from asymagent.modeling.cpu_dtype import cpu_flags, cpu_model
 
 FILE_NAME = "probes.json"
 _FORMAT = 1  # bump when a probe's meaning changes (its answers are then probed afresh)
@@ -41,17 +42,8 @@ def enabled() -> bool:
 def machine_key() -> str:
     """A digest of what decides a kernel's bits here: CPU model and flags, torch's version and
     build configuration, its CPU capability (the vector ISA its kernels dispatch to)."""
-    model, flags = platform.processor(), ""
-    try:
-        with open("/proc/cpuinfo") as f:
-            for line in f:
-                if line.startswith("model name") and not model:
-                    model = line.split(":", 1)[1].strip()
-                elif line.startswith("flags"):
-                    flags = " ".join(sorted(line.split(":", 1)[1].split()))
-                    break
-    except OSError:
-        pass
+    model = platform.processor() or cpu_model() or ""
+    flags = " ".join(sorted(cpu_flags()))
     try:
         capability = torch.backends.cpu.get_cpu_capability()
     except Exception:  # noqa: BLE001 - an older torch: the build config still tells

@@ -32,14 +32,9 @@ from asymagent.evals.suites.synthetic_text import paragraph, person
 
 
 def cpu_name() -> str:
-    try:
-        with open("/proc/cpuinfo") as f:
-            for line in f:
-                if line.startswith("model name"):
-                    return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or "unknown"
+    from asymagent.modeling.cpu_dtype import cpu_model
+
+    return cpu_model() or platform.processor() or "unknown"
 
 
 def percentile(values: list, q: float) -> float:

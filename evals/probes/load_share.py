@@ -182,11 +182,9 @@ def main(argv=None) -> int:
 
 
 def _cpu_model() -> str:
-    try:
-        with open("/proc/cpuinfo") as f:
-            return next((line.split(":", 1)[1].strip() for line in f if line.startswith("model name")), "?")
-    except OSError:
-        return "?"
+    from asymagent.modeling.cpu_dtype import cpu_model
+
+    return cpu_model() or "?"
 
 
 if __name__ == "__main__":
