@@ -46,6 +46,20 @@ def random_prompts(n: int, length: int = 12, vocab: int = 256, seed: int = 0) ->
     return [torch.randint(3, vocab, (length,), generator=gen).tolist() for _ in range(n)]
 
 
+def greedy_modes_agree(engine, prompts: int = 2, length: int = 30, seed: int = 5,
+                       max_new_tokens: int = 20) -> int:
+    """Asserts greedy full, spec and asym give the same tokens on random prompts; returns how many
+    drafts spec rejected (> 0: the rollback path ran)."""
+    rejected = 0
+    for prompt in random_prompts(prompts, length=length, seed=seed):
+        full = engine.generate(prompt, mode="full", max_new_tokens=max_new_tokens, cache_key="f")
+        sp = engine.generate(prompt, mode="spec", max_new_tokens=max_new_tokens, cache_key="s")
+        asym = engine.generate(prompt, mode="asym", max_new_tokens=max_new_tokens, cache_key="a")
+        assert full.token_ids == sp.token_ids == asym.token_ids
+        rejected += sp.stats.drafted - sp.stats.accepted
+    return rejected
+
+
 def test_models_are_not_degenerate():
     model = make_model(0)
     prompts = torch.tensor(random_prompts(16))

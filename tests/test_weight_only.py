@@ -21,7 +21,7 @@ from asymagent.modeling.weight_only import (KINDS, WeightOnlyLinear, WeightOnlyU
                                             op_missing, quantize_weights)
 from asymagent.spec_config import SpecConfig
 from conftest import make_tiny_llama, make_tiny_qwen2
-from test_engine_models import random_prompts
+from test_engine_models import greedy_modes_agree, random_prompts
 
 MAKERS = {"llama": make_tiny_llama, "qwen2": make_tiny_qwen2}
 
@@ -112,14 +112,7 @@ def test_greedy_spec_and_asym_equal_full_in_the_same_dtype(kind, family, dtype):
     # the lean forward runs the low-bit layers through its unfused loop, or is off with a reason
     lean = engine.runtime["lean_forward"]["verifier"]
     assert lean == "on" or lean.startswith("off: "), lean
-    rejected = 0
-    for prompt in random_prompts(2, length=30, seed=5):
-        full = engine.generate(prompt, mode="full", max_new_tokens=20, cache_key="f")
-        sp = engine.generate(prompt, mode="spec", max_new_tokens=20, cache_key="s")
-        asym = engine.generate(prompt, mode="asym", max_new_tokens=20, cache_key="a")
-        assert full.token_ids == sp.token_ids == asym.token_ids
-        rejected += sp.stats.drafted - sp.stats.accepted
-    assert rejected > 0  # the rollback path ran
+    assert greedy_modes_agree(engine) > 0  # the modes agree; rejections: the rollback path ran
 
 
 def test_lean_forward_attaches_over_low_bit_layers():
