@@ -9,7 +9,7 @@ from asymagent.kv.batched_forward import MAX_ROWS, SeqCall, batchable, forward_m
 from asymagent.kv.growing_cache import for_model
 from asymagent.kv.lean_forward import attach, lean_of
 from asymagent.modeling.packed_linear import kernel_available, pack_linears
-from conftest import make_tiny_llama, make_tiny_qwen2
+from conftest import floor_linear_downs, make_tiny_llama, make_tiny_qwen2
 
 needs_packed = pytest.mark.skipif(kernel_available() is not None,
                                   reason=f"no packed bf16 linear kernel: {kernel_available()}")
@@ -96,6 +96,28 @@ def test_qwen2_qkv_biases_score_as_each_alone():
     assert model_batchable(lean_of(model))
     _compare(model, [70, 5, 130, 33], [[1, 1, 1, 1], [4, 1, 7, 2], [1, 8, 1, 3], [2, 1, 6, 1]],
              seed=3)
+
+
+@needs_packed
+@pytest.mark.parametrize("make", [make_tiny_llama, make_tiny_qwen2], ids=["llama", "qwen2"])
+@torch.inference_mode()
+def test_floor_linear_down_projections_batch_with_each_rows_bits(monkeypatch, make):
+    """Down projections on F.linear (FloorLinear, rows padded to a floor of 2), as the reference
+    pair's 1.5B has them on the AMX machine: the model batches (F.linear over every sequence's
+    rows at once) and every row keeps its own forward's bits, a one-row decode included."""
+    from asymagent.kv.batched_forward import model_batchable
+
+    model = make(hidden=128, heads=4, kv_heads=2, layers=2).to(torch.bfloat16)
+    use_gqa_attention(model)
+    assert pack_linears(model).packed > 0
+    floor_linear_downs(model, monkeypatch)
+    assert attach(model).fused
+    lean = lean_of(model)
+    assert model_batchable(lean)
+    _compare(model, [70, 5, 130, 33, 9], [[1, 1, 1, 1, 1], [4, 1, 7, 2, 1], [1, 8, 1, 3, 2],
+                                          [2, 1, 6, 1, 1], [1, 1, 1, 1, 1]], seed=5)
+    lean.layers[1].down.max_rows = MAX_ROWS - 1  # a batched forward could exceed its padded rows
+    assert not model_batchable(lean)
 
 
 @needs_packed

@@ -13,7 +13,7 @@ from asymagent.kv.growing_cache import GrowingCache
 from asymagent.kv import lean_forward
 from asymagent.kv.lean_forward import ATTR, attach, lean_of, why_not
 from asymagent.modeling.packed_linear import kernel_available, pack_linears
-from conftest import TINY_FAMILIES, make_tiny_llama, make_tiny_qwen2
+from conftest import TINY_FAMILIES, floor_linear_downs, make_tiny_llama, make_tiny_qwen2
 
 needs_packed = pytest.mark.skipif(kernel_available() is not None,
                                   reason=f"no packed bf16 linear kernel: {kernel_available()}")
@@ -203,11 +203,16 @@ def test_a_hooked_model_runs_through_transformers():
 
 @needs_packed
 @FAMILIES
-def test_direct_road_same_bits_and_cache_as_the_general_loop(monkeypatch, family):
+@pytest.mark.parametrize("down", ["packed", "floor"])
+def test_direct_road_same_bits_and_cache_as_the_general_loop(monkeypatch, family, down):
     """bf16, packed, grouped rows: decode and verify forwards take the direct road (each layer one
     function, its checks made once per forward) and give the general loop's logits and cached keys
-    and values bit for bit, through cache growth (a layer without room takes the general loop)."""
+    and values bit for bit, through cache growth (a layer without room takes the general loop).
+    `floor`: the down projections left on F.linear (FloorLinear, rows padded to its floor), as
+    the reference pair's 1.5B has them."""
     model = _model(torch.bfloat16, pack=True, family=family)
+    if down == "floor":
+        floor_linear_downs(model, monkeypatch)
     assert attach(model).fused
     used = []
     real = lean_forward._direct_layer

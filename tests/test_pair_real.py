@@ -67,3 +67,37 @@ def test_the_models_own_tool_call_format(engine, tool_choice):
     assert [c["function"]["name"] for c in r.tool_calls] == ["get_order"]
     assert '"A-1234"' in r.tool_calls[0]["function"]["arguments"]
     assert r.text in ("", None)
+
+
+def test_both_models_batch_and_rows_keep_their_bits(engine):
+    """Continuous batching on the pair (issue 42): both models pass `model_batchable` (the 1.5B's
+    down projections that `pack_linears` leaves on F.linear run as FloorLinear over every
+    sequence's rows), and the rows of four sequences in one forward get the logits and cached
+    keys of each sequence's own forward, bit for bit."""
+    import torch
+
+    from asymagent.kv.batched_forward import SeqCall, batchable, forward_many, model_batchable, run_one
+    from asymagent.kv.growing_cache import for_model
+    from asymagent.kv.lean_forward import lean_of
+
+    model, lean = engine.verifier, lean_of(engine.verifier)
+    g = torch.Generator().manual_seed(0)
+    with torch.inference_mode():  # as the engine decodes (model_batchable: no autograd)
+        for m in (engine.verifier, engine.drafter):
+            assert model_batchable(lean_of(m)), f"{m.config.num_hidden_layers}-layer model"
+        prompts = [torch.randint(0, 30000, (n,), generator=g).tolist() for n in (90, 7, 200, 33)]
+        alone, together = [], []
+        for caches in (alone, together):
+            for p in prompts:
+                caches.append(for_model(model))
+                run_one(SeqCall(lean, caches[-1], p, keep=None))
+        for rows in ([1, 1, 1, 1], [4, 1, 5, 2], [1, 3, 1, 1]):
+            ids = [torch.randint(0, 30000, (r,), generator=g).tolist() for r in rows]
+            one = [run_one(SeqCall(lean, c, i, r)) for c, i, r in zip(alone, ids, rows)]
+            calls = [SeqCall(lean, c, i, r) for c, i, r in zip(together, ids, rows)]
+            assert all(batchable(c) for c in calls)
+            for a, b in zip(one, forward_many(calls)):
+                assert torch.equal(a, b)
+        for ca, cb in zip(alone, together):
+            for la, lb in zip(ca.layers, cb.layers):
+                assert torch.equal(la.keys, lb.keys) and torch.equal(la.values, lb.values)

@@ -22,7 +22,10 @@ in a 1-row decode and a K+1-row verify):
 `tests/test_batched_forward.py` checks it bit for bit against each sequence's own forward.
 
 Scope: what `batchable` accepts, i.e. forwards the lean forward's direct road would run alone:
-a LeanForward with fused packed kernels (bf16 on the CPU), our grouped GQA attention, biases only
+a LeanForward with fused packed kernels (bf16 on the CPU; an o / down projection that
+`pack_linears` left on F.linear, a `FloorLinear`, runs its own forward over all rows: F.linear
+padded to its row floor, whose rows the floor probe checks agree in any call of 1..32 rows, as the
+packed kernel's), our grouped GQA attention, biases only
 where the model's family has them (Llama none; Qwen2, the reference pair, q|k|v biases added
 inside the fused kernel, per column, as the lean forward adds them),
 each layer cache a GrowingLayer with room for the rows and aligned reads, at most MAX_ROWS rows in
@@ -41,7 +44,7 @@ from asymagent.kv.attention import gqa_sdpa_forward, grouped_rows_mask
 from asymagent.kv.growing_cache import GrowingLayer
 from asymagent.kv.lean_forward import FAMILIES, LeanForward, lean_of, rms_norm, rope
 from asymagent.modeling import packed_linear
-from asymagent.modeling.packed_linear import PackedLinear
+from asymagent.modeling.packed_linear import FloorLinear, PackedLinear
 
 MAX_ROWS = packed_linear.MAX_PACKED_ROWS  # rows of one batched forward (the packed kernel's limit)
 
@@ -71,7 +74,9 @@ def _attention_interface(lean: LeanForward):
 
 def model_batchable(lean: LeanForward) -> bool:
     """The model runs on the fused packed road: bf16 CPU, packing on, our grouped attention,
-    packed o/down (every layer), biases only where its family has them (the lean forward's
+    fused packed q|k|v and gate|up, o / down packed or `FloorLinear` (F.linear, its rows padded
+    to F.linear's floor: a row's bits are the same in any call of 1..MAX_ROWS rows, as the
+    packed kernel's; `max_rows` covering a whole batched forward), biases only where its family has them (the lean forward's
     `Family` adapter: Qwen2's q|k|v bias, added inside the fused kernel as its own forward adds
     it; o and the MLP never carry one)."""
     if not (lean.fused and packed_linear.enabled() and not torch.is_grad_enabled()):
@@ -84,8 +89,11 @@ def model_batchable(lean: LeanForward) -> bool:
     family = FAMILIES.get(getattr(lean.config, "model_type", None))
     qkv_bias = family is not None and family.qkv_bias
     for lay in lean.layers:
-        if not all(type(m) is PackedLinear for m in (lay.q, lay.k, lay.v, lay.o, lay.gate, lay.up, lay.down)):
+        if not all(type(m) is PackedLinear for m in (lay.q, lay.k, lay.v, lay.gate, lay.up)):
             return False
+        for m in (lay.o, lay.down):
+            if type(m) is not PackedLinear and not (type(m) is FloorLinear and m.max_rows >= MAX_ROWS):
+                return False
         if any(m.bias is not None for m in (lay.o, lay.gate, lay.up, lay.down)):
             return False
         biased = [m.bias is not None for m in (lay.q, lay.k, lay.v)]
@@ -213,11 +221,19 @@ def _layer(lean: LeanForward, lay, i: int, x: torch.Tensor, seqs: list, cos: tor
                                              attn_mask=s.mask, scale=lay.attn.scaling)
         outs.append(out.view(1, hq, n, d).transpose(1, 2))  # [1, T, Hq, D]
     attn = torch.cat(outs, dim=1).reshape(1, rows, hq * d)  # [1, R, Hq*D], contiguous
-    x = x + packed_linear.packed_rows_forward(attn, lay.o.current_packed())
+    x = x + _rows_linear(lay.o, attn)
     h = rms_norm(x, lay.norm2.weight, lay.norm2.variance_epsilon)
     gu = packed_linear.packed_rows_forward(h, lay.gu_packed)  # [1, R, 2*I]
     act = F.silu(gu[..., : lean.intermediate]) * gu[..., lean.intermediate:]  # [1, R, I]
-    return x + packed_linear.packed_rows_forward(act, lay.down.current_packed())
+    return x + _rows_linear(lay.down, act)
+
+
+def _rows_linear(module: torch.nn.Linear, x: torch.Tensor) -> torch.Tensor:
+    """o / down over all rows [1, R, in] -> [1, R, out]: the packed kernel (rows padded to its
+    floor), or a FloorLinear's own forward (F.linear, rows padded to F.linear's floor)."""
+    if type(module) is FloorLinear:
+        return module.forward(x)
+    return packed_linear.packed_rows_forward(x, module.current_packed())
 
 
 def _outputs(lean: LeanForward, x: torch.Tensor, calls: list, seqs: list) -> list:

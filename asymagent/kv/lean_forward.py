@@ -25,7 +25,8 @@ Bit-identical to the transformers forward, by construction and by check:
   forward and the reason is reported (`LeanReport.why`).
 
 Decode and verify forwards take a shorter road still (`_Direct`, `_direct_layer`): when a
-forward is one the engine's CPU path would run through the fused packed kernels, grouped
+forward is one the engine's CPU path would run through the fused packed kernels (o / down
+packed, or a `FloorLinear` run through its own forward: the reference pair's 1.5B), grouped
 attention rows (asymagent/kv/attention.py) and a GrowingCache with room, with no row padding
 needed (the linear and attention row floors already met), every per-call decision those
 functions make (row floors, the attention interface's branches, the additive grouped mask, the
@@ -63,7 +64,7 @@ import torch.nn.functional as F
 from asymagent.kv.attention import gqa_sdpa_forward, grouped_rows_mask
 from asymagent.kv.growing_cache import GrowingLayer
 from asymagent.modeling import packed_linear
-from asymagent.modeling.packed_linear import PackedLinear
+from asymagent.modeling.packed_linear import FloorLinear, PackedLinear
 
 ATTR = "asymagent_lean"  # the attached LeanForward on the *ForCausalLM
 CHECK_ROWS = (1, 4, 40)  # forward sizes compared with transformers at attach time (after a prefill)
@@ -228,7 +229,20 @@ class _Direct:
     off: bool = False  # the packed kernel failed in this forward: the general loop from here on
 
 
-def _direct_layer(lay: _Layer, x: torch.Tensor, o_packed: torch.Tensor, down_packed: torch.Tensor,
+ROW_PROJECTIONS = (PackedLinear, FloorLinear)  # o / down kinds the direct road runs
+
+
+def _proj(module: torch.nn.Linear, packed: torch.Tensor | None, x: torch.Tensor) -> torch.Tensor:
+    """o / down on the direct road: the packed kernel as it is (`packed`; the rows need no
+    padding, checked once per forward) or, `packed` None, the layer's own forward: a FloorLinear
+    (a layer `pack_linears` left on F.linear) pads its rows to F.linear's floor itself, exactly as
+    the general loop's `lay.down.forward` call does."""
+    if packed is None:
+        return module.forward(x)
+    return packed_linear.packed_forward(x, packed)
+
+
+def _direct_layer(lay: _Layer, x: torch.Tensor, o_packed: torch.Tensor | None, down_packed: torch.Tensor | None,
                   k_buf: torch.Tensor, v_buf: torch.Tensor, start: int, read: int, f: _Direct) -> torch.Tensor:
     """One decoder layer of a decode / verify forward, x [1, T, H] -> [1, T, H]: the general loop's
     fused branch with `cache.update`, `gqa_sdpa_forward` -> `_grouped_rows` and `PackedLinear.forward`
@@ -246,11 +260,16 @@ def _direct_layer(lay: _Layer, x: torch.Tensor, o_packed: torch.Tensor, down_pac
     out = F.scaled_dot_product_attention(grouped, k_buf[:, :, :read], v_buf[:, :, :read],
                                          attn_mask=f.mask, scale=lay.attn.scaling)  # [1, Hkv, G*T, D]
     out = out.view(1, hq, rows, d)[:, :, :rows].transpose(1, 2).contiguous()  # [1, T, Hq, D]
-    x = x + packed_linear.packed_forward(out.reshape(1, rows, -1).contiguous(), o_packed)
+    x = x + _proj(lay.o, o_packed, out.reshape(1, rows, -1).contiguous())
     h = rms_norm(x, lay.norm2.weight, lay.norm2.variance_epsilon)
     gu = packed_linear.packed_forward(h, lay.gu_packed)  # [1, T, 2*I]
     act = F.silu(gu[..., : f.inter]) * gu[..., f.inter:]  # [1, T, I]
-    return x + packed_linear.packed_forward(act, down_packed)
+    return x + _proj(lay.down, down_packed, act)
+
+
+def _packed_of(module: torch.nn.Linear) -> torch.Tensor | None:
+    """A PackedLinear's current packed weight; None for a FloorLinear (`_proj` runs its forward)."""
+    return module.current_packed() if type(module) is PackedLinear else None
 
 
 class LeanForward:
@@ -349,19 +368,21 @@ class LeanForward:
                 mask, x: torch.Tensor) -> _Direct | None:
         """The direct road's shared inputs for this forward (module doc), or None: the forward
         is one the general loop would run through the fused packed kernels, `gqa_sdpa_forward`'s
-        grouped rows and plain packed calls for o and down, none of them padding its rows."""
+        grouped rows and plain packed calls for o and down (or, for a FloorLinear o / down, its
+        own forward), none of the packed calls padding its rows."""
         rows = x.shape[1]
         if (not packed or attention is not gqa_sdpa_forward or x.shape[0] != 1 or torch.is_grad_enabled()
                 or getattr(_ROAD, "general", False)):
             return None
         lay = self.layers[0]
-        if type(lay.o) is not PackedLinear or type(lay.down) is not PackedLinear:
+        if type(lay.o) not in ROW_PROJECTIONS or type(lay.down) not in ROW_PROJECTIONS:
             return None
         lay.current()
         hq, hkv, d = self.heads, self.kv_heads, self.head_dim
-        unpadded = all(packed_linear.needs_no_padding(rows, p, n_in, x.dtype) for p, n_in in (
-            (lay.qkv_packed, x.shape[-1]), (lay.o.current_packed(), hq * d),
-            (lay.gu_packed, x.shape[-1]), (lay.down.current_packed(), self.intermediate)))
+        kernels = [(lay.qkv_packed, x.shape[-1]), (lay.gu_packed, x.shape[-1])]
+        kernels += [(m.current_packed(), n_in) for m, n_in in ((lay.o, hq * d), (lay.down, self.intermediate))
+                    if type(m) is PackedLinear]
+        unpadded = all(packed_linear.needs_no_padding(rows, p, n_in, x.dtype) for p, n_in in kernels)
         grouped = grouped_rows_mask(rows, hq, hkv, mask, x.dtype, x.device) if unpadded else None
         if grouped is None:
             return None
@@ -373,8 +394,8 @@ class LeanForward:
         the fused and packed ones for these rows and the layer's cache a GrowingLayer with room."""
         rows = x.shape[1]
         o, down = lay.o, lay.down
-        if (f.off or rows > getattr(lay.q, "max_rows", 0) or type(o) is not PackedLinear
-                or type(down) is not PackedLinear or rows > o.max_rows or rows > down.max_rows):
+        if (f.off or rows > getattr(lay.q, "max_rows", 0) or type(o) not in ROW_PROJECTIONS
+                or type(down) not in ROW_PROJECTIONS or rows > o.max_rows or rows > down.max_rows):
             return None
         layer_cache = cache.layers[i] if i < len(getattr(cache, "layers", ())) else None
         if type(layer_cache) is not GrowingLayer:
@@ -385,7 +406,7 @@ class LeanForward:
         lay.current()
         k_buf, v_buf = layer_cache.buffers()
         try:
-            out = _direct_layer(lay, x, o.current_packed(), down.current_packed(), k_buf, v_buf,
+            out = _direct_layer(lay, x, _packed_of(o), _packed_of(down), k_buf, v_buf,
                                 layer_cache.get_seq_length(), read, f)
         except Exception as exc:  # noqa: BLE001 - as `_fused`: packing off for good, once; the
             packed_linear.disable(exc)  # general loop re-runs this layer (the cache has not

@@ -2,6 +2,9 @@
 
     flock /tmp/asym-bench.lock python -m asymagent.evals.probes.batching_load \\
         --ns 1 2 4 8 --modes asym full --json runs/batching.json
+    # the reference pair (Qwen2.5-Coder 1.5B + 0.5B; `make setup-pair`)
+    flock /tmp/asym-bench.lock python -m asymagent.evals.probes.batching_load --pair qwen2.5-coder \\
+        --ns 1 8 --modes full asym --conversations 8 --turns 2 --json runs/batching_pair.json
 
 The same `--conversations` agent conversations (default 8) at every N, at most N at once
 (threads, as a server's worker threads or a LangGraph fan-out would call): each starts with a system prompt and a user task, then for `--turns` turns asks
@@ -127,13 +130,19 @@ def main(argv: list | None = None) -> int:
     p.add_argument("--max-tokens", type=int, default=48)
     p.add_argument("--tool-tokens", type=int, default=365)
     p.add_argument("--max-num-seqs", type=int, default=8)
+    p.add_argument("--pair", default=None, metavar="NAME",
+                   help="a named pair (asymagent/modeling/pairs.py, `make setup-pair`) instead of "
+                        "the embedded default, e.g. qwen2.5-coder")
     p.add_argument("--serial-ns", type=int, nargs="+", default=[1, 8],
                    help="the Ns the one-at-a-time engine runs at (its requests queue whatever N)")
     args = p.parse_args(argv)
     from asymagent.engine import Engine
 
     sessions = args.conversations + 1
-    batching = Engine.from_default(max_num_seqs=args.max_num_seqs, max_sessions=sessions)
+    if args.pair:
+        batching = Engine.from_pair(args.pair, max_num_seqs=args.max_num_seqs, max_sessions=sessions)
+    else:
+        batching = Engine.from_default(max_num_seqs=args.max_num_seqs, max_sessions=sessions)
     serial = Engine(verifier=batching.verifier, drafter=batching.drafter, tokenizer=batching.tokenizer,
                     spec=batching.spec, compression=batching.compression,
                     max_sessions=sessions)  # the same weights, one request at a time
