@@ -61,18 +61,21 @@ def make_tiny_qwen2(vocab_size: int = 256, layers: int = 2, hidden: int = 64, he
 TINY_FAMILIES = {"llama": make_tiny_llama, "qwen2": make_tiny_qwen2}
 
 
-def floor_linear_downs(model, monkeypatch, floor: int = 2) -> None:
+def floor_linear_downs(model, monkeypatch, floor: int = 2, layers=None) -> None:
     """Make every packed down projection of `model` a FloorLinear, as `pack_linears` makes a
     layer whose packed bits differ from F.linear's (the reference pair's 1.5B on the AMX
     machine), with F.linear's row floor forced to `floor` (that machine's: one row alone
-    padded to two): the road a real model takes where this machine's kernels agree."""
+    padded to two): the road a real model takes where this machine's kernels agree. `layers`:
+    only these decoder layers (the reference pair's 0.5B has 5 of its 24 so)."""
     from asymagent.modeling import packed_linear
 
     real = packed_linear._linear_floor
     monkeypatch.setattr(packed_linear, "_linear_floor",
                         lambda dtype, shape, threads, packed: real(dtype, shape, threads, packed)
                         if packed else max(floor, real(dtype, shape, threads, packed)))
-    for layer in model.model.layers:
+    for index, layer in enumerate(model.model.layers):
+        if layers is not None and index not in layers:
+            continue
         down = layer.mlp.down_proj
         assert type(down) is packed_linear.PackedLinear
         down.__class__ = packed_linear.FloorLinear

@@ -241,6 +241,44 @@ def test_direct_road_same_bits_and_cache_as_the_general_loop(monkeypatch, family
         assert torch.equal(la.keys, lb.keys) and torch.equal(la.values, lb.values)
 
 
+@needs_packed
+def test_direct_road_pads_packed_downs_beside_floor_linear_ones(monkeypatch):
+    """Layer 0's down projection a FloorLinear, layer 1's packed with a row floor of 2 (as on a
+    CPU where one row alone differs): a one-row forward on the direct road must still give the
+    packed down 2 rows (it checks every packed layer's floor, not layer 0's kinds only), and
+    the logits and cache equal the general loop's."""
+    from asymagent.modeling import packed_linear
+
+    model = _model(torch.bfloat16, pack=True, family="qwen2")
+    floor_linear_downs(model, monkeypatch, layers=(0,))
+    assert attach(model).fused
+    packed_down = model.model.layers[1].mlp.down_proj
+    assert type(packed_down) is packed_linear.PackedLinear
+    inter = model.config.intermediate_size
+    real_floor = packed_linear._linear_floor
+    monkeypatch.setattr(packed_linear, "_linear_floor", lambda dtype, shape, threads, packed:
+                        2 if packed and shape[1] == inter else real_floor(dtype, shape, threads, packed))
+    rows_seen, real_forward = [], packed_linear.packed_forward
+
+    def spy(x, packed, bias=None):
+        if packed is packed_down.current_packed():
+            rows_seen.append(x.numel() // x.shape[-1])
+        return real_forward(x, packed, bias)
+
+    monkeypatch.setattr(packed_linear, "packed_forward", spy)
+    g = torch.Generator().manual_seed(5)
+    general, direct = ModelCache(model), ModelCache(model)
+    for n in (70, 1, 3, 1, 1):
+        ids = torch.randint(0, 256, (n,), generator=g).tolist()
+        with lean_forward.general_loop():
+            a = general.forward_logits(ids, keep=n)
+        b = direct.forward_logits(ids, keep=n)
+        assert torch.equal(a, b), f"{n}-token forward: logits differ"
+    assert rows_seen and min(rows_seen) >= 2, rows_seen
+    for la, lb in zip(general.cache.layers, direct.cache.layers):
+        assert torch.equal(la.keys, lb.keys) and torch.equal(la.values, lb.values)
+
+
 def test_direct_road_not_taken_in_float32(monkeypatch):
     """float32 has no packed kernels and no grouped rows: every layer runs the general loop."""
     model = _model(torch.float32)

@@ -380,8 +380,12 @@ class LeanForward:
         lay.current()
         hq, hkv, d = self.heads, self.kv_heads, self.head_dim
         kernels = [(lay.qkv_packed, x.shape[-1]), (lay.gu_packed, x.shape[-1])]
-        kernels += [(m.current_packed(), n_in) for m, n_in in ((lay.o, hq * d), (lay.down, self.intermediate))
-                    if type(m) is PackedLinear]
+        for role, n_in in (("o", hq * d), ("down", self.intermediate)):
+            # the packed layers of this role (any layer's: some may be FloorLinear, which pads
+            # itself) must need no padding; every layer's weight has the same shape
+            m = next((getattr(la, role) for la in self.layers if type(getattr(la, role)) is PackedLinear), None)
+            if m is not None:
+                kernels.append((m.current_packed(), n_in))
         unpadded = all(packed_linear.needs_no_padding(rows, p, n_in, x.dtype) for p, n_in in kernels)
         grouped = grouped_rows_mask(rows, hq, hkv, mask, x.dtype, x.device) if unpadded else None
         if grouped is None:
