@@ -157,3 +157,56 @@ def run_cli(capsys):
         return exit_info.value.code, capsys.readouterr().err
 
     return run
+
+
+def prefilled_caches(model, prompts):
+    """A GrowingCache per prompt, prefilled through the lean forward (as the engine does)."""
+    from asymagent.kv.batched_forward import SeqCall, run_one
+    from asymagent.kv.growing_cache import for_model
+    from asymagent.kv.lean_forward import lean_of
+
+    lean = lean_of(model)
+    caches = []
+    for p in prompts:
+        cache = for_model(model)
+        run_one(SeqCall(lean, cache, p, keep=None))
+        caches.append(cache)
+    return caches
+
+
+def _cached_kv(cache, layer):
+    keys, values = cache.layers[layer].keys, cache.layers[layer].values
+    return keys.clone(), values.clone()
+
+
+def compare_batched_with_alone(model, prompt_lens, steps, seed=0):
+    """Two identical sets of sequences (`prompt_lens` random tokens each, prefilled); each step of
+    `steps` feeds every sequence its number of tokens, one set one forward per sequence
+    (`run_one`), the other one `forward_many`: logits, hidden states and every layer's cached
+    keys and values compared bit for bit (asymagent/kv/batched_forward.py). Call under
+    `torch.inference_mode()`."""
+    from asymagent.kv.batched_forward import SeqCall, batchable, forward_many, run_one
+    from asymagent.kv.lean_forward import lean_of
+
+    lean = lean_of(model)
+    vocab = model.config.vocab_size
+    g = torch.Generator().manual_seed(seed)
+    prompts = [torch.randint(0, vocab, (n,), generator=g).tolist() for n in prompt_lens]
+    alone, together = prefilled_caches(model, prompts), prefilled_caches(model, prompts)
+    for rows in steps:  # rows per sequence this step; keep: logits of the last rows, or hidden
+        ids = [torch.randint(0, vocab, (r,), generator=g).tolist() for r in rows]
+        keeps = [None if j % 3 == 2 else max(1, r - j % 2) for j, r in enumerate(rows)]
+        one = [run_one(SeqCall(lean, c, i, k)) for c, i, k in zip(alone, ids, keeps)]
+        calls = [SeqCall(lean, c, i, k) for c, i, k in zip(together, ids, keeps)]
+        assert all(batchable(c) for c in calls)
+        many = forward_many(calls)
+        for j, (a, b) in enumerate(zip(one, many)):
+            assert a.shape == b.shape
+            assert torch.equal(a, b), f"step {rows}, sequence {j}: outputs differ " \
+                f"(max {(a.float() - b.float()).abs().max().item():.3g})"
+        for ca, cb in zip(alone, together):
+            assert ca.get_seq_length() == cb.get_seq_length()
+            for layer in range(model.config.num_hidden_layers):
+                ka, va = _cached_kv(ca, layer)
+                kb, vb = _cached_kv(cb, layer)
+                assert torch.equal(ka, kb) and torch.equal(va, vb)

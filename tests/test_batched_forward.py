@@ -5,11 +5,11 @@ import pytest
 import torch
 
 from asymagent.kv.attention import use_gqa_attention
-from asymagent.kv.batched_forward import MAX_ROWS, SeqCall, batchable, forward_many, run_one
-from asymagent.kv.growing_cache import for_model
+from asymagent.kv.batched_forward import MAX_ROWS, SeqCall, batchable, forward_many
 from asymagent.kv.lean_forward import attach, lean_of
 from asymagent.modeling.packed_linear import kernel_available, pack_linears
-from conftest import floor_linear_downs, make_tiny_llama, make_tiny_qwen2
+from conftest import (compare_batched_with_alone as _compare, floor_linear_downs, make_tiny_llama,
+                      make_tiny_qwen2, prefilled_caches as _caches)
 
 needs_packed = pytest.mark.skipif(kernel_available() is not None,
                                   reason=f"no packed bf16 linear kernel: {kernel_available()}")
@@ -21,49 +21,6 @@ def _bf16_model(make=make_tiny_llama, **shape):
     assert pack_linears(model).packed > 0
     assert attach(model).fused
     return model
-
-
-def _caches(model, prompts):
-    """A GrowingCache per prompt, prefilled through the lean forward (as the engine does)."""
-    lean = lean_of(model)
-    caches = []
-    for p in prompts:
-        cache = for_model(model)
-        run_one(SeqCall(lean, cache, p, keep=None))
-        caches.append(cache)
-    return caches
-
-
-def _kv(cache, layer):
-    keys, values = cache.layers[layer].keys, cache.layers[layer].values
-    return keys.clone(), values.clone()
-
-
-def _compare(model, prompt_lens, steps, seed=0):
-    """Two identical sets of sequences; each step feeds every sequence `rows` tokens, one set
-    one forward per sequence, the other one `forward_many`; everything compared bit for bit."""
-    lean = lean_of(model)
-    vocab = model.config.vocab_size
-    g = torch.Generator().manual_seed(seed)
-    prompts = [torch.randint(0, vocab, (n,), generator=g).tolist() for n in prompt_lens]
-    alone, together = _caches(model, prompts), _caches(model, prompts)
-    for rows in steps:  # rows per sequence this step; keep: logits of the last rows, or hidden
-        ids = [torch.randint(0, vocab, (r,), generator=g).tolist() for r in rows]
-        keeps = [None if j % 3 == 2 else max(1, r - j % 2) for j, r in enumerate(rows)]
-        one = [run_one(SeqCall(lean, c, i, k)) for c, i, k in zip(alone, ids, keeps)]
-        calls = [SeqCall(lean, c, i, k) for c, i, k in zip(together, ids, keeps)]
-        assert all(batchable(c) for c in calls)
-        many = forward_many(calls)
-        for j, (a, b) in enumerate(zip(one, many)):
-            assert a.shape == b.shape
-            assert torch.equal(a, b), f"step {rows}, sequence {j}: outputs differ " \
-                f"(max {(a.float() - b.float()).abs().max().item():.3g})"
-        for ca, cb in zip(alone, together):
-            assert ca.get_seq_length() == cb.get_seq_length()
-            for layer in range(model.config.num_hidden_layers):
-                ka, va = _kv(ca, layer)
-                kb, vb = _kv(cb, layer)
-                assert torch.equal(ka, kb) and torch.equal(va, vb)
 
 
 @needs_packed

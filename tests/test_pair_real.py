@@ -76,28 +76,12 @@ def test_both_models_batch_and_rows_keep_their_bits(engine):
     keys of each sequence's own forward, bit for bit."""
     import torch
 
-    from asymagent.kv.batched_forward import SeqCall, batchable, forward_many, model_batchable, run_one
-    from asymagent.kv.growing_cache import for_model
+    from asymagent.kv.batched_forward import model_batchable
     from asymagent.kv.lean_forward import lean_of
+    from conftest import compare_batched_with_alone
 
-    model, lean = engine.verifier, lean_of(engine.verifier)
-    g = torch.Generator().manual_seed(0)
     with torch.inference_mode():  # as the engine decodes (model_batchable: no autograd)
         for m in (engine.verifier, engine.drafter):
             assert model_batchable(lean_of(m)), f"{m.config.num_hidden_layers}-layer model"
-        prompts = [torch.randint(0, 30000, (n,), generator=g).tolist() for n in (90, 7, 200, 33)]
-        alone, together = [], []
-        for caches in (alone, together):
-            for p in prompts:
-                caches.append(for_model(model))
-                run_one(SeqCall(lean, caches[-1], p, keep=None))
-        for rows in ([1, 1, 1, 1], [4, 1, 5, 2], [1, 3, 1, 1]):
-            ids = [torch.randint(0, 30000, (r,), generator=g).tolist() for r in rows]
-            one = [run_one(SeqCall(lean, c, i, r)) for c, i, r in zip(alone, ids, rows)]
-            calls = [SeqCall(lean, c, i, r) for c, i, r in zip(together, ids, rows)]
-            assert all(batchable(c) for c in calls)
-            for a, b in zip(one, forward_many(calls)):
-                assert torch.equal(a, b)
-        for ca, cb in zip(alone, together):
-            for la, lb in zip(ca.layers, cb.layers):
-                assert torch.equal(la.keys, lb.keys) and torch.equal(la.values, lb.values)
+        compare_batched_with_alone(engine.verifier, [90, 7, 200, 33],
+                                   [[1, 1, 1, 1], [4, 1, 5, 2], [1, 3, 1, 1]])
