@@ -12,11 +12,13 @@ full-view cache, so the decoding finds it warm). `chat_result` parses the output
 
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass
 from typing import Callable
 
 import torch
 
+from asymagent.chat.auto_tool_constraint import AutoToolConstraint
 from asymagent.chat.response_format import ResponseFormatConstraint, format_schema, split_output
 from asymagent.context.recall import recall_loop
 from asymagent.context.views import ContextViews
@@ -25,6 +27,7 @@ from asymagent.request import GenerationRequest
 from asymagent.results import ChatResult, GenerationResult
 from asymagent.spec_config import mode_of
 
+log = logging.getLogger(__name__)
 LOGPROB_CHUNK = 256  # positions per drafter forward: [256, V] log-probs at a time, not [T, V]
 
 
@@ -90,18 +93,42 @@ def build_constraint(engine, tools: list | None, tool_choice, response_format,
                      parallel: bool = False):
     """The request's constraint: a forced call (tool_choice required/named) is decoded under
     ToolCallConstraint; else a JSON response_format under ResponseFormatConstraint (which admits
-    calls instead when tools are offered); else None. `parallel`: 1..8 calls, else one.
-    xgrammar is imported only when asked."""
+    calls instead when tools are offered); else, with tools under "auto", AutoToolConstraint
+    (free text, or a call held to the tools from its marker on); else None. `parallel`: 1..8
+    calls, else one. xgrammar is imported only when asked."""
     if tool_choice not in (None, "auto", "none"):
         from asymagent.chat.tool_constraint import ToolCallConstraint
 
         return ToolCallConstraint(engine.tokenizer, tools, tool_choice,
                                   vocab_size=engine.vocab_size, parallel=parallel)
     if format_schema(response_format) is None:
-        return None
+        return auto_constraint(engine, tools, parallel) if tools and tool_choice != "none" \
+            else None
     return ResponseFormatConstraint(engine.tokenizer, response_format,
                                     tools=tools if tool_choice != "none" else None,
                                     vocab_size=engine.vocab_size, parallel=parallel)
+
+
+def auto_constraint(engine, tools: list, parallel: bool):
+    """AutoToolConstraint for tools under "auto"; None (decoding unconstrained, as before) when
+    a tool's schema cannot be compiled into a grammar (logged): "auto" never refuses a request
+    a forced call would refuse."""
+    from asymagent.chat.schema_refs import ToolSchemaError
+
+    try:
+        return AutoToolConstraint(engine.tokenizer, tools, vocab_size=engine.vocab_size,
+                                  parallel=parallel)
+    except ToolSchemaError as exc:
+        log.warning("tool_choice auto decodes unconstrained: %s", exc)
+        return None
+
+
+def offered_names(tools: list | None) -> list | None:
+    """The names of the offered tools (OpenAI or bare function dicts); None without tools."""
+    if not tools:
+        return None
+    fns = [t.get("function", t) if isinstance(t, dict) else {} for t in tools]
+    return [f.get("name") for f in fns if isinstance(f, dict) and f.get("name")]
 
 
 @dataclass
@@ -114,6 +141,7 @@ class ChatTurn:
     rewrites: int  # earlier messages whose compressed form changed (StepStats.rewrites)
     drafter_tokens: list  # [tokens the drafter fed for surprisal log-probs]
     parallel_tool_calls: bool | None = None  # the request's (False: at most one call kept)
+    tool_names: list | None = None  # the offered tools' names (a call must name one); None: any
 
 
 def _views_of(engine, request: GenerationRequest, counter: list) -> tuple:
@@ -139,7 +167,8 @@ def prepare_chat(engine, messages: list, request: GenerationRequest) -> ChatTurn
     compressed = pair.compressed_ids if mode_of(request.mode).compressed else None
     return ChatTurn(full_ids=pair.full_ids, compressed_ids=compressed, constraint=constraint,
                     rewrites=pair.rewrites, drafter_tokens=counter,
-                    parallel_tool_calls=request.parallel_tool_calls)
+                    parallel_tool_calls=request.parallel_tool_calls,
+                    tool_names=offered_names(request.tools))
 
 
 def verifier_view_tokens(engine, messages: list, request: GenerationRequest) -> int | None:
@@ -191,7 +220,7 @@ def chat_result(engine, turn: ChatTurn, result: GenerationResult) -> ChatResult:
         parsed = split_output(result.text, [f["name"] for f in constraint.functions],
                               max_calls=constraint.max_calls)
     else:
-        parsed = engine.chat_format.parse_output(result.text)
+        parsed = engine.chat_format.parse_output(result.text, tool_names=turn.tool_names)
     if turn.parallel_tool_calls is False:
         del parsed.tool_calls[1:]  # OpenAI's parallel_tool_calls=false: at most one call
     finish = result.finish_reason

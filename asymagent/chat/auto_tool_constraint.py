@@ -1,0 +1,91 @@
+"""AutoToolConstraint: tool_choice "auto" as a grammar: free text, or a call held to the tools from its marker on.
+
+The structural-tag idea of xgrammar and vLLM: under "auto" the model writes free text, and when it
+opens its family's own call marker the call is decoded under the tools' grammar until it closes.
+The markers (asymagent/context/rendering.py writes calls the same way):
+- templates that take `tools` (Hermes style, Qwen2.5/Qwen3): `<tool_call>\\n{"name": ...,
+  "arguments": ...}\\n</tool_call>`; a bare call object `{"name"` is held the same way;
+- templates that ignore `tools` (the embedded SmolLM2): the bare object `{"name": ...}`.
+Once the marker is written, the name must be one of the tools and the arguments valid against
+that tool's parameters schema, written as json.dumps writes them (the forced grammar's form,
+asymagent/chat/tool_constraint.py), so the text parses back to exactly one call. What the family
+never writes in an answer cannot start in the free text: an echo of the tool list (`<tools>`), a
+tool response (`<tool_response>`), a stray `</tool_call>`, a call doubled in braces (`{{"`).
+One call, then only the stop token (the turn ends, as under "required"); with `parallel`, free
+text and further calls may follow. The matcher plumbing (masks, rollback, jump-forward, stop
+tokens) is GrammarConstraint's, so speculation, batching and seeded sampling work as for a
+forced call: drafts are masked and verified against the masked target.
+"""
+
+from __future__ import annotations
+
+import json
+
+from asymagent.chat.grammar_constraint import (GrammarConstraint, json_schema_grammar,
+                                               uses_hermes_format, xgrammar_error)
+from asymagent.chat.schema_refs import ToolSchemaError
+from asymagent.chat.tool_constraint import selected_tools
+
+HERMES_OPEN, HERMES_CLOSE = "<tool_call>\n", "\n</tool_call>"
+BARE_TRIGGER = '{"name"'
+DOUBLED = ('{{"', '{{ "')  # a call doubled in braces (Qwen2.5's template shows calls so)
+HERMES_EXCLUDES = ("<tools>", "</tools>", "<tool_response>", "</tool_response>", "</tool_call>",
+                   *DOUBLED)
+
+
+def call_head(name: str) -> str:
+    """What a call to `name` starts with, up to its arguments (json.dumps' separators)."""
+    return '{"name": ' + json.dumps(name, ensure_ascii=False) + ', "arguments": '
+
+
+def auto_tool_structure(functions: list[dict], hermes: bool, parallel: bool) -> dict:
+    """xgrammar structural tag (JSON-able): free text with triggered call tags, one tag per tool
+    and form (Hermes block, bare object), arguments under the tool's parameters grammar."""
+    tags, triggers = [], [BARE_TRIGGER]
+    forms = [("", "")]
+    if hermes:
+        forms.insert(0, (HERMES_OPEN, HERMES_CLOSE))
+        triggers.insert(0, HERMES_OPEN.strip())
+    for f in functions:
+        args = str(json_schema_grammar(f["parameters"]))
+        for before, after in forms:
+            tags.append({"type": "tag", "begin": before + call_head(f["name"]),
+                         "content": {"type": "grammar", "grammar": args}, "end": "}" + after})
+    return {"type": "structural_tag", "format": {
+        "type": "triggered_tags", "triggers": triggers, "tags": tags, "at_least_one": False,
+        "stop_after_first": not parallel,
+        "excludes": list(HERMES_EXCLUDES if hermes else DOUBLED)}}
+
+
+class AutoToolConstraint(GrammarConstraint):
+    """TokenConstraint (asymagent/decoding/constraint.py) for tool_choice "auto": free text, or a
+    schema-valid call from its marker on (module docstring).
+
+    tokenizer: the model's HF tokenizer; tools: OpenAI-style tools; vocab_size: the model's logits
+    size; hermes: the call wrapping (default: detected from the chat template); parallel: further
+    calls (and text) may follow a call (default: the turn ends after one).
+    A tool schema xgrammar cannot compile is a ToolSchemaError.
+    """
+
+    @classmethod
+    def build_grammar(cls, structure_json: str):
+        import xgrammar as xg
+
+        return xg.Grammar.from_structural_tag(structure_json)
+
+    def __init__(self, tokenizer, tools: list, *, vocab_size: int | None = None,
+                 hermes: bool | None = None, parallel: bool = False):
+        self.functions = selected_tools(tools, "required")
+        self.hermes = uses_hermes_format(tokenizer) if hermes is None else bool(hermes)
+        self.parallel = bool(parallel)
+        structure = auto_tool_structure(self.functions, self.hermes, self.parallel)
+        try:
+            super().__init__(tokenizer, (json.dumps(structure, sort_keys=True),),
+                             vocab_size=vocab_size)
+        except (RuntimeError, ValueError) as exc:  # xgrammar refuses a schema or the structure
+            raise ToolSchemaError(f"the tools cannot be compiled into a call grammar: "
+                                  f"{xgrammar_error(exc)}"[:500]) from None
+
+    @property
+    def tool_names(self) -> list[str]:
+        return [f["name"] for f in self.functions]
