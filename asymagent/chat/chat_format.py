@@ -27,6 +27,7 @@ from asymagent.context.rendering import (  # noqa: F401 (re-exported)
 class ChatFormat(MessageRenderer):
     """How messages and tools render to tokens (MessageRenderer) and how output parses."""
 
-    def parse_output(self, text: str) -> ParsedOutput:
-        """Split model output into content and tool calls; never raises (see `parse_output`)."""
-        return parse_output(text)
+    def parse_output(self, text: str, tool_names: list | None = None) -> ParsedOutput:
+        """Split model output into content and tool calls; never raises (see `parse_output`);
+        `tool_names`: the offered tools a call must name (None: any)."""
+        return parse_output(text, tool_names)

@@ -7,7 +7,12 @@ call object doubled in braces, `{{"name": ..., "arguments": {...}}}`, is a call 
 chat template shows the call form that way in its tool instructions (a Jinja string escaped as if
 for str.format), and its models copy it, e.g. Qwen2.5-Coder-1.5B calling a tool again after the
 tool's result (docs/serving.md, "openai-agents: the default agent"). Text outside the calls is
-the content. Malformed JSON that looks like a call stays in the content and
+the content. A tool *definition* is never a call: an echo of the tool list (`<tools>...</tools>`,
+what Qwen2.5's template shows the model) is dropped whole, wrapper and all, and an object whose
+arguments (or parameters) are a JSON Schema, or that carries a definition's `description` or
+`strict`, is dropped as an echoed definition. Given the offered tools' names
+(`tool_names`), an object naming no tool is no call either (an `invalid_tool_calls` entry). An
+empty `<tool_call></tool_call>` wrapper is dropped. Malformed JSON that looks like a call stays in the content and
 adds an `invalid_tool_calls` entry in LangChain's shape (name, args, id, error), so nothing the
 model wrote is lost and no exception reaches the caller.
 """
@@ -41,17 +46,40 @@ _DECODER = json.JSONDecoder()
 # what a model wraps its calls in and leaves behind once they are taken out: Qwen2.5-Coder writes
 # "```json\n<tool_call>...</tool_call>\n```" (the fence alone is no content of the turn)
 _ONLY_FENCES = re.compile(r"^(?:\s*```[\w+.-]*)*\s*$")
+_TOOLS_ECHO = re.compile(r"<tools>.*?(?:</tools>|$)|</tools>", re.S)  # the tool list, echoed
+_DEFINITION_KEYS = {"description", "strict"}  # what a tool definition holds and a call never
+DEFINITION = "an echoed tool definition"  # _call_from_obj's error for one: dropped, not invalid
 
 
-def _call_from_obj(obj) -> tuple[dict | None, str | None]:
-    """(OpenAI tool call, None) for a call-shaped dict, (None, error) for a broken one."""
+def _schema_like(value) -> bool:
+    """A JSON Schema of an object (`properties` with `type: object` or a `required` list), as a
+    tool's parameters are, not the arguments of a call."""
+    return isinstance(value, dict) and isinstance(value.get("properties"), dict) and \
+        (value.get("type") == "object" or isinstance(value.get("required"), list))
+
+
+def _is_definition(obj: dict) -> bool:
+    """An echoed tool definition rather than a call (module docstring); OpenAI's tool shape
+    `{"type": "function", "function": {...}}` is looked into."""
+    inner = obj["function"] if isinstance(obj.get("function"), dict) else obj
+    return bool(_DEFINITION_KEYS & set(inner)) or \
+        _schema_like(inner.get("arguments")) or _schema_like(inner.get("parameters"))
+
+
+def _call_from_obj(obj, names=None) -> tuple[dict | None, str | None]:
+    """(OpenAI tool call, None) for a call-shaped dict, (None, error) for a broken one, (None,
+    DEFINITION) for an echoed tool definition; `names`: the tools a call may name (None: any)."""
     if not isinstance(obj, dict):
         return None, "not a JSON object"
+    if _is_definition(obj):
+        return None, DEFINITION
     if isinstance(obj.get("function"), dict) and "name" in obj["function"]:
         obj = obj["function"]  # an OpenAI-shaped call echoed back
     name = obj.get("name")
     if not isinstance(name, str) or not name:
         return None, "tool call has no string 'name'"
+    if names is not None and name not in names:
+        return None, f"no tool is named {name!r} (tools: {', '.join(names)})"[:300]
     args = obj.get("arguments", obj.get("parameters", {}))
     if isinstance(args, str):
         try:
@@ -64,12 +92,13 @@ def _call_from_obj(obj) -> tuple[dict | None, str | None]:
             "function": {"name": name, "arguments": json.dumps(args, ensure_ascii=False)}}, None
 
 
-def _add_call(obj: dict, raw: str, out: ParsedOutput, keep: list) -> None:
-    """One call object into `out` (an invalid entry, its text kept, when it is broken)."""
-    call, err = _call_from_obj(obj)
+def _add_call(obj: dict, raw: str, out: ParsedOutput, keep: list, names=None) -> None:
+    """One call object into `out` (an invalid entry, its text kept, when it is broken; nothing
+    for an echoed definition)."""
+    call, err = _call_from_obj(obj, names)
     if call is not None:
         out.tool_calls.append(call)
-    else:
+    elif err != DEFINITION:
         out.invalid_tool_calls.append(_invalid(raw, err))
         keep.append(raw)
 
@@ -97,7 +126,7 @@ def _doubled_call(chunk: str, start: int) -> tuple[dict, int] | None:
     return obj, end + close + 1
 
 
-def _parse_json_calls(chunk: str, out: ParsedOutput, keep: list) -> None:
+def _parse_json_calls(chunk: str, out: ParsedOutput, keep: list, names=None) -> None:
     """Scan `chunk` for call objects starting at line starts; text around them goes to `keep`."""
     pos = 0
     while pos < len(chunk):
@@ -108,7 +137,7 @@ def _parse_json_calls(chunk: str, out: ParsedOutput, keep: list) -> None:
         doubled = _doubled_call(chunk, start)
         if doubled is not None:
             obj, end = doubled
-            _add_call(obj, chunk[start:end], out, keep)
+            _add_call(obj, chunk[start:end], out, keep, names)
             pos = end
             continue
         if stripped.startswith("{") or stripped.startswith("["):
@@ -123,13 +152,13 @@ def _parse_json_calls(chunk: str, out: ParsedOutput, keep: list) -> None:
                     return
             if end is not None:
                 objs = obj if isinstance(obj, list) else [obj]
-                calls = [_call_from_obj(o) for o in objs]
+                calls = [_call_from_obj(o, names) for o in objs]
                 callish = all(isinstance(o, dict) and ("name" in o or "function" in o) for o in objs)
                 if objs and callish:
                     for (call, err), o in zip(calls, objs):
                         if call is not None:
                             out.tool_calls.append(call)
-                        else:
+                        elif err != DEFINITION:
                             raw = chunk[start:end] if len(objs) == 1 else json.dumps(o)
                             out.invalid_tool_calls.append(_invalid(raw, err))
                             keep.append(raw)
@@ -139,37 +168,50 @@ def _parse_json_calls(chunk: str, out: ParsedOutput, keep: list) -> None:
         pos = line_end
 
 
-def parse_output(text) -> ParsedOutput:
-    """Model output -> ParsedOutput(content, tool_calls, invalid_tool_calls); never raises."""
+def _parse_hermes_blocks(text: str, out: ParsedOutput, keep: list, names=None) -> None:
+    """`<tool_call>...</tool_call>` blocks of `text` into `out`; text around them into `keep`."""
+    last = 0
+    for match in _TOOL_CALL_BLOCK.finditer(text):
+        keep.append(text[last:match.start()])
+        last = match.end()
+        inner = match.group(1).strip()
+        if not inner:
+            continue  # an empty wrapper: nothing of the turn
+        doubled = _doubled_call(inner, 0)
+        if doubled is not None and not inner[doubled[1]:].strip():
+            inner = inner[1:doubled[1] - 1]  # a doubled call inside the tags
+        try:
+            obj = json.loads(inner)
+        except json.JSONDecodeError as exc:
+            out.invalid_tool_calls.append(_invalid(inner, f"malformed JSON: {exc.msg}"))
+            keep.append(match.group(0))
+            continue
+        for o in obj if isinstance(obj, list) else [obj]:
+            call, err = _call_from_obj(o, names)
+            if call is not None:
+                out.tool_calls.append(call)
+            elif err != DEFINITION:
+                out.invalid_tool_calls.append(_invalid(inner, err))
+                keep.append(match.group(0))
+    keep.append(text[last:])
+
+
+def parse_output(text, tool_names: list | None = None) -> ParsedOutput:
+    """Model output -> ParsedOutput(content, tool_calls, invalid_tool_calls); never raises.
+
+    tool_names: the offered tools (a call must name one of them, and an echo of the tool list is
+    dropped); None: any name is taken."""
     try:
         text = "" if text is None else str(text)
+        names = None if tool_names is None else list(tool_names)
+        if names is not None:
+            text = _TOOLS_ECHO.sub("", text)
         out = ParsedOutput(content="")
         keep: list = []
         if "<tool_call>" in text:
-            last = 0
-            for match in _TOOL_CALL_BLOCK.finditer(text):
-                keep.append(text[last:match.start()])
-                last = match.end()
-                inner = match.group(1).strip()
-                doubled = _doubled_call(inner, 0)
-                if doubled is not None and not inner[doubled[1]:].strip():
-                    inner = inner[1:doubled[1] - 1]  # a doubled call inside the tags
-                try:
-                    obj = json.loads(inner)
-                except json.JSONDecodeError as exc:
-                    out.invalid_tool_calls.append(_invalid(inner, f"malformed JSON: {exc.msg}"))
-                    keep.append(match.group(0))
-                    continue
-                for o in obj if isinstance(obj, list) else [obj]:
-                    call, err = _call_from_obj(o)
-                    if call is not None:
-                        out.tool_calls.append(call)
-                    else:
-                        out.invalid_tool_calls.append(_invalid(inner, err))
-                        keep.append(match.group(0))
-            keep.append(text[last:])
+            _parse_hermes_blocks(text, out, keep, names)
         else:
-            _parse_json_calls(text, out, keep)
+            _parse_json_calls(text, out, keep, names)
         out.content = "".join(keep).strip()
         if out.tool_calls and _ONLY_FENCES.match(out.content):
             out.content = ""
