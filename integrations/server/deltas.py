@@ -2,7 +2,8 @@
 
 The model's raw text arrives in pieces (one per decoding round). While it does not look like a
 tool call it is streamed as `delta.content`; once it does (it starts with `{` or `<tool_call>`,
-or a `<tool_call>` tag appears later), calls are streamed as `delta.tool_calls`: every entry has
+or later a `<tool_call>` tag, a line starting with `{`, or an echo of the tool list `<tools>`
+appears: wherever the output parser may read a call or drop text), calls are streamed as `delta.tool_calls`: every entry has
 `index`; `id`, `type` and `function.name` come only in a call's first delta (with
 `arguments: ""`), then `function.arguments` string fragments follow. A call is recognised by the
 chat format's shape `{"name": "...", "arguments": <json>}` (optionally inside
@@ -10,7 +11,7 @@ chat format's shape `{"name": "...", "arguments": <json>}` (optionally inside
 
 Held back while streaming, released by `finish(result)`: trailing whitespace and any suffix
 that could start a stop sequence or a `<tool_call>` tag (so a stop string the engine later
-trims is never sent), and trailing `}` of arguments (they may close the outer object). At the
+trims is never sent) or a `<tools>` echo, and trailing `}` of arguments (they may close the outer object). At the
 end the engine's `ChatResult` is authoritative: the rest of `result.text` and of each parsed
 call's arguments is sent, and calls never recognised while streaming are sent whole. What was
 sent cannot be retracted: if the model starts a call shape and then writes malformed JSON, the
@@ -24,6 +25,10 @@ import re
 import uuid
 
 TAG_OPEN, TAG_CLOSE = "<tool_call>", "</tool_call>"
+TOOLS_ECHO = "<tools>"  # the tool list echoed: the parser drops it, so it is never content
+# output_parsing's fences (no content before a call), and what may still grow into one
+_ONLY_FENCES = re.compile(r"^(?:\s*`{1,3}[\w+.-]*)*\s*$")
+_CALL_SIGN = re.compile(r"<tool_call>|<tools>|</tools>|(?:^|\n)[ \t]*\{")
 _CALL_HEAD = re.compile(r'\{\s*"name"\s*:\s*"((?:[^"\\]|\\.)*)"\s*,\s*"arguments"\s*:\s*')
 _DECODER = json.JSONDecoder()
 
@@ -92,16 +97,20 @@ class DeltaStreamer:
         self.scan = at
 
     def _content_step(self) -> list[dict]:
-        if self.tools_enabled and TAG_OPEN in self.text:
-            self._enter_tools(self.text.index(TAG_OPEN))
+        sign = _CALL_SIGN.search(self.text) if self.tools_enabled else None
+        if sign is not None:  # from here on the parser may read calls: nothing more is content
+            self._enter_tools(sign.start())
         body = self.text[: self.content_end] if self.mode == "tools" else self.text
         for s in self.stop:  # never send a complete stop string (the engine trims it)
             if s in body:
                 body = body[: body.index(s)]
         if self.mode == "content":
-            needles = self.stop + ([TAG_OPEN] if self.tools_enabled else [])
+            needles = self.stop + ([TAG_OPEN, TOOLS_ECHO] if self.tools_enabled else [])
             body = body[: len(body) - _held_suffix(body, needles)]
-        body = body.rstrip()
+        # with tools the parsed content is stripped (a completion's leading space is its text)
+        body = body.strip() if self.tools_enabled else body.rstrip()
+        if self.tools_enabled and _ONLY_FENCES.match(body):
+            return []  # a fence before a call is dropped with it (output_parsing)
         if len(body) > len(self.content_sent) and body.startswith(self.content_sent):
             delta, self.content_sent = body[len(self.content_sent):], body
             return [{"content": delta}]
