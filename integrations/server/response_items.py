@@ -38,10 +38,11 @@ class ResponsesTool(FunctionDef):
         return value
 
     def to_chat(self) -> dict:
-        fn = {"name": self.name, "parameters": self.parameters}
-        if self.description is not None:
-            fn["description"] = self.description
-        return {"type": "function", "function": fn}
+        """The chat completions tool for this one, field for field as the chat path dumps its
+        `ToolDef` (name, description, parameters, strict; None left out, in that order): the
+        template renders the same prompt from either endpoint."""
+        return {"type": "function",
+                "function": self.model_dump(exclude_none=True, exclude={"type"})}
 
 
 class NamedFunction(BaseModel):
