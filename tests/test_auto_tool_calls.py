@@ -1,0 +1,291 @@
+"""tool_choice "auto" on the reference pair's family (issue 57): a call is held to the tools from its marker
+on, what the family never writes in an answer (an echo of the tool list, a doubled-brace call) cannot
+start, the parser never takes a definition for a call, streamed == non-streamed, and Responses and
+chat completions render the same prompt. Tiny random qwen2 models with the SmolLM2 vocabulary and
+Qwen2.5's own chat template (tests/test_server_responses.py), made to "want" a text by a scripted
+logit processor (tests/scripted_model.py); the real openai client against a real server."""
+
+from __future__ import annotations
+
+import copy
+import json
+
+import pytest
+from conftest import make_tiny_qwen2
+from scripted_model import scripted
+from test_server import serving
+from test_server_responses import QWEN25_TEMPLATE
+
+from asymagent.chat.auto_tool_constraint import AutoToolConstraint
+from asymagent.chat.output_parsing import parse_output
+
+WEATHER = {"type": "function", "function": {
+    "name": "get_weather", "description": "Current weather in a city.", "strict": True,
+    "parameters": {"type": "object", "properties": {"city": {"type": "string", "maxLength": 12}},
+                   "required": ["city"], "additionalProperties": False}}}
+TIME = {"type": "function", "function": {
+    "name": "get_time", "description": "Local time in a time zone.",
+    "parameters": {"type": "object", "properties": {"tz": {"type": "string", "enum": ["UTC", "CET"]}},
+                   "required": ["tz"]}}}
+CALL = '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris"}}\n</tool_call>'
+ECHO = ("<tools>\n" + json.dumps(WEATHER) + "\n</tools>\n"
+        '{{"name": "get_weather", "arguments": {"city": "Paris"}}}')
+ANSWER, SORRY = "It is 18 C and sunny in Paris.", "Sorry, the weather service failed."
+QUESTION = [{"role": "user", "content": "What's the weather in Paris? Answer in one sentence."}]
+CALL_SYNTAX = ("<tool_call>", "</tool_call>", "<tools>", "</tools>", '{"name"', '{{"')
+
+
+def pair_script(prompt: str) -> str:
+    """The pair's turn: a call to get_weather(Paris) after a question, an answer after its result."""
+    last_user = prompt.rsplit("<|im_start|>user", 1)[-1]
+    if "<tool_response>" not in last_user:
+        return CALL
+    return SORRY if "Error" in last_user else ANSWER
+
+
+@pytest.fixture(scope="module")
+def qwen_tok(smollm_tokenizer):
+    tok = copy.deepcopy(smollm_tokenizer)
+    tok.chat_template = QWEN25_TEMPLATE
+    return tok
+
+
+def qwen_engine(tok):
+    from asymagent.engine import Engine
+
+    verifier = make_tiny_qwen2(vocab_size=len(tok), max_positions=4096, seed=0)
+    drafter = make_tiny_qwen2(vocab_size=len(tok), layers=1, max_positions=4096, seed=1)
+    return Engine(verifier=verifier, drafter=drafter, tokenizer=tok, max_sessions=8)
+
+
+@pytest.fixture(scope="module")
+def engine(qwen_tok):
+    return qwen_engine(qwen_tok)
+
+
+# ------------------------------------------------------------------------------ the grammar
+
+
+def walk(constraint, tok, text: str) -> str:
+    """How far `text` gets under `constraint`: "ok", or the prefix at which it was refused."""
+    constraint.reset()
+    ids = tok.encode(text, add_special_tokens=False)
+    for n, t in enumerate(ids):
+        if not constraint.advance(t):
+            return tok.decode(ids[: n + 1])
+    return "ok"
+
+
+def test_auto_grammar_is_free_text_or_a_held_call(qwen_tok):
+    c = AutoToolConstraint(qwen_tok, [WEATHER, TIME])
+    assert c.hermes and c.tool_names == ["get_weather", "get_time"]
+    assert walk(c, qwen_tok, "The weather in Paris is mild, <b>really</b> {ok}.") == "ok"
+    assert walk(c, qwen_tok, "Sure.\n" + CALL) == "ok" and c.is_completed()
+    assert qwen_tok.decode(c.forced_tokens()) == "<|im_end|>"  # one call, then the turn ends
+    assert walk(c, qwen_tok, '<tool_call>\n{"name": "get_time", "arguments": {"tz": "CET"}}') == "ok"
+    for refused in ("<tools>", 'x {{"', "<tool_response>", "</tool_call>"):
+        assert walk(c, qwen_tok, "ok " + refused + " more") != "ok", refused
+    # from the marker on: only a tool's name, only arguments valid against its schema
+    assert walk(c, qwen_tok, '<tool_call>\n{"name": "get_wind"') != "ok"
+    assert walk(c, qwen_tok, '<tool_call>\n{"name": "get_weather", "arguments": {"type": "object"}}') \
+        != "ok"
+    assert walk(c, qwen_tok, '<tool_call>\n{"name": "get_time", "arguments": {"tz": "PST"}}') != "ok"
+    assert walk(c, qwen_tok, '{"name": "get_weather", "description": "x"}') != "ok"  # a definition
+    c.reset()
+    for t in qwen_tok.encode("<tool_call>", add_special_tokens=False):
+        c.advance(t)
+    assert qwen_tok.decode(c.forced_tokens()).startswith('\n{"name": "get')  # jump-forward
+
+
+def test_parallel_and_the_bare_family(qwen_tok, smollm_tokenizer):
+    par = AutoToolConstraint(qwen_tok, [WEATHER], parallel=True)
+    assert walk(par, qwen_tok, CALL + "\n" + CALL) == "ok"
+    bare = AutoToolConstraint(smollm_tokenizer, [WEATHER])  # SmolLM2: calls as bare objects
+    assert not bare.hermes
+    assert walk(bare, smollm_tokenizer, 'Hi.\n{"name": "get_weather", "arguments": {"city": "Oslo"}}') \
+        == "ok"
+    assert walk(bare, smollm_tokenizer, '{"name": "get_weather", "parameters": {') != "ok"
+    assert walk(bare, smollm_tokenizer, 'x {{"name"') != "ok"
+
+
+# ------------------------------------------------------------------------------ the parser
+
+
+def test_a_definition_is_never_a_call():
+    names = ["get_weather"]
+    fn = WEATHER["function"]
+    echoed = parse_output(ECHO, names)  # the issue's transcript: echo, then a doubled call
+    assert echoed.content == "" and not echoed.invalid_tool_calls
+    assert [json.loads(c["function"]["arguments"]) for c in echoed.tool_calls] == [{"city": "Paris"}]
+    for definition in (json.dumps(fn), json.dumps(WEATHER),
+                       json.dumps({"name": fn["name"], "arguments": fn["parameters"]}),
+                       "<tool_call>\n" + json.dumps({"name": fn["name"], "parameters": fn["parameters"]})
+                       + "\n</tool_call>"):
+        out = parse_output(definition, names)
+        assert out.tool_calls == [] and out.content == "" and not out.invalid_tool_calls, definition
+    assert parse_output("<tools>\n\n</tools>", names).content == ""
+    assert parse_output("<tool_call>\n\n</tool_call>Done.", names).content == "Done."
+    other = parse_output('{"name": "get_wind", "arguments": {}}', names)
+    assert not other.tool_calls and "get_wind" in other.invalid_tool_calls[0]["error"]
+
+
+# ------------------------------------------------------------------------------ the engine
+
+
+def test_a_model_that_wants_to_echo_the_tool_list_cannot(engine, qwen_tok, monkeypatch):
+    scripted(monkeypatch, qwen_tok, lambda prompt: ECHO)
+    free = engine.chat(QUESTION, max_new_tokens=24, mode="full", cache_key="echo-free")
+    assert free.text.startswith("<tools>")  # unconstrained (no tools) the script is followed
+    for mode in ("full", "spec", "asym"):
+        out = engine.chat(QUESTION, tools=[WEATHER], max_new_tokens=24, mode=mode,
+                          cache_key=f"echo-{mode}")
+        raw = qwen_tok.decode(out.token_ids)
+        assert "<tools>" not in raw and '{{"' not in raw, (mode, raw)
+
+
+@pytest.mark.parametrize("tools", [[WEATHER], [WEATHER, TIME]])
+def test_the_scripted_call_is_held_and_identical_in_every_mode(engine, qwen_tok, monkeypatch, tools):
+    scripted(monkeypatch, qwen_tok, pair_script)
+    runs = {}
+    for mode in ("full", "spec", "asym"):
+        out = engine.chat(QUESTION, tools=tools, max_new_tokens=64, mode=mode,
+                          cache_key=f"call-{mode}-{len(tools)}")
+        assert out.finish_reason == "tool_calls" and out.text == "", mode
+        assert [(c["function"]["name"], json.loads(c["function"]["arguments"]))
+                for c in out.tool_calls] == [("get_weather", {"city": "Paris"})]
+        runs[mode] = out.token_ids
+    assert runs["spec"] == runs["full"] == runs["asym"]  # greedy: speculation is lossless
+    sampled = [engine.chat(QUESTION, tools=tools, max_new_tokens=64, mode="spec", temperature=0.8,
+                           seed=7, cache_key=f"seed-{i}-{len(tools)}").token_ids for i in range(2)]
+    assert sampled[0] == sampled[1]  # same seed, same output
+
+
+# ------------------------------------------------------------------------------ the server
+
+
+@pytest.fixture(scope="module")
+def server(qwen_tok):
+    from asymagent.integrations.server import create_app
+
+    app = create_app(qwen_engine(qwen_tok), max_queue=8, request_timeout=120,
+                     default_max_tokens=64)
+    with serving(app) as url:
+        yield url
+
+
+@pytest.fixture
+def client(server, qwen_tok, monkeypatch):
+    from openai import OpenAI
+
+    scripted(monkeypatch, qwen_tok, pair_script)
+    return OpenAI(base_url=server + "/v1", api_key="x")
+
+
+def streamed(client, **kwargs) -> tuple[str, list, list]:
+    """(content, tool calls as (name, arguments), every content delta) of a streamed request."""
+    content, deltas, calls = "", [], {}
+    for chunk in client.chat.completions.create(stream=True, **kwargs):
+        if not chunk.choices:
+            continue
+        d = chunk.choices[0].delta
+        if d.content:
+            deltas.append(d.content)
+            content += d.content
+        for tc in d.tool_calls or []:
+            entry = calls.setdefault(tc.index, ["", ""])
+            entry[0] += (tc.function.name or "") if tc.function else ""
+            entry[1] += (tc.function.arguments or "") if tc.function else ""
+    return content, [(n, json.loads(a)) for n, a in calls.values()], deltas
+
+
+def calls_of(message) -> list:
+    return [(c.function.name, json.loads(c.function.arguments)) for c in message.tool_calls or []]
+
+
+@pytest.mark.parametrize("tools", [[WEATHER], [WEATHER, TIME]])
+def test_server_auto_call_then_answer_streamed_equals_plain(client, tools):
+    msgs = list(QUESTION)
+    kwargs = dict(model="asymagent", tools=tools, tool_choice="auto")
+    r = client.chat.completions.create(messages=msgs, **kwargs)
+    message = r.choices[0].message
+    assert r.choices[0].finish_reason == "tool_calls" and not message.content
+    assert calls_of(message) == [("get_weather", {"city": "Paris"})]
+    content, calls, deltas = streamed(client, messages=msgs, **kwargs)
+    assert (content or None, calls) == (message.content or None, calls_of(message))
+    assert not any(s in d for d in deltas for s in CALL_SYNTAX)
+    for result, reply in (("18 C, sunny", ANSWER), ("Error: the service is down", SORRY)):
+        history = msgs + [message.model_dump(exclude_none=True),
+                          {"role": "tool", "tool_call_id": message.tool_calls[0].id,
+                           "content": result}]
+        r2 = client.chat.completions.create(messages=history, **kwargs)
+        assert r2.choices[0].message.content == reply and not r2.choices[0].message.tool_calls
+        assert streamed(client, messages=history, **kwargs)[:2] == (reply, [])
+    # a second user turn: a new question after the answer calls the tool again
+    turn2 = history + [{"role": "assistant", "content": SORRY},
+                       {"role": "user", "content": "And now? Try again."}]
+    r3 = client.chat.completions.create(messages=turn2, **kwargs)
+    assert calls_of(r3.choices[0].message) == [("get_weather", {"city": "Paris"})]
+
+
+def test_responses_and_chat_render_the_same_prompt(client, qwen_tok):
+    from asymagent.chat.chat_format import ChatFormat
+    from asymagent.integrations.server.response_items import ResponseRequest
+    from asymagent.integrations.server.schemas import ChatCompletionRequest
+
+    flat = {"type": "function", **WEATHER["function"]}
+    chat_tools = ChatCompletionRequest.model_validate(
+        {"model": "m", "messages": QUESTION, "tools": [WEATHER]}).tools
+    chat_tools = [t.model_dump(exclude_none=True) for t in chat_tools]
+    resp_tools = ResponseRequest.model_validate(
+        {"model": "m", "input": QUESTION[0]["content"], "tools": [flat]}).chat_tools()
+    assert resp_tools == chat_tools  # `strict` and every other field carried over
+    fmt = ChatFormat(qwen_tok)
+    assert fmt.render_ids(QUESTION, resp_tools) == fmt.render_ids(QUESTION, chat_tools)
+    chat = client.chat.completions.create(model="asymagent", messages=QUESTION, tools=[WEATHER])
+    resp = client.responses.create(model="asymagent", input=QUESTION[0]["content"], tools=[flat])
+    assert resp.usage.input_tokens == chat.usage.prompt_tokens
+    assert [(o.name, json.loads(o.arguments)) for o in resp.output if o.type == "function_call"] \
+        == calls_of(chat.choices[0].message)
+
+
+# ------------------------------------------------------------------------------ the streamer
+
+STREAM_CASES = [
+    CALL,
+    "Sure, let me look.\n" + CALL,
+    "```json\n" + CALL + "\n```",
+    'Checking.\n{"name": "get_weather", "arguments": {"city": "Oslo"}}',
+    "<tools>\n" + json.dumps(WEATHER) + "\n</tools>\n" + CALL,
+    "<tools>\n\n</tools>",
+    "Plain answer with <b>tags</b> and a {brace}.",
+    "Two lines.\n{not json} here",
+]
+
+
+@pytest.mark.parametrize("text", STREAM_CASES)
+@pytest.mark.parametrize("piece", [1, 3, 7])
+def test_streamed_deltas_add_up_to_the_parsed_message(text, piece):
+    """Fed in pieces, the content deltas hold no call syntax and add up to the parsed content;
+    the call deltas to the parsed calls (what the server's streamed response is made of)."""
+    from types import SimpleNamespace
+
+    from asymagent.integrations.server.deltas import DeltaStreamer
+
+    parsed = parse_output(text, ["get_weather"])
+    s = DeltaStreamer(tools_enabled=True)
+    deltas = []
+    for i in range(0, len(text), piece):
+        deltas += s.push(text[i:i + piece])
+    deltas += s.finish(SimpleNamespace(text=parsed.content, tool_calls=parsed.tool_calls))
+    content = [d["content"] for d in deltas if "content" in d]
+    calls: dict = {}
+    for d in deltas:
+        for tc in d.get("tool_calls", []):
+            entry = calls.setdefault(tc["index"], ["", ""])
+            entry[0] += tc["function"].get("name", "")
+            entry[1] += tc["function"].get("arguments", "")
+    assert "".join(content) == parsed.content
+    if parsed.tool_calls:
+        assert not any(sign in c for c in content for sign in CALL_SYNTAX)
+    assert [(n, json.loads(a)) for n, a in calls.values()] == \
+        [(c["function"]["name"], json.loads(c["function"]["arguments"])) for c in parsed.tool_calls]
