@@ -314,3 +314,35 @@ def test_streamed_deltas_add_up_to_the_parsed_message(text, piece):
         assert not any(sign in c for c in content for sign in CALL_SYNTAX)
     assert [(n, json.loads(a)) for n, a in calls.values()] == \
         [(c["function"]["name"], json.loads(c["function"]["arguments"])) for c in parsed.tool_calls]
+
+
+@pytest.mark.slow
+def test_the_embedded_default_under_auto(default_verifier):
+    """The embedded SmolLM2 (bare-object calls) through the real server under auto, one and two
+    tools: any call it makes names a tool with schema-valid arguments, no content holds call
+    syntax, streamed == non-streamed; a second user turn after the tool's result works too."""
+    from openai import OpenAI
+
+    from asymagent.engine import Engine
+    from asymagent.integrations.server import create_app
+
+    app = create_app(Engine.from_default(), max_queue=4, request_timeout=300,
+                     default_max_tokens=48)
+    with serving(app) as url:
+        client = OpenAI(base_url=url + "/v1", api_key="x")
+        for tools in ([WEATHER], [WEATHER, TIME]):
+            kwargs = dict(model="asymagent", tools=tools, tool_choice="auto", temperature=0.0)
+            r = client.chat.completions.create(messages=QUESTION, **kwargs)
+            message = r.choices[0].message
+            for name, args in calls_of(message):
+                assert name in ("get_weather", "get_time") and set(args) <= {"city", "tz"}
+            assert not any(s in (message.content or "") for s in CALL_SYNTAX)
+            content, calls, _ = streamed(client, messages=QUESTION, **kwargs)
+            assert (content or None, calls) == (message.content or None, calls_of(message))
+            history = QUESTION + [{"role": "assistant", "content": message.content or "",
+                                   "tool_calls": [c.model_dump() for c in message.tool_calls or []]}]
+            history += [{"role": "tool", "tool_call_id": c.id, "content": "18 C, sunny"}
+                        for c in message.tool_calls or []]
+            history += [{"role": "user", "content": "Thanks. And in Oslo?"}]
+            again = client.chat.completions.create(messages=history, **kwargs)
+            assert again.choices[0].finish_reason in ("stop", "tool_calls", "length")
