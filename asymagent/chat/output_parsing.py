@@ -10,10 +10,10 @@ tool's result (docs/serving.md, "openai-agents: the default agent"). Text outsid
 the content. A tool *definition* is never a call: an echo of the tool list (`<tools>...</tools>`,
 what Qwen2.5's template shows the model) is dropped whole, wrapper and all, and an object whose
 arguments (or parameters) are a JSON Schema, or that carries a definition's `description` or
-`strict`, is dropped as an echoed definition. Given the offered tools' names
-(`tool_names`), an object naming no tool is no call either (an `invalid_tool_calls` entry). An
-empty `<tool_call></tool_call>` wrapper is dropped. Malformed JSON that looks like a call stays in the content and
-adds an `invalid_tool_calls` entry in LangChain's shape (name, args, id, error), so nothing the
+`strict`, is dropped as an echoed definition. Given the offered tools' names (`tool_names`), an
+object naming no tool is no call either (an `invalid_tool_calls` entry). An empty
+`<tool_call></tool_call>` wrapper is dropped. Malformed JSON that looks like a call stays in the
+content and adds an `invalid_tool_calls` entry in LangChain's shape (name, args, id, error), so nothing the
 model wrote is lost and no exception reaches the caller.
 """
 

@@ -3,15 +3,16 @@
 The model's raw text arrives in pieces (one per decoding round). While it does not look like a
 tool call it is streamed as `delta.content`; once it does (it starts with `{` or `<tool_call>`,
 or later a `<tool_call>` tag, a line starting with `{`, or an echo of the tool list `<tools>`
-appears: wherever the output parser may read a call or drop text), calls are streamed as `delta.tool_calls`: every entry has
-`index`; `id`, `type` and `function.name` come only in a call's first delta (with
+appears: wherever the output parser may read a call or drop text), calls are streamed as
+`delta.tool_calls`: every entry has `index`; `id`, `type` and `function.name` come only in a call's first delta (with
 `arguments: ""`), then `function.arguments` string fragments follow. A call is recognised by the
 chat format's shape `{"name": "...", "arguments": <json>}` (optionally inside
 `<tool_call>...</tool_call>`).
 
 Held back while streaming, released by `finish(result)`: trailing whitespace and any suffix
 that could start a stop sequence or a `<tool_call>` tag (so a stop string the engine later
-trims is never sent) or a `<tools>` echo, and trailing `}` of arguments (they may close the outer object). At the
+trims is never sent) or a `<tools>` echo, a code fence that may precede a call (the parser
+drops it with the call), and trailing `}` of arguments (they may close the outer object). At the
 end the engine's `ChatResult` is authoritative: the rest of `result.text` and of each parsed
 call's arguments is sent, and calls never recognised while streaming are sent whole. What was
 sent cannot be retracted: if the model starts a call shape and then writes malformed JSON, the
