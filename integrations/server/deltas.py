@@ -4,8 +4,8 @@ The model's raw text arrives in pieces (one per decoding round). While it does n
 tool call it is streamed as `delta.content`; once it does (it starts with `{` or `<tool_call>`,
 or later a `<tool_call>` tag, a line starting with `{`, or an echo of the tool list `<tools>`
 appears: wherever the output parser may read a call or drop text), calls are streamed as
-`delta.tool_calls`: every entry has `index`; `id`, `type` and `function.name` come only in a call's first delta (with
-`arguments: ""`), then `function.arguments` string fragments follow. A call is recognised by the
+`delta.tool_calls`: every entry has `index`; `id`, `type` and `function.name` come only in a
+call's first delta (with `arguments: ""`), then `function.arguments` string fragments follow. A call is recognised by the
 chat format's shape `{"name": "...", "arguments": <json>}` (optionally inside
 `<tool_call>...</tool_call>`).
 
