@@ -5,9 +5,9 @@ tool call it is streamed as `delta.content`; once it does (it starts with `{` or
 or later a `<tool_call>` tag, a line starting with `{`, or an echo of the tool list `<tools>`
 appears: wherever the output parser may read a call or drop text), calls are streamed as
 `delta.tool_calls`: every entry has `index`; `id`, `type` and `function.name` come only in a
-call's first delta (with `arguments: ""`), then `function.arguments` string fragments follow. A call is recognised by the
-chat format's shape `{"name": "...", "arguments": <json>}` (optionally inside
-`<tool_call>...</tool_call>`).
+call's first delta (with `arguments: ""`), then `function.arguments` string fragments follow. A
+call is recognised by the chat format's shape `{"name": "...", "arguments": <json>}`
+(optionally inside `<tool_call>...</tool_call>`).
 
 Held back while streaming, released by `finish(result)`: trailing whitespace and any suffix
 that could start a stop sequence or a `<tool_call>` tag (so a stop string the engine later
