@@ -126,9 +126,14 @@ def fused_counters(device: torch.device, size: int) -> torch.Tensor:
 
 
 def one_launch(batch: int, vocab: int, one_view: bool, acceptance: str,
-               temperature: float = 0.0) -> bool:
-    """Whether fused_gate_triton's default is the one-launch kernel for this call."""
-    if acceptance == "exact" and temperature > 0.0:
+               temperature: float = 0.0, gated: bool = False) -> bool:
+    """Whether fused_gate_triton's default is the one-launch kernel for this call.
+
+    Not with the divergence gate (`gated`): its extra argmax takes gate_fused past the register
+    budget on sm_90 (168 registers and 3 spill stores, `python -m asymagent.kernels.bench
+    --compile-only`), so gated calls take the passes (the kernel still computes it correctly
+    when asked with fused=True, as the interpreter tests do)."""
+    if gated or (acceptance == "exact" and temperature > 0.0):
         return False
     return batch <= FUSED_MAX_BATCH and (one_view or vocab <= FUSED_TWO_VIEW_MAX_V)
 
@@ -205,7 +210,7 @@ def fused_gate_triton(verifier_logits: torch.Tensor, drafter_logits: torch.Tenso
     options = {} if _interpreting() else {"enable_fp_fusion": False}
     grid = (rows, n_split)
     if fused is None:
-        fused = one_launch(batch, vocab, one_view, acceptance, temperature)
+        fused = one_launch(batch, vocab, one_view, acceptance, temperature, gate)
     if fused and not sampling:
         counters = fused_counters(device, rows + batch)
         kern.gate_fused[grid](v, a, b, g, drafts, uniform, part, ipart, counters, jsd,
