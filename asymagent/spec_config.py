@@ -5,6 +5,7 @@ The algorithm these knobs steer is in docs/architecture.md ("The algorithm").
 
 from __future__ import annotations
 
+import math
 from dataclasses import asdict, dataclass
 
 from asymagent.kernels import ACCEPTANCE_RULES as GATE_RULES
@@ -76,6 +77,13 @@ class SpecConfig:
     # full-context verifier on every suite (recovered share -0.019 on test seeds, docs/drafter.md);
     # a drafter trained for it (train-drafter --objective fusion) may set it again
     beta: float = 0.0
+    # the divergence gate on that delta: applied only at positions where the drafter's two views
+    # disagree, beta_eff = beta * [JSD(p_drafter(full) || p_drafter(compressed)) >= jsd_min]
+    # (natural log, so at most ln 2 ~ 0.693: jsd_min above it never fires and asym decodes as
+    # mode compressed plus the copy delta); elsewhere the target is the verifier's own row. 0 (the
+    # default) keeps plain delta-fusion bit for bit: the lead picks the (beta, jsd_min) pair;
+    # measured on dev seeds with `asymagent eval fusion` (docs/drafter.md, "The divergence gate")
+    jsd_min: float = 0.0
     # weight of the copy delta (asym on a compressed view; asymagent/decoding/copy_delta.py):
     # log((1 + c_F) / (1 + c_C)) on the continuations of the longest repeated suffix that only
     # the full view's removed text holds; 0 turns it off. 6 and min length 3 chosen on dev seeds
@@ -149,6 +157,9 @@ class SpecConfig:
             raise ValueError(f"SpecConfig.gamma must be in (0, 1], got {self.gamma!r}")
         if self.beta < 0:
             raise ValueError(f"SpecConfig.beta must be >= 0, got {self.beta!r}")
+        if not (isinstance(self.jsd_min, (int, float)) and math.isfinite(self.jsd_min)
+                and self.jsd_min >= 0):
+            raise ValueError(f"SpecConfig.jsd_min must be a finite number >= 0, got {self.jsd_min!r}")
         if not self.copy_weight >= 0:
             raise ValueError(f"SpecConfig.copy_weight must be >= 0, got {self.copy_weight!r}")
         if self.copy_rule not in COPY_RULES:

@@ -210,7 +210,7 @@ ARG_TYPES = {  # the kernels' runtime arguments by name (logit pointers get --dt
     "jsd_ptr": "*fp32", "n_ptr": "*i64", "next_ptr": "*i64", "count_ptr": "*i32", "K": "i32", "V": "i32",
     "CHUNK": "i32", "S": "i32", "stride_b": "i64", "stride_r": "i64", "g_stride_b": "i64",
     "g_stride_r": "i64", "beta": "fp32", "beta_bonus": "fp32", "log_gamma": "fp32",
-    "temperature": "fp32",
+    "temperature": "fp32", "jsd_min": "fp32",
 }
 # which kernels a call runs: (rule, one view?) -> kernel names (fused_gate.fused_gate_triton)
 COMPILE_CASES = [
@@ -241,11 +241,16 @@ def compile_report(args) -> list[dict]:
     block_s = triton.next_power_of_2(-(-vocab // block_v))  # the most slices a row can get
     cuobjdump = pathlib.Path(triton.__file__).parent / "backends/nvidia/bin/cuobjdump"
     rows = []
-    for rule_name, one_view, names in COMPILE_CASES:
+    # two views also compile with the divergence gate (GATE: jsd_min > 0), which adds state;
+    # gated calls never take the one launch (fused_gate.one_launch: it would spill there)
+    cases = [(r, one, tuple(n for n in names if not (gated and n == "gate_fused")), gated)
+             for r, one, names in COMPILE_CASES for gated in ((False,) if one else (False, True))]
+    for rule_name, one_view, names, gated in cases:
         rule = {"cda": gate.RULE_CDA, "greedy": gate.RULE_GREEDY, "exact": gate.RULE_SAMPLE}[rule_name]
         for name in names:
             fn = getattr(kern, name)
-            values = {"RULE": rule, "ONE_VIEW": one_view, "BLOCK_V": block_v, "BLOCK_S": block_s}
+            values = {"RULE": rule, "ONE_VIEW": one_view, "GATE": gated, "BLOCK_V": block_v,
+                      "BLOCK_S": block_s}
             constexprs = {p.name: values[p.name] for p in fn.params if p.is_constexpr}
             signature = {p.name: "constexpr" if p.is_constexpr else
                          (logit if p.name in ("v_ptr", "a_ptr", "b_ptr", "g_ptr") else ARG_TYPES[p.name])
@@ -264,7 +269,7 @@ def compile_report(args) -> list[dict]:
             fields = dict(item.split(":") for line in usage.splitlines() if "REG:" in line
                           for item in line.split() if ":" in item)
             rows.append(dict(arch=f"sm_{args.arch}", rule=rule_name, views=1 if one_view else 2,
-                             kernel=name, dtype=args.dtype,
+                             gate=gated, kernel=name, dtype=args.dtype,
                              block_v=block_v if name != "gate_finish" else None,
                              num_warps=warps, registers=int(fields["REG"]),
                              local_bytes=int(fields["LOCAL"]), spill_stores=sass.count("STL"),

@@ -11,6 +11,9 @@ batch still fills the chip; a last tiny kernel per sequence merges the slices' p
 - pass 3, only for acceptance="exact" at T > 0: the exponential race for the residual
   max(0, p - q) (rows < K) or the target p (row K);
 - the finish, one program per sequence: accept tests, first reject -> num_accepted, next_token.
+With the divergence gate (jsd_min > 0, two views) pass 1 also keeps the verifier's own argmax
+and pass 2 the log-sum-exp of v / T, so the race and the finish pick per row once its JSD is
+known (beta_eff = beta * [JSD >= jsd_min], gate_reference.gated_beta).
 Nothing syncs with the host. The math (and the order of the float operations that decide
 argmax ties) is that of gate_reference.py, which is the definition. `split_plan` picks S from
 (B, K+1, V) and the SM count; on CPU (the interpreter) a fixed small S.
@@ -123,9 +126,14 @@ def fused_counters(device: torch.device, size: int) -> torch.Tensor:
 
 
 def one_launch(batch: int, vocab: int, one_view: bool, acceptance: str,
-               temperature: float = 0.0) -> bool:
-    """Whether fused_gate_triton's default is the one-launch kernel for this call."""
-    if acceptance == "exact" and temperature > 0.0:
+               temperature: float = 0.0, gated: bool = False) -> bool:
+    """Whether fused_gate_triton's default is the one-launch kernel for this call.
+
+    Not with the divergence gate (`gated`): its extra argmax takes gate_fused past the register
+    budget on sm_90 (168 registers and 3 spill stores, `python -m asymagent.kernels.bench
+    --compile-only`), so gated calls take the passes (the kernel still computes it correctly
+    when asked with fused=True, as the interpreter tests do)."""
+    if gated or (acceptance == "exact" and temperature > 0.0):
         return False
     return batch <= FUSED_MAX_BATCH and (one_view or vocab <= FUSED_TWO_VIEW_MAX_V)
 
@@ -149,21 +157,24 @@ def fused_gate_triton(verifier_logits: torch.Tensor, drafter_logits: torch.Tenso
                       generator: GeneratorArg = None,
                       proposal_logits: torch.Tensor | None = None, fuse_bonus: bool = True,
                       noise: GateNoise | None = None, block_v: int | None = None,
-                      splits: int | None = None, fused: bool | None = None) -> GateResult:
+                      splits: int | None = None, fused: bool | None = None,
+                      jsd_min: float = 0.0) -> GateResult:
     """The Triton gate (CUDA, or CPU under TRITON_INTERPRET=1); same semantics as the reference.
 
     `block_v` and `splits` override the launch (tests, tuning); see `launch_config`, `split_plan`.
     `fused`: one launch (gate_fused) or the separate passes; None = `one_launch`'s choice (cda /
     greedy at B <= FUSED_MAX_BATCH, one view or V <= FUSED_TWO_VIEW_MAX_V; exact sampling
-    always takes the passes)."""
+    always takes the passes). `jsd_min` > 0: the divergence gate (see gate_reference)."""
     batch, k, vocab = validate_gate_inputs(
         verifier_logits, drafter_logits, base_logits, draft_tokens, beta=beta, gamma=gamma,
-        acceptance=acceptance, temperature=temperature, proposal_logits=proposal_logits)
+        acceptance=acceptance, temperature=temperature, proposal_logits=proposal_logits,
+        jsd_min=jsd_min)
     kern = gate_kernels()
     # one view (base_logits=None): delta 0 and JSD 0 exactly, the kernels never read a
     verifier_logits, drafter_logits, base_logits, one_view = gate_views(
         verifier_logits, drafter_logits, base_logits)
     device = verifier_logits.device
+    gate = float(jsd_min) > 0.0 and not one_view  # one view: JSD 0 and delta 0, nothing to gate
     # one layout for the three logit tensors: [B, K+1, V] with unit stride over V
     v, a, b = (t if t.stride(-1) == 1 else t.contiguous()
                for t in (verifier_logits, drafter_logits, base_logits))
@@ -199,32 +210,33 @@ def fused_gate_triton(verifier_logits: torch.Tensor, drafter_logits: torch.Tenso
     options = {} if _interpreting() else {"enable_fp_fusion": False}
     grid = (rows, n_split)
     if fused is None:
-        fused = one_launch(batch, vocab, one_view, acceptance, temperature)
+        fused = one_launch(batch, vocab, one_view, acceptance, temperature, gate)
     if fused and not sampling:
         counters = fused_counters(device, rows + batch)
         kern.gate_fused[grid](v, a, b, g, drafts, uniform, part, ipart, counters, jsd,
                               num_accepted, next_token, k, vocab, chunk, n_split, *strides,
                               *g_strides, float(beta), beta_bonus,
-                              math.log(gamma) if acceptance == "cda" else 0.0, temp, RULE=rule,
-                              ONE_VIEW=one_view, BLOCK_V=block_v, BLOCK_S=block_s,
-                              num_warps=num_warps, **options)
+                              math.log(gamma) if acceptance == "cda" else 0.0, temp,
+                              float(jsd_min), RULE=rule, ONE_VIEW=one_view, GATE=gate,
+                              BLOCK_V=block_v, BLOCK_S=block_s, num_warps=num_warps, **options)
         return GateResult(num_accepted=num_accepted, next_token=next_token, jsd=jsd)
     kern.gate_stats[grid](v, a, b, g, part, ipart, k, vocab, chunk, n_split, *strides, *g_strides,
                           float(beta), beta_bonus, temp, RULE=rule, ONE_VIEW=one_view,
-                          BLOCK_V=block_v, num_warps=num_warps, **options)
+                          GATE=gate, BLOCK_V=block_v, num_warps=num_warps, **options)
     if not one_view:
         kern.gate_jsd[grid](v, a, b, part, k, vocab, chunk, n_split, *strides, float(beta),
-                            beta_bonus, temp, RULE=rule, BLOCK_V=block_v, BLOCK_S=block_s,
-                            num_warps=num_warps, **options)
+                            beta_bonus, temp, RULE=rule, GATE=gate, BLOCK_V=block_v,
+                            BLOCK_S=block_s, num_warps=num_warps, **options)
     if sampling:
         kern.gate_race[grid](v, a, b, g, expo, part, ipart, k, vocab, chunk, n_split, *strides,
-                             *g_strides, float(beta), beta_bonus, temp, ONE_VIEW=one_view,
-                             BLOCK_V=block_v, BLOCK_S=block_s, num_warps=num_warps, **options)
+                             *g_strides, float(beta), beta_bonus, temp, float(jsd_min),
+                             ONE_VIEW=one_view, GATE=gate, BLOCK_V=block_v, BLOCK_S=block_s,
+                             num_warps=num_warps, **options)
     kern.gate_finish[(batch,)](v, a, b, g, drafts, uniform, part, ipart, jsd, num_accepted,
                                next_token, k, vocab, n_split, *strides, *g_strides, float(beta),
                                beta_bonus, math.log(gamma) if acceptance == "cda" else 0.0, temp,
-                               RULE=rule, ONE_VIEW=one_view, BLOCK_S=block_s, num_warps=1,
-                               **options)
+                               float(jsd_min), RULE=rule, ONE_VIEW=one_view, GATE=gate,
+                               BLOCK_S=block_s, num_warps=1, **options)
     return GateResult(num_accepted=num_accepted, next_token=next_token, jsd=jsd)
 
 
@@ -258,21 +270,24 @@ def fused_gate(verifier_logits: torch.Tensor, drafter_logits: torch.Tensor | Non
                base_logits: torch.Tensor | None, draft_tokens: torch.Tensor, *, beta: float,
                gamma: float, acceptance: str = "cda", temperature: float = 0.0,
                generator: GeneratorArg = None, proposal_logits: torch.Tensor | None = None,
-               fuse_bonus: bool = True, noise: GateNoise | None = None) -> GateResult:
+               fuse_bonus: bool = True, noise: GateNoise | None = None,
+               jsd_min: float = 0.0) -> GateResult:
     """Run the gate on logits [B, K+1, V] and drafts [B, K]; see gate_reference for semantics.
 
     `base_logits=None`: one drafter view (no compression); `drafter_logits=None` as well: no
-    drafter rows, the target is the verifier (mode spec)."""
+    drafter rows, the target is the verifier (mode spec). `jsd_min` > 0: the delta only where
+    the drafter's two views diverge (JSD >= jsd_min)."""
     kwargs = dict(beta=beta, gamma=gamma, acceptance=acceptance, temperature=temperature,
                   generator=generator, proposal_logits=proposal_logits, fuse_bonus=fuse_bonus,
-                  noise=noise)
+                  noise=noise, jsd_min=jsd_min)
     args = (verifier_logits, drafter_logits, base_logits, draft_tokens)
     backend = gate_backend(verifier_logits.device)
     if backend == "triton":
         return fused_gate_triton(*args, **kwargs)
     if backend == "compile" and _COMPILED.get("failed") is None:
         validate_gate_inputs(*args, beta=beta, gamma=gamma, acceptance=acceptance,
-                             temperature=temperature, proposal_logits=proposal_logits)
+                             temperature=temperature, proposal_logits=proposal_logits,
+                             jsd_min=jsd_min)
         try:
             return compiled_reference()(*args, **kwargs)
         except Exception as exc:  # a missing compiler must not take the engine down

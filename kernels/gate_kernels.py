@@ -20,6 +20,12 @@ programs on a 132-SM H200). Passes, each writing per-(row, slice) partials into 
    race, JSD), runs each draft's accept test and stops at the first reject: num_accepted,
    next_token and jsd.
 
+The divergence gate (GATE, two views and jsd_min > 0: beta_eff = beta * [JSD >= jsd_min],
+gate_reference.gated_beta) needs a row's JSD before its beta, and the JSD is known only after
+pass 2. So pass 1 also keeps the verifier's own argmax (the fused argmax at beta_eff = 0) and,
+for exact sampling, pass 2 also the log-sum-exp of v / T; the race and the finish merge the
+row's JSD first and pick the gated or the fused statistics per row.
+
 Merging is exact for the argmax (slices are in index order: the largest value, then the
 smallest index among equal ones, is the first index overall) and reorders only float sums (the
 log-sum-exps and the JSD), which the reference computes in yet another order anyway. The fused
@@ -75,12 +81,15 @@ else:
 
 # float partials, one [R*S] plane each: (max, sum-exp) pairs, argmax values, JSD sum, race values
 # (kernels read module globals only as constexpr)
+# (F_TOPV: the verifier's argmax over every token; F_MF0, F_SF0: v / T; both GATE only)
 (F_MV, F_SV, F_MA, F_SA, F_MB, F_SB, F_MG, F_SG, F_MF, F_SF,
- F_TOPJ, F_TOPM, F_JSD, F_TOPR, F_TOPP, F_MAXR) = (tl.constexpr(n) for n in range(16))
-NF = 16
-# token-id partials: fused argmax (joint support), verifier argmax (masked), race winners
-I_TOKJ, I_TOKM, I_TOKR, I_TOKP = (tl.constexpr(n) for n in range(4))
-NI = 4
+ F_TOPJ, F_TOPM, F_JSD, F_TOPR, F_TOPP, F_MAXR, F_TOPV, F_MF0, F_SF0) = (
+    tl.constexpr(n) for n in range(19))
+NF = 19
+# token-id partials: fused argmax (joint support), verifier argmax (masked), race winners,
+# verifier argmax (every token; GATE only)
+I_TOKJ, I_TOKM, I_TOKR, I_TOKP, I_TOKV = (tl.constexpr(n) for n in range(5))
+NI = 5
 
 
 @helper
@@ -150,6 +159,13 @@ def _store_argmax(part_ptr, ipart_ptr, F_TOP: tl.constexpr, I_TOK: tl.constexpr,
 
 
 @helper
+def _row_jsd(part_ptr, off, ss, smask, RS):
+    """A row's JSD from its slices' partial sums of terms: 1/2 sum, clamped to [0, ln 2]."""
+    jsd_part = tl.load(part_ptr + F_JSD * RS + off + ss, mask=smask, other=0.0)
+    return tl.minimum(tl.maximum(0.5 * _rsum(jsd_part), 0.0), 0.6931471805599453)
+
+
+@helper
 def _slice(K, V, CHUNK, stride_b, stride_r, g_stride_b, g_stride_r):
     """This program's row and slice: (b, i, row offset, proposal row offset, lo, hi, g_hi, r)."""
     r = tl.program_id(0)
@@ -174,18 +190,20 @@ def _row_partials(r, S, BLOCK_S: tl.constexpr):
 def gate_stats(v_ptr, a_ptr, b_ptr, g_ptr, part_ptr, ipart_ptr,
                K, V, CHUNK, S, stride_b, stride_r, g_stride_b, g_stride_r,
                beta, beta_bonus, temperature,
-               RULE: tl.constexpr, ONE_VIEW: tl.constexpr, BLOCK_V: tl.constexpr):
+               RULE: tl.constexpr, ONE_VIEW: tl.constexpr, GATE: tl.constexpr,
+               BLOCK_V: tl.constexpr):
     """Pass 1, one program per (row, slice): online (max, sum-exp) of the rows and the argmaxes."""
     _stats(v_ptr, a_ptr, b_ptr, g_ptr, part_ptr, ipart_ptr, K, V, CHUNK, S, stride_b, stride_r,
-           g_stride_b, g_stride_r, beta, beta_bonus, temperature, RULE, ONE_VIEW, BLOCK_V)
+           g_stride_b, g_stride_r, beta, beta_bonus, temperature, RULE, ONE_VIEW, GATE, BLOCK_V)
 
 
 @helper
 def _stats(v_ptr, a_ptr, b_ptr, g_ptr, part_ptr, ipart_ptr,
            K, V, CHUNK, S, stride_b, stride_r, g_stride_b, g_stride_r,
            beta, beta_bonus, temperature,
-           RULE: tl.constexpr, ONE_VIEW: tl.constexpr, BLOCK_V: tl.constexpr):
-    """gate_stats' body (also the first part of gate_fused)."""
+           RULE: tl.constexpr, ONE_VIEW: tl.constexpr, GATE: tl.constexpr,
+           BLOCK_V: tl.constexpr):
+    """gate_stats' body (also the first part of gate_fused). GATE: the verifier's argmax too."""
     i, row, g_row, lo, hi, g_hi, r = _slice(K, V, CHUNK, stride_b, stride_r, g_stride_b,
                                             g_stride_r)
     NEG = float("-inf")
@@ -205,12 +223,18 @@ def _stats(v_ptr, a_ptr, b_ptr, g_ptr, part_ptr, ipart_ptr,
     idx_j = tl.full([BLOCK_V], 2147483647, tl.int32)
     best_m = tl.full([BLOCK_V], NEG, tl.float32)  # verifier argmax over tokens a view masks
     idx_m = tl.full([BLOCK_V], 2147483647, tl.int32)
+    best_v = tl.full([BLOCK_V], NEG, tl.float32)  # verifier argmax over every token (GATE)
+    idx_v = tl.full([BLOCK_V], 2147483647, tl.int32)
     for start in range(lo, hi, BLOCK_V):
         offs = start + lanes
         mask = offs < hi
         xv = tl.load(v_ptr + row + offs, mask=mask, other=NEG).to(tl.float32)
         xb = tl.load(b_ptr + row + offs, mask=mask, other=NEG).to(tl.float32)
         m_v, s_v = _online(m_v, s_v, xv)
+        if GATE:  # the fused argmax of a row the gate turns off (beta_eff = 0: v itself)
+            better = xv > best_v
+            best_v = tl.where(better, xv, best_v)
+            idx_v = tl.where(better, offs, idx_v)
         m_b, s_b = _online(m_b, s_b, xb)
         if ONE_VIEW:  # delta = 0: the fused score is v (the reference's `fused = v`)
             better = xv > best_j
@@ -242,6 +266,8 @@ def _stats(v_ptr, a_ptr, b_ptr, g_ptr, part_ptr, ipart_ptr,
     if not ONE_VIEW:
         _store_sums(part_ptr, F_MA, F_SA, RS, out, m_a, s_a)
         _store_argmax(part_ptr, ipart_ptr, F_TOPM, I_TOKM, RS, out, best_m, idx_m)
+    if GATE:
+        _store_argmax(part_ptr, ipart_ptr, F_TOPV, I_TOKV, RS, out, best_v, idx_v)
     if RULE == 2:
         _store_sums(part_ptr, F_MG, F_SG, RS, out, m_g, s_g)
         if ONE_VIEW:
@@ -251,8 +277,10 @@ def _stats(v_ptr, a_ptr, b_ptr, g_ptr, part_ptr, ipart_ptr,
 @triton.jit
 def gate_jsd(v_ptr, a_ptr, b_ptr, part_ptr, K, V, CHUNK, S, stride_b, stride_r,
              beta, beta_bonus, temperature,
-             RULE: tl.constexpr, BLOCK_V: tl.constexpr, BLOCK_S: tl.constexpr):
-    """Pass 2 (two views), one program per (row, slice): JSD terms (+ online lse of fused / T)."""
+             RULE: tl.constexpr, GATE: tl.constexpr, BLOCK_V: tl.constexpr,
+             BLOCK_S: tl.constexpr):
+    """Pass 2 (two views), one program per (row, slice): JSD terms (+ online lse of fused / T,
+    and with GATE of v / T: the target of a row the gate turns off)."""
     i, row, _, lo, hi, _, r = _slice(K, V, CHUNK, stride_b, stride_r, 0, 0)
     NEG = float("-inf")
     RS, ss, smask, first = _row_partials(r, S, BLOCK_S)
@@ -264,6 +292,8 @@ def gate_jsd(v_ptr, a_ptr, b_ptr, part_ptr, K, V, CHUNK, S, stride_b, stride_r,
     jsd_acc = tl.zeros([BLOCK_V], tl.float32)
     m_f = tl.full([BLOCK_V], NEG, tl.float32)
     s_f = tl.zeros([BLOCK_V], tl.float32)
+    m_f0 = tl.full([BLOCK_V], NEG, tl.float32)  # v / T (GATE)
+    s_f0 = tl.zeros([BLOCK_V], tl.float32)
     for start in range(lo, hi, BLOCK_V):
         offs = start + lanes
         mask = offs < hi
@@ -285,21 +315,27 @@ def gate_jsd(v_ptr, a_ptr, b_ptr, part_ptr, K, V, CHUNK, S, stride_b, stride_r,
             delta = tl.where(fin_a & fin_b, xa - xb, masked_delta)
             scaled = delta * beta_row
             m_f, s_f = _online(m_f, s_f, (xv + scaled) / temperature)
+            if GATE:
+                m_f0, s_f0 = _online(m_f0, s_f0, xv / temperature)
     out = first + tl.program_id(1)
     tl.store(part_ptr + F_JSD * RS + out, _rsum(jsd_acc))
     if RULE == 2:
         _store_sums(part_ptr, F_MF, F_SF, RS, out, m_f, s_f)
+        if GATE:
+            _store_sums(part_ptr, F_MF0, F_SF0, RS, out, m_f0, s_f0)
 
 
 @triton.jit
 def gate_race(v_ptr, a_ptr, b_ptr, g_ptr, e_ptr, part_ptr, ipart_ptr,
               K, V, CHUNK, S, stride_b, stride_r, g_stride_b, g_stride_r,
-              beta, beta_bonus, temperature,
-              ONE_VIEW: tl.constexpr, BLOCK_V: tl.constexpr, BLOCK_S: tl.constexpr):
+              beta, beta_bonus, temperature, jsd_min,
+              ONE_VIEW: tl.constexpr, GATE: tl.constexpr, BLOCK_V: tl.constexpr,
+              BLOCK_S: tl.constexpr):
     """Pass 3 (exact at T > 0), one program per (row, slice): the exponential races.
 
     Residual max(0, p - q) (rows < K) and target p, each scored w / E with the sequence's Exp(1)
-    vector E; the winners per slice and the largest residual (0: p == q, fall back to p)."""
+    vector E; the winners per slice and the largest residual (0: p == q, fall back to p).
+    GATE: the row's JSD (pass 2) decides its beta first (beta_eff = 0 below jsd_min)."""
     i, row, g_row, lo, hi, g_hi, r = _slice(K, V, CHUNK, stride_b, stride_r, g_stride_b,
                                             g_stride_r)
     NEG = float("-inf")
@@ -310,6 +346,10 @@ def gate_race(v_ptr, a_ptr, b_ptr, g_ptr, e_ptr, part_ptr, ipart_ptr,
         masked_delta = (_lse(part_ptr, first, ss, smask, F_MA, F_SA, RS)
                         - _lse(part_ptr, first, ss, smask, F_MB, F_SB, RS))
     beta_row = tl.where(i == K, beta_bonus, beta)
+    if GATE:
+        on = _row_jsd(part_ptr, first, ss, smask, RS) >= jsd_min
+        beta_row = tl.where(on, beta_row, 0.0)
+        lse_f = tl.where(on, lse_f, _lse(part_ptr, first, ss, smask, F_MF0, F_SF0, RS))
     lanes = tl.arange(0, BLOCK_V)
     best_r = tl.full([BLOCK_V], -1.0, tl.float32)
     idx_r = tl.full([BLOCK_V], 2147483647, tl.int32)
@@ -351,21 +391,26 @@ def gate_race(v_ptr, a_ptr, b_ptr, g_ptr, e_ptr, part_ptr, ipart_ptr,
 @triton.jit
 def gate_finish(v_ptr, a_ptr, b_ptr, g_ptr, d_ptr, u_ptr, part_ptr, ipart_ptr,
                 jsd_ptr, n_ptr, next_ptr, K, V, S, stride_b, stride_r, g_stride_b, g_stride_r,
-                beta, beta_bonus, log_gamma, temperature,
-                RULE: tl.constexpr, ONE_VIEW: tl.constexpr, BLOCK_S: tl.constexpr):
+                beta, beta_bonus, log_gamma, temperature, jsd_min,
+                RULE: tl.constexpr, ONE_VIEW: tl.constexpr, GATE: tl.constexpr,
+                BLOCK_S: tl.constexpr):
     """One program per sequence: merge each row's slices, test its draft, stop at the first reject."""
     _finish(tl.program_id(0).to(tl.int64), tl.num_programs(0) * (K + 1) * S,
             v_ptr, a_ptr, b_ptr, g_ptr, d_ptr, u_ptr, part_ptr, ipart_ptr, jsd_ptr, n_ptr,
             next_ptr, K, V, S, stride_b, stride_r, g_stride_b, g_stride_r, beta, beta_bonus,
-            log_gamma, temperature, RULE, ONE_VIEW, BLOCK_S)
+            log_gamma, temperature, jsd_min, RULE, ONE_VIEW, GATE, BLOCK_S)
 
 
 @helper
 def _finish(b, RS, v_ptr, a_ptr, b_ptr, g_ptr, d_ptr, u_ptr, part_ptr, ipart_ptr,
             jsd_ptr, n_ptr, next_ptr, K, V, S, stride_b, stride_r, g_stride_b, g_stride_r,
-            beta, beta_bonus, log_gamma, temperature,
-            RULE: tl.constexpr, ONE_VIEW: tl.constexpr, BLOCK_S: tl.constexpr):
-    """gate_finish's body for sequence b (int64); RS = R * S, the partial planes' stride."""
+            beta, beta_bonus, log_gamma, temperature, jsd_min,
+            RULE: tl.constexpr, ONE_VIEW: tl.constexpr, GATE: tl.constexpr,
+            BLOCK_S: tl.constexpr):
+    """gate_finish's body for sequence b (int64); RS = R * S, the partial planes' stride.
+
+    GATE: a row whose JSD is under jsd_min takes beta_eff = 0 (the verifier's own argmax, and
+    for exact sampling its own log-sum-exp of v / T)."""
     ss = tl.arange(0, BLOCK_S)
     smask = ss < S
     NEG = float("-inf")
@@ -388,13 +433,18 @@ def _finish(b, RS, v_ptr, a_ptr, b_ptr, g_ptr, d_ptr, u_ptr, part_ptr, ipart_ptr
         else:
             lse_a = _lse(part_ptr, first, ss, smask, F_MA, F_SA, RS)
             masked_delta = lse_a - lse_b
-            jsd_part = tl.load(part_ptr + F_JSD * RS + first + ss, mask=smask, other=0.0)
-            jsd = tl.minimum(tl.maximum(0.5 * _rsum(jsd_part), 0.0), 0.6931471805599453)
+            jsd = _row_jsd(part_ptr, first, ss, smask, RS)
             top_m, tok_m = _first_max_of(part_ptr, ipart_ptr, first, ss, smask, F_TOPM, I_TOKM,
                                          RS, NEG)
             top_m = top_m + masked_delta * beta_row
             cand = tl.where(top_m > top_j, tok_m,
                             tl.where(top_m == top_j, tl.minimum(tok_j, tok_m), tok_j)).to(tl.int64)
+            if GATE:  # below jsd_min: beta_eff = 0, the verifier's own argmax
+                on = jsd >= jsd_min
+                beta_row = tl.where(on, beta_row, 0.0)
+                _, tok_v = _first_max_of(part_ptr, ipart_ptr, first, ss, smask, F_TOPV, I_TOKV,
+                                         RS, NEG)
+                cand = tl.where(on, cand, tok_v.to(tl.int64))
         cand = tl.where(cand == 2147483647, 0, cand)  # every token masked: argmax says index 0
 
         d = tl.load(d_ptr + b * K + i, mask=has_g, other=0).to(tl.int64)
@@ -408,6 +458,8 @@ def _finish(b, RS, v_ptr, a_ptr, b_ptr, g_ptr, d_ptr, u_ptr, part_ptr, ipart_ptr
         else:
             lse_g = _lse(part_ptr, first, ss, smask, F_MG, F_SG, RS)
             lse_f = _lse(part_ptr, first, ss, smask, F_MF, F_SF, RS)
+            if GATE:
+                lse_f = tl.where(on, lse_f, _lse(part_ptr, first, ss, smask, F_MF0, F_SF0, RS))
             if ONE_VIEW:
                 lp_d = xv_d / temperature - lse_f
             else:
@@ -459,9 +511,9 @@ def _jsd_sum(a_ptr, b_ptr, row, lo, hi, lse_a, lse_b, BLOCK_V: tl.constexpr):
 @triton.jit
 def gate_fused(v_ptr, a_ptr, b_ptr, g_ptr, d_ptr, u_ptr, part_ptr, ipart_ptr, count_ptr,
                jsd_ptr, n_ptr, next_ptr, K, V, CHUNK, S, stride_b, stride_r, g_stride_b,
-               g_stride_r, beta, beta_bonus, log_gamma, temperature,
-               RULE: tl.constexpr, ONE_VIEW: tl.constexpr, BLOCK_V: tl.constexpr,
-               BLOCK_S: tl.constexpr):
+               g_stride_r, beta, beta_bonus, log_gamma, temperature, jsd_min,
+               RULE: tl.constexpr, ONE_VIEW: tl.constexpr, GATE: tl.constexpr,
+               BLOCK_V: tl.constexpr, BLOCK_S: tl.constexpr):
     """The whole gate in ONE launch (cda / greedy; small batches), one program per (row, slice).
 
     Each program runs pass 1 on its slice, then counts itself done on its row (an atomic
@@ -470,7 +522,7 @@ def gate_fused(v_ptr, a_ptr, b_ptr, g_ptr, d_ptr, u_ptr, part_ptr, ipart_ptr, co
     row done on its sequence; the sequence's last row runs the finish. Counters are left at 0
     for the next call (one stream at a time uses them: fused_gate.py)."""
     _stats(v_ptr, a_ptr, b_ptr, g_ptr, part_ptr, ipart_ptr, K, V, CHUNK, S, stride_b, stride_r,
-           g_stride_b, g_stride_r, beta, beta_bonus, temperature, RULE, ONE_VIEW, BLOCK_V)
+           g_stride_b, g_stride_r, beta, beta_bonus, temperature, RULE, ONE_VIEW, GATE, BLOCK_V)
     r = tl.program_id(0)
     R = tl.num_programs(0)
     RS = R * S
@@ -495,5 +547,5 @@ def gate_fused(v_ptr, a_ptr, b_ptr, g_ptr, d_ptr, u_ptr, part_ptr, ipart_ptr, co
             tl.store(count_ptr + R + seq, 0)
             _finish(seq.to(tl.int64), RS, v_ptr, a_ptr, b_ptr, g_ptr, d_ptr, u_ptr, part_ptr,
                     ipart_ptr, jsd_ptr, n_ptr, next_ptr, K, V, S, stride_b, stride_r,
-                    g_stride_b, g_stride_r, beta, beta_bonus, log_gamma, temperature, RULE,
-                    ONE_VIEW, BLOCK_S)
+                    g_stride_b, g_stride_r, beta, beta_bonus, log_gamma, temperature, jsd_min,
+                    RULE, ONE_VIEW, GATE, BLOCK_S)

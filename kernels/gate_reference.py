@@ -13,6 +13,9 @@ Glossary (one decode round of one sequence, K draft tokens, positions i = 0..K):
 - fused target: log p_v + beta * (log p_a - log p_b) (delta-fusion). Where either drafter view
   gives a token probability 0 (masked, -inf logit) the drafter has no evidence there and the
   delta is 0. With fuse_bonus=False row K uses beta=0 (the verifier alone, as the official code).
+- divergence gate (`jsd_min` > 0): the delta applies only at positions where the drafter's two
+  views disagree, beta_eff,i = beta * [JSD(p_a,i || p_b,i) >= jsd_min] (`gated_beta`); elsewhere
+  the target is the verifier's own row. jsd_min = 0 is plain delta-fusion, bit for bit.
 - accepted tokens: the drafts before the first rejected one (num_accepted in 0..K).
 - rejected token: the first draft that fails the rule; the round stops there.
 - fused token: the token emitted at the stop position (argmax of the fused target for cda and
@@ -102,7 +105,8 @@ def gate_views(verifier_logits, drafter_logits, base_logits):
 
 
 def validate_gate_inputs(verifier_logits, drafter_logits, base_logits, draft_tokens, *, beta,
-                         gamma, acceptance, temperature, proposal_logits) -> tuple[int, int, int]:
+                         gamma, acceptance, temperature, proposal_logits,
+                         jsd_min: float = 0.0) -> tuple[int, int, int]:
     """Check shapes, dtypes and parameters; return (B, K, V). Raises ValueError.
 
     `drafter_logits` and `base_logits` may be None (see `gate_views`)."""
@@ -145,6 +149,8 @@ def validate_gate_inputs(verifier_logits, drafter_logits, base_logits, draft_tok
         raise ValueError(f"gamma must be in (0, 1], got {gamma!r}")
     if not math.isfinite(float(beta)) or float(beta) < 0:
         raise ValueError(f"beta must be finite and >= 0, got {beta!r}")
+    if not math.isfinite(float(jsd_min)) or float(jsd_min) < 0:
+        raise ValueError(f"jsd_min must be finite and >= 0, got {jsd_min!r}")
     if not math.isfinite(float(temperature)) or float(temperature) < 0:
         raise ValueError(f"temperature must be finite and >= 0, got {temperature!r}")
     return batch, kp1 - 1, vocab
@@ -172,13 +178,27 @@ def jsd_from_log_probs(la: torch.Tensor, lb: torch.Tensor) -> torch.Tensor:
     return (0.5 * (kl_a + kl_b)).clamp(0.0, LN2)
 
 
+def gated_beta(jsd: torch.Tensor, beta_rows: torch.Tensor, jsd_min: float) -> torch.Tensor:
+    """The divergence gate: beta where JSD(p_a || p_b) >= jsd_min, else 0. jsd [..., R] -> [..., R].
+
+    `beta_rows` [R] (or broadcastable to jsd) is each position's beta before the gate. The one
+    definition of the gated delta's weight: the gate, its kernel and `asymagent eval fusion`."""
+    beta_rows = beta_rows.expand_as(jsd)  # [..., R]
+    if not jsd_min:  # plain delta-fusion, bit for bit
+        return beta_rows
+    return torch.where(jsd >= float(jsd_min), beta_rows, torch.zeros_like(beta_rows))
+
+
 def fused_scores(v: torch.Tensor, a: torch.Tensor, b: torch.Tensor, beta_rows: torch.Tensor,
                  lse_a: torch.Tensor, lse_b: torch.Tensor) -> torch.Tensor:
-    """Fused target up to a per-row constant: v + beta * D (see module docstring). [B, R, V]."""
+    """Fused target up to a per-row constant: v + beta * D (see module docstring). [B, R, V].
+
+    `beta_rows` is [R] (one beta per position) or [B, R] (per row: the divergence gate); the
+    logits may also be [R, V] with beta_rows [R] and lse [R, 1]."""
     joint = (a > -math.inf) & (b > -math.inf)  # [B, R, V] both drafter views allow the token
     masked_delta = lse_a - lse_b  # [B, R, 1] makes log p_a - log p_b = 0 on masked tokens
     delta = torch.where(joint, a - b, masked_delta)  # [B, R, V]
-    scaled = delta * beta_rows[None, :, None]  # separate multiply: no FMA, kernel-identical
+    scaled = delta * beta_rows[..., None]  # separate multiply: no FMA, kernel-identical
     return v + scaled
 
 
@@ -187,16 +207,18 @@ def fused_gate_reference(verifier_logits: torch.Tensor, drafter_logits: torch.Te
                          gamma: float, acceptance: str = "cda", temperature: float = 0.0,
                          generator: GeneratorArg = None,
                          proposal_logits: torch.Tensor | None = None, fuse_bonus: bool = True,
-                         noise: GateNoise | None = None) -> GateResult:
+                         noise: GateNoise | None = None, jsd_min: float = 0.0) -> GateResult:
     """The gate of docs/architecture.md §3 in eager torch (see the module docstring for the definition).
 
     Logits are [B, K+1, V] (fp32/fp16/bf16, computed in fp32), draft_tokens [B, K] int64;
     `base_logits=None` means one drafter view, `drafter_logits=None` no drafter rows (spec).
     `noise` replaces the draws from `generator` (used to compare the kernel bit for bit).
+    `jsd_min` > 0: the delta only where JSD(p_a || p_b) >= jsd_min (`gated_beta`).
     """
     batch, k, vocab = validate_gate_inputs(
         verifier_logits, drafter_logits, base_logits, draft_tokens, beta=beta, gamma=gamma,
-        acceptance=acceptance, temperature=temperature, proposal_logits=proposal_logits)
+        acceptance=acceptance, temperature=temperature, proposal_logits=proposal_logits,
+        jsd_min=jsd_min)
     verifier_logits, drafter_logits, base_logits, one_view = gate_views(
         verifier_logits, drafter_logits, base_logits)
     device = verifier_logits.device
@@ -217,6 +239,7 @@ def fused_gate_reference(verifier_logits: torch.Tensor, drafter_logits: torch.Te
         beta_rows = torch.full((k + 1,), float(beta), dtype=torch.float32, device=device)
         if not fuse_bonus:
             beta_rows[k] = 0.0  # [K+1]
+        beta_rows = gated_beta(jsd, beta_rows, jsd_min)  # [B, K+1]
         fused = fused_scores(v, a, b, beta_rows, lse_a, lse_b)  # [B, K+1, V]
 
     sampling = acceptance == "exact" and float(temperature) > 0.0

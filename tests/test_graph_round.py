@@ -50,7 +50,9 @@ def test_graph_round_copied_drafts_and_switch(model, monkeypatch, served, mode):
 
 @pytest.mark.parametrize("mode, overrides, temperature, agreeing", [
     ("asym", {}, 0.0, True), ("asym", {}, 0.0, False), ("asym", {"paper": True}, 0.0, True),
-    ("spec", {}, 0.8, True), ("asym", {"acceptance": "exact", "beta": 1.0}, 0.8, False)])
+    ("spec", {}, 0.8, True), ("asym", {"acceptance": "exact", "beta": 1.0}, 0.8, False),
+    # the divergence gate (tiny models' JSDs are ~1e-5..1e-4: some rows on, some off)
+    ("asym", {"beta": 10.0, "jsd_min": 3e-5}, 0.0, False)])
 def test_capture_side_effects_keep_the_tokens(model, monkeypatch, mode, overrides, temperature,
                                               agreeing):
     # CPU emulation of what recording a graph does to the caches (a warm-up run, the lengths

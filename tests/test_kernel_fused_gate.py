@@ -97,8 +97,8 @@ def assert_same(kernel, ref, label):
 
 
 # CASES, masked/fp16, multi-block/hand-built/dispatch, no drafts, split plan, SPLIT_CASES,
-# masked slices + ties, bench rows
-N_INTERPRETED = 12 + 2 + 3 + 1 + 1 + 4 + 2 + 1 + 3
+# masked slices + ties, bench rows, one launch, divergence gate
+N_INTERPRETED = 12 + 2 + 3 + 1 + 1 + 4 + 2 + 1 + 3 + 3
 CASES = [  # (V, K, B, scale, dtype): every V x K pair, B / scale / dtype rotating over them
     (50, 1, 1, 1.0, torch.float32), (50, 2, 3, 4.0, torch.bfloat16),
     (50, 5, 1, 0.3, torch.float32), (50, 8, 3, 2.0, torch.bfloat16),
@@ -388,3 +388,51 @@ def test_kernel_on_cuda_matches_reference(vocab, k, batch):
         # fp fusion is off in the kernel, so the fused scores are bit-identical to torch's;
         # only lse-based threshold tests could differ, and only within float rounding.
         assert_same(out, ref, (vocab, rule, temp, fuse_bonus))
+
+
+DIVERGENCE_CASES = [  # (V, K, B, BLOCK_V, splits, masked): uneven slices, masks, one slice
+    (1000, 3, 4, 64, 5, True), (300, 2, 3, 16, 3, False), (777, 1, 5, 32, 1, False),
+]
+
+
+@interpreted
+@pytest.mark.parametrize("vocab, k, batch, block_v, splits, masked", DIVERGENCE_CASES)
+def test_divergence_gate_matches_reference(vocab, k, batch, block_v, splits, masked):
+    # jsd_min between two rows' JSDs (far from every row's, so the kernel's differently summed
+    # JSD decides alike): some rows take the fused target, the others the verifier's own; every
+    # rule, the separate passes and (cda / greedy) the one launch, two views and one
+    ver, aug, base, drafts = make_case(batch, k, vocab, 2.0, torch.float32, seed=vocab + k,
+                                       masked=masked)
+    base = base + 2.0 * torch.randn(base.shape, generator=torch.Generator().manual_seed(k)) \
+        * torch.linspace(0.0, 1.0, batch)[:, None, None]  # views apart by a growing amount
+    drafts = ver[:, :k].argmax(-1)  # drafts the verifier likes: rounds run past row 0
+    jsd = fused_gate_reference(ver, aug, base, drafts, beta=1.0, gamma=0.5).jsd.flatten()
+    values = jsd.sort().values
+    gaps = values[1:] - values[:-1]
+    cut = int(gaps[len(gaps) // 4: 3 * len(gaps) // 4 + 1].argmax()) + len(gaps) // 4
+    assert gaps[cut] > 1e-3, values
+    jsd_min = float(values[cut] + values[cut + 1]) / 2
+    assert 0 < int((jsd >= jsd_min).sum()) < jsd.numel()
+    noise = draw_gate_noise(batch, k, vocab, generator=torch.Generator().manual_seed(k))
+    for rule, temp, fuse_bonus in RUNS:
+        for b in (base, None):
+            kwargs = dict(beta=1.0, gamma=0.5, acceptance=rule, temperature=temp,
+                          fuse_bonus=fuse_bonus, noise=noise, jsd_min=jsd_min)
+            ref = fused_gate_reference(ver, aug, b, drafts, **kwargs)
+            for fused in ((True, False) if temp == 0.0 else (False,)):
+                out = fused_gate_triton(ver, aug, b, drafts, block_v=block_v, splits=splits,
+                                        fused=fused, **kwargs)
+                assert_same(out, ref, (rule, temp, fuse_bonus, b is None, fused))
+    # the gate changes some row's fused argmax here (else the comparison above proves little):
+    # every row alone as a K = 0 call, whose next token is that row's fused argmax
+    rows = [t.reshape(-1, 1, vocab) for t in (ver, aug, base)]
+    none = torch.zeros((rows[0].shape[0], 0), dtype=torch.long)
+    plain = fused_gate_reference(*rows, none, beta=1.0, gamma=0.5, acceptance="greedy")
+    gated = fused_gate_reference(*rows, none, beta=1.0, gamma=0.5, acceptance="greedy",
+                                 jsd_min=jsd_min)
+    assert not torch.equal(plain.next_token, gated.next_token)
+    # gated calls take the separate passes by default (the one launch would spill on sm_90)
+    from asymagent.kernels.fused_gate import one_launch
+
+    assert one_launch(batch, vocab, False, "greedy") and not one_launch(batch, vocab, False,
+                                                                        "greedy", gated=True)

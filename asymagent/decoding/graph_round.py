@@ -116,7 +116,7 @@ class GraphRound:
                 outcome = self._round(len(drafts), drafts, None, rule=rule, t0=t0)
             source.update(outcome)
             return outcome
-        return d.plain_step(rule.beta if rule.fuse_bonus else 0.0)
+        return d.plain_step(rule.beta if rule.fuse_bonus else 0.0, rule.jsd_min)
 
     def _call(self, key: tuple, fn, kvs: list) -> CapturedCall:
         generations = tuple(kv.generation for kv in kvs)
@@ -164,7 +164,7 @@ class GraphRound:
                 noise["expo"] = gn.exponential.to(device)  # [1, V]
         gate = dict(k=k, gate=acc.gate, perturbed=bool(acc.perturb),
                     gate_noise=bool(acc.gate_noise), temperature=temperature,
-                    beta=float(rule.beta), gamma=float(rule.gamma),
+                    beta=float(rule.beta), gamma=float(rule.gamma), jsd_min=float(rule.jsd_min),
                     fuse_bonus=bool(rule.fuse_bonus), fused=fused, rows=rows, has_base=has_base)
         hidden = proposal = None
         if drafter is not None:
@@ -246,7 +246,8 @@ class GraphRound:
                                  gumbel=gumbel, uniform=uniform, expo=expo, **gate)
 
     def _verify_body(self, *, k: int, gate: str, perturbed: bool, gate_noise: bool,
-                     temperature: float, beta: float, gamma: float, fuse_bonus: bool, fused: bool,
+                     temperature: float, beta: float, gamma: float, jsd_min: float,
+                     fuse_bonus: bool, fused: bool,
                      rows: bool, has_base: bool, tok_v, tok_d, tok_b, drafts, proposal, hidden, copy_rows,
                      gumbel, uniform, expo) -> torch.Tensor:
         """Verify K+1, base pass, gate: [K drafts, n, next token, K+1 JSD] as float64. Device only."""
@@ -282,7 +283,8 @@ class GraphRound:
                             None if b is None else b[None], drafts.view(1, k),
                             beta=beta if fused else 0.0, gamma=gamma if fused else 1.0,
                             acceptance=gate, temperature=temperature, noise=noise,
-                            proposal_logits=proposal[None], fuse_bonus=fuse_bonus)
+                            proposal_logits=proposal[None], fuse_bonus=fuse_bonus,
+                            jsd_min=jsd_min if fused else 0.0)
         return torch.cat([drafts.double(), result.num_accepted.double(),
                           result.next_token.double(), result.jsd[0].double()])  # [2K+3]
 

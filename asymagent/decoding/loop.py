@@ -148,12 +148,13 @@ def _step(decoder: Decoder, plan: RequestPlan, choice: DraftChoice, speculating:
     if not speculating or probe or max(budgets.values()) < 1:
         # asym fuses plain steps too (with the bonus row's beta), so a token never depends on
         # whether a round or a plain step emitted it (adaptive K, probes, the last token)
-        out = decoder.plain_step(plan.plain_beta)
+        out = decoder.plain_step(plan.plain_beta, spec.jsd_min)
         if probe:
             choice.record_plain(out.verify_s)
         return out
     out = decoder.spec_round(budgets, RoundRule(plan.acceptance_at(emitted), beta=spec.beta,
-                                                gamma=spec.gamma, fuse_bonus=spec.fuse_bonus))
+                                                gamma=spec.gamma, fuse_bonus=spec.fuse_bonus,
+                                                jsd_min=spec.jsd_min))
     if out.drafted and tune:
         choice.record_round(out.source, out.drafted, out.accepted, len(out.tokens),
                             out.draft_s, out.verify_s)

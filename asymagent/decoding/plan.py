@@ -61,7 +61,8 @@ class RequestPlan:
     acceptance: Acceptance | None = None  # rule of every later position
     adaptive_k: bool = False  # K (and the draft source) tuned from measurements
     escalation: bool = False  # the running JSD may switch to the full-context verifier
-    plain_beta: float = 0.0  # beta of plain steps (asym fuses them like a round's tokens)
+    plain_beta: float = 0.0  # beta of plain steps (asym fuses them like a round's tokens,
+    # gated like them by spec.jsd_min: the loop passes it to Decoder.plain_step)
     reasons: dict = field(default_factory=dict)  # choice -> why, one short line each
 
     @property
@@ -125,7 +126,8 @@ def plan_request(mode: Mode, spec: SpecConfig, temperature: float, *, two_views:
     # escalation's JSD; with none of them its prefill and per-round base pass are skipped
     needs_base = spec.beta > 0 or spec.acceptance == "cda" or spec.escalate_jsd is not None
     base = mode.fused and two_views and needs_base
-    reasons["base_pass"] = ("beta > 0, cda or escalate_jsd on two views" if base else
+    gated = f" (the delta gated at JSD >= {spec.jsd_min:g})" if spec.beta > 0 and spec.jsd_min else ""
+    reasons["base_pass"] = (f"beta > 0{gated}, cda or escalate_jsd on two views" if base else
                             "not asym on two views" if not (mode.fused and two_views) else
                             "beta=0, no cda, no escalation: nothing reads it")
     rows = mode.fused and (base or spec.acceptance == "cda")

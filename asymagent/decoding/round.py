@@ -64,12 +64,14 @@ class Drafting:
 
 @dataclass(frozen=True)
 class RoundRule:
-    """How a round's gate decides: the resolved acceptance rule, beta, gamma, fuse_bonus."""
+    """How a round's gate decides: the resolved acceptance rule, beta, gamma, fuse_bonus and the
+    divergence gate's jsd_min (the delta only where JSD >= jsd_min; SpecConfig.jsd_min)."""
 
     acceptance: Acceptance
     beta: float = 0.0
     gamma: float = 1.0
     fuse_bonus: bool = True
+    jsd_min: float = 0.0
 
 
 class Decoder:
@@ -158,16 +160,17 @@ class Decoder:
         cache.crop(min(len(cache), len(view) - 1 - unscored))  # their rows must be recomputed
         self._verify([], keep=1)
 
-    def plain_step(self, beta: float = 0.0) -> RoundOutcome:
+    def plain_step(self, beta: float = 0.0, jsd_min: float = 0.0) -> RoundOutcome:
         """One verifier forward, one token (modes full/compressed, escalation, speculation off).
 
         In asym on two views with `beta` > 0 the token is fused like every round's token (a
-        round with no drafts): the output never depends on which positions plain steps took.
+        round with no drafts, the same divergence gate `jsd_min`): the output never depends on
+        which positions plain steps took.
         """
         if self.fused and self.base is not None and beta > 0.0:
             return self._round(Drafts(tokens=[], source=""), None,
                                RoundRule(Acceptance.of("greedy", self.temperature), beta=beta,
-                                         gamma=1.0, fuse_bonus=True))
+                                         gamma=1.0, fuse_bonus=True, jsd_min=jsd_min))
         t0 = company_clock.now()  # wall time, or the cost in company (only K and drafters read it)
         raw = self._verify([], keep=1)  # [1, V]
         c = self.constraint
@@ -207,7 +210,7 @@ class Decoder:
             if drafts:
                 break
         if not drafts:  # nothing to propose (e.g. the constraint allows no draft): plain step
-            return self.plain_step(rule.beta if rule.fuse_bonus else 0.0)
+            return self.plain_step(rule.beta if rule.fuse_bonus else 0.0, rule.jsd_min)
         outcome = self._round(drafts, t0, rule)
         source.update(outcome)
         return outcome
@@ -258,7 +261,8 @@ class Decoder:
                             beta=rule.beta if self.fused else 0.0,
                             gamma=rule.gamma if self.fused else 1.0,
                             acceptance=acc.gate, temperature=self.temperature, noise=noise,
-                            proposal_logits=proposal[None], fuse_bonus=rule.fuse_bonus)
+                            proposal_logits=proposal[None], fuse_bonus=rule.fuse_bonus,
+                            jsd_min=rule.jsd_min if self.fused else 0.0)
         n = int(result.num_accepted[0])  # the one sync per round
         token = int(result.next_token[0])
 

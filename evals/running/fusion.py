@@ -44,7 +44,8 @@ class Variant:
     """How the delta is applied: fused = log v_c + beta_eff * (log a - log b) at each position.
 
     beta_eff = beta, times 0 where JSD(a||b) < jsd_min (delta only where the drafter's views
-    disagree), times min(1, JSD / jsd_scale) when jsd_scale > 0 (confidence-weighted beta).
+    disagree: the engine's divergence gate, SpecConfig.jsd_min), times min(1, JSD / jsd_scale)
+    when jsd_scale > 0 (confidence-weighted beta; this harness only).
     copy > 0 adds copy x the copy delta (asymagent/decoding/copy_delta.py: continuations that only
     the full view's removed text holds).
     """
@@ -95,15 +96,20 @@ def parse_variants(spec: str) -> list:
 
 
 def fused_logprobs(lc, la, lb, jsd, variant: Variant, copy_rows: dict | None = None):
-    """log_softmax(lc + beta_eff * (la - lb) [+ copy * copy_rows]) over rows [T, V]; jsd [T]."""
+    """log_softmax(lc + beta_eff * (la - lb) [+ copy * copy_rows]) over rows [T, V]; jsd [T].
+
+    The engine's own functions: the divergence gate (`gated_beta`, SpecConfig.jsd_min) and the
+    fused score (`fused_scores`: log-prob rows, so both log-sum-exps are 0); jsd_scale is an
+    experiment of this harness only (not in the engine)."""
     import torch
 
-    beta = torch.full_like(jsd, variant.beta)  # [T]
-    if variant.jsd_min:
-        beta = torch.where(jsd >= variant.jsd_min, beta, torch.zeros_like(beta))
+    from asymagent.kernels.gate_reference import fused_scores, gated_beta
+
+    beta = gated_beta(jsd, torch.full_like(jsd, variant.beta), variant.jsd_min)  # [T]
     if variant.jsd_scale:
         beta = beta * (jsd / variant.jsd_scale).clamp(max=1.0)
-    target = lc + beta[:, None] * (la - lb)
+    zero = torch.zeros_like(jsd)[:, None]  # [T, 1] log-sum-exp of a log-prob row
+    target = fused_scores(lc, la, lb, beta, zero, zero)  # [T, V]
     if variant.copy and copy_rows is not None:
         target = target + variant.copy * copy_rows[variant.copy_key]
     return torch.log_softmax(target, dim=-1)  # [T, V]
