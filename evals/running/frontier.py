@@ -24,7 +24,8 @@ Workloads: `bench` (the `asymagent bench` workload: records dev seed 0, its firs
 turns, tool_choice auto, 32 new tokens), an eval suite name (oracle episodes of `--split` seeds,
 each assistant turn a step, tool steps under the suite's tool_choice, the final answer "auto"),
 and `domain:NAME` (training/long_episodes.py conversations; a step is right when its calls equal
-the episode's next message, or its text carries every value the expected text quotes).
+the episode's next message, or its text carries every value of the expected text:
+evals/suites/answer_values.py).
 """
 
 from __future__ import annotations
@@ -132,6 +133,14 @@ def _spread(steps: list, n: int) -> list:
     return [steps[i] for i in idx]
 
 
+def _answer_judge(expected: str, history: list, tools: list):
+    """A final-answer step's judge: no call, and the text carries every value of `expected`
+    (evals/suites/answer_values.py: digits, and the words the answer takes from the tools)."""
+    from asymagent.evals.suites.answer_values import answer_ok
+
+    return lambda tool_calls, text: not tool_calls and answer_ok(expected, text, history, tools)
+
+
 def domain_conversations(name: str, seeds: list, max_steps: int | None) -> list:
     from asymagent.training.domains import domain_by_name
     from asymagent.training.long_episodes import long_episode
@@ -151,22 +160,13 @@ def domain_conversations(name: str, seeds: list, max_steps: int | None) -> list:
                 judge = (lambda w: lambda tc, text: [parse_call(c) for c in tc or []] == w)(want)
                 choice = "required"
             else:
-                judge = (lambda exp: lambda tc, text: not tc and _quotes_ok(exp, text))(m.get("content") or "")
+                judge = _answer_judge(m.get("content") or "", messages[:i], tools)
                 choice = "auto"
             conv.steps.append(Step(messages[:i], tools, choice, judge))
         if max_steps:
             conv.steps = _spread(conv.steps, max_steps)
         out.append(conv)
     return out
-
-
-def _quotes_ok(expected: str, text: str) -> bool:
-    """Every id-like token of the expected answer (has a digit) appears in `text`."""
-    import re
-
-    want = [w for w in re.findall(r"[\w.:/-]+", expected) if any(c.isdigit() for c in w)]
-    text = text or ""
-    return bool(want) and all(w.strip(".") in text for w in want)
 
 
 def conversations(workload: str, split: str, episodes: int, max_steps: int | None, bench_steps: int,
