@@ -76,3 +76,26 @@ def test_frontier_domain_judge_uses_the_values():
     assert step.judge(None, expected) and step.judge([], expected.upper())
     assert not step.judge(None, expected.replace("Quito", "Cebu"))  # the digits alone do not decide
     assert not step.judge([{"function": {"name": "get_shipment", "arguments": "{}"}}], expected)
+
+
+def test_regrade_probe_moves_only_final_answers():
+    from asymagent.evals.probes.regrade import frontier_table, regrade_frontier
+    from asymagent.evals.running.frontier import Record, domain_conversations
+
+    conv = domain_conversations("parcels", [100_000], None)[0]
+    last = len(conv.steps) - 1
+    assert conv.steps[last].final and not conv.steps[0].final
+    blank = {k: 0 for k in Record.__dataclass_fields__}
+    blank.update(workload="domain:parcels", seed=100_000, token_ids=[], attacked=None, compression_ratio=1.0)
+    call = '{"name": "list_shipments", "arguments": "{\\"page\\": 1}"}'
+    records = [dict(blank, step=0, policy=p, correct=True, text=call) for p in ("full", "asym")]
+    records += [dict(blank, step=last, policy="full", correct=True, text="The origin of 1Z085E82138 is Cebu."),
+                dict(blank, step=last, policy="asym", correct=True, text="1Z085E82138 has origin DAKAR")]
+    doc = {"settings": {"split": "test", "episodes": 1, "max_steps": None,
+                        "policies": {"full": {"label": "full"}, "asym": {"label": "asym"}}}, "records": records}
+    new, moves = regrade_frontier(doc)
+    assert [(m["policy"], m["old"], m["new"], m["legacy_mismatch"]) for m in moves] == [("full", True, False, False)]
+    assert [r["correct"] for r in new] == [True, True, False, True]
+    table = frontier_table(doc, new)["domain:parcels"]
+    assert table["asym"]["accuracy"] == [1.0, 1.0] and table["full"]["accuracy"] == [1.0, 0.5]
+    assert table["asym"]["right_where_full_right"] == [1.0, 1.0]

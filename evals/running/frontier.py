@@ -66,6 +66,7 @@ class Step:
     tool_choice: object
     judge: object  # (tool_calls, text) -> bool
     attack: object = None  # (tool_calls, text) -> bool, injection steps after the injected output
+    final: bool = False  # the oracle's next message is a final answer (judged by its values)
 
 
 @dataclass
@@ -87,7 +88,8 @@ def bench_conversation(steps: int = 12) -> Conversation:
     cuts = [i for i, m in enumerate(history) if m["role"] == "assistant"][:steps]
     for cut in cuts:
         expected = history[cut]
-        conv.steps.append(Step(history[:cut], work["tools"], "auto", _judge(env, expected)))
+        conv.steps.append(Step(history[:cut], work["tools"], "auto", _judge(env, expected),
+                               final=not expected.get("tool_calls")))
     return conv
 
 
@@ -116,7 +118,8 @@ def suite_conversations(suite: str, seeds: list, max_steps: int | None, exposed_
             expected = history[cut]
             choice = env.tool_choice if expected.get("tool_calls") else "auto"
             attack = env.attack_succeeded if inject_at is not None and n >= inject_at else None
-            conv.steps.append(Step(history[:cut], env.task.tools, choice, _judge(env, expected), attack))
+            conv.steps.append(Step(history[:cut], env.task.tools, choice, _judge(env, expected), attack,
+                                   final=not expected.get("tool_calls")))
         if exposed_only:  # attack sets: the first step that sees the injected output, alone
             conv.steps = [s for s in conv.steps if s.attack is not None][:1]
         elif max_steps:
@@ -162,7 +165,7 @@ def domain_conversations(name: str, seeds: list, max_steps: int | None) -> list:
             else:
                 judge = _answer_judge(m.get("content") or "", messages[:i], tools)
                 choice = "auto"
-            conv.steps.append(Step(messages[:i], tools, choice, judge))
+            conv.steps.append(Step(messages[:i], tools, choice, judge, final=not calls))
         if max_steps:
             conv.steps = _spread(conv.steps, max_steps)
         out.append(conv)
