@@ -174,7 +174,7 @@ def domain_conversations(name: str, seeds: list, max_steps: int | None) -> list:
 
 def conversations(workload: str, split: str, episodes: int, max_steps: int | None, bench_steps: int,
                   exposed_only: bool = False) -> list:
-    from asymagent.evals.suites.environments import SUITES, pick_seeds
+    from asymagent.evals.suites.environments import SUITES, check_held_out, pick_seeds
 
     seeds = pick_seeds(split, episodes, None)
     if workload == "bench":
@@ -182,6 +182,7 @@ def conversations(workload: str, split: str, episodes: int, max_steps: int | Non
     if workload.startswith("domain:"):
         return domain_conversations(workload.split(":", 1)[1], seeds, max_steps)
     if workload in SUITES:
+        check_held_out(workload, seeds)
         return suite_conversations(workload, seeds, max_steps, exposed_only)
     raise ValueError(f"unknown workload {workload!r}: bench, {', '.join(SUITES)} or domain:NAME")
 

@@ -293,8 +293,16 @@ SUITES = {
     "tickets": ("asymagent.evals.suites.suite_tickets", "TicketsEnv"),
     "injection": ("asymagent.evals.suites.suite_injection", "InjectionEnv"),
     "injection_call": ("asymagent.evals.suites.suite_injection_call", "InjectionCallEnv"),
+    "dispatch": ("asymagent.evals.suites.suite_dispatch", "DispatchEnv"),
 }
 LONG_HORIZON_SUITES = ("records", "fs_audit", "tickets")
+HELD_OUT_SUITES = ("dispatch",)  # unseen domains: run on TEST_SEEDS only, never tuned or trained on
+
+
+def check_held_out(suite: str, seeds: list) -> None:
+    """Refuse a held-out suite on any seed outside TEST_SEEDS (`--split dev`, dev `--seeds`)."""
+    if suite in HELD_OUT_SUITES and any(not is_test_seed(s) for s in seeds):
+        raise ValueError(f"suite {suite!r} is held out: test seeds only (--split test)")
 
 
 def make_env(name: str) -> Environment:
