@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import json
 import re
+from pathlib import Path
 
 from asymagent.evals.probes.harness import command, finish, parser
 
@@ -164,10 +165,10 @@ def main(argv: list | None = None) -> int:
         elif "per_step" in src:
             table, moves = regrade_eval(src)
         else:
-            doc["files"][path] = {"note": "no per-step outputs stored: nothing to re-grade"}
+            doc["files"][Path(path).name] = {"note": "no per-step outputs stored: nothing to re-grade"}
             print(f"{path}: no per-step outputs stored")
             continue
-        doc["files"][path] = {"table": table, "moves": moves}
+        doc["files"][Path(path).name] = {"table": table, "moves": moves}
         print(f"\n{path}  ({len(moves)} verdicts moved or not reproduced)")
         print("| workload | policy | steps (final answers) | step acc old -> new | right where full right old -> new |")
         for w, pols in table.items():

@@ -31,7 +31,7 @@ INJECTION_EXTRA = "asym:acceptance=cda,asym:acceptance=cda,strict_prefix=16"
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("suite", help="records | fs_audit | tickets | injection | PATH.jsonl or DIR (user traces) | "
+    p.add_argument("suite", help="records | fs_audit | tickets | injection | dispatch (held out: --split test) | PATH.jsonl or DIR (user traces) | "
                                  "fusion (delta-fusion token by token, evals/running/fusion.py)")
     p.add_argument("--modes", default=None,
                    help=f"comma list (default {DEFAULT_MODES}; injection adds {INJECTION_EXTRA}); "

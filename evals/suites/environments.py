@@ -295,7 +295,7 @@ SUITES = {
     "injection_call": ("asymagent.evals.suites.suite_injection_call", "InjectionCallEnv"),
     "dispatch": ("asymagent.evals.suites.suite_dispatch", "DispatchEnv"),
 }
-LONG_HORIZON_SUITES = ("records", "fs_audit", "tickets")
+LONG_HORIZON_SUITES = ("records", "fs_audit", "tickets", "dispatch")
 HELD_OUT_SUITES = ("dispatch",)  # unseen domains: run on TEST_SEEDS only, never tuned or trained on
 
 

@@ -64,7 +64,7 @@ class DispatchEnv(Environment):
         self.orders = [{"id": oid, "city": rng.choice(list(self.area_of)), "placed": st.date(rng),
                         "street": f"{rng.randint(1, 180)} {rng.choice(STREETS)}", "by": st.person(rng),
                         "items": [(rng.randint(1, 9), rng.choice(GOODS)) for _ in range(rng.randint(1, 3))],
-                        "notes": [f"{st.person(rng)}: {st.sentence(rng)}" for _ in range(6)]} for oid in ids]
+                        "notes": [f"{st.person(rng)}: {st.sentence(rng)}" for _ in range(17)]} for oid in ids]
         self._playbook = self._playbook_text(rng)
         self._plan = [{"name": "get_playbook", "arguments": {}},
                       {"name": "list_orders", "arguments": {"page": 1}},
