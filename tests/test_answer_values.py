@@ -27,6 +27,7 @@ def test_digits_still_count_as_whole_words():
     assert carries_values("5 tickets assigned", ["5"])
     assert carries_values("It weighs 23.13kg", ["23.13"])  # a short unit glued to a number
     assert carries_values("a total of 1,234.50 EUR", ["1234.50", "eur"])  # thousands separator
+    assert carries_values("change -5.2%", ["-5.2"]) and not carries_values("change 5.2%", ["-5.2"])  # sign
 
 
 def test_case_and_punctuation_tolerance():

@@ -35,12 +35,14 @@ _EDGE = ".:/-+@_"
 
 
 def words(text: str | None) -> list[str]:
-    """The canonical words of `text`: lowercased tokens, edge punctuation stripped, thousands
-    separators inside numbers removed."""
+    """The canonical words of `text`: lowercased tokens, edge punctuation stripped (a number's
+    sign kept), thousands separators inside numbers removed."""
     text = re.sub(r"(?<=\d),(?=\d{3}(?!\d))", "", text or "")
     out = []
     for tok in _TOKEN.findall(text.lower()):
-        tok = tok.strip(_EDGE)
+        tok = tok.rstrip(_EDGE)
+        if not (tok[:1] in "-+" and tok[1:2].isdigit()):  # a number keeps its sign
+            tok = tok.lstrip(_EDGE)
         if tok:
             out.append(tok)
     return out
