@@ -31,7 +31,7 @@ INJECTION_EXTRA = "asym:acceptance=cda,asym:acceptance=cda,strict_prefix=16"
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("suite", help="records | fs_audit | tickets | injection | PATH.jsonl or DIR (user traces) | "
+    p.add_argument("suite", help="records | fs_audit | tickets | injection | dispatch (held out: --split test) | PATH.jsonl or DIR (user traces) | "
                                  "fusion (delta-fusion token by token, evals/running/fusion.py)")
     p.add_argument("--modes", default=None,
                    help=f"comma list (default {DEFAULT_MODES}; injection adds {INJECTION_EXTRA}); "
@@ -110,7 +110,9 @@ def check_args(args) -> None:
     if args.suite != "fusion":  # eval fusion reads --suites/--variants, not --modes
         for label in mode_labels(args):
             parse_mode(label)
-    pick_seeds(args.split, args.episodes, args.seeds)
+    from asymagent.evals.suites.environments import check_held_out
+
+    check_held_out(args.suite, pick_seeds(args.split, args.episodes, args.seeds))
     if args.no_free_running and args.no_teacher_forced:
         raise ValueError("nothing to run: both --no-free-running and --no-teacher-forced are set")
     if args.max_new_tokens < 1:

@@ -24,7 +24,8 @@ Workloads: `bench` (the `asymagent bench` workload: records dev seed 0, its firs
 turns, tool_choice auto, 32 new tokens), an eval suite name (oracle episodes of `--split` seeds,
 each assistant turn a step, tool steps under the suite's tool_choice, the final answer "auto"),
 and `domain:NAME` (training/long_episodes.py conversations; a step is right when its calls equal
-the episode's next message, or its text carries every value the expected text quotes).
+the episode's next message, or its text carries every value of the expected text:
+evals/suites/answer_values.py).
 """
 
 from __future__ import annotations
@@ -65,6 +66,7 @@ class Step:
     tool_choice: object
     judge: object  # (tool_calls, text) -> bool
     attack: object = None  # (tool_calls, text) -> bool, injection steps after the injected output
+    final: bool = False  # the oracle's next message is a final answer (judged by its values)
 
 
 @dataclass
@@ -86,7 +88,8 @@ def bench_conversation(steps: int = 12) -> Conversation:
     cuts = [i for i, m in enumerate(history) if m["role"] == "assistant"][:steps]
     for cut in cuts:
         expected = history[cut]
-        conv.steps.append(Step(history[:cut], work["tools"], "auto", _judge(env, expected)))
+        conv.steps.append(Step(history[:cut], work["tools"], "auto", _judge(env, expected),
+                               final=not expected.get("tool_calls")))
     return conv
 
 
@@ -115,7 +118,8 @@ def suite_conversations(suite: str, seeds: list, max_steps: int | None, exposed_
             expected = history[cut]
             choice = env.tool_choice if expected.get("tool_calls") else "auto"
             attack = env.attack_succeeded if inject_at is not None and n >= inject_at else None
-            conv.steps.append(Step(history[:cut], env.task.tools, choice, _judge(env, expected), attack))
+            conv.steps.append(Step(history[:cut], env.task.tools, choice, _judge(env, expected), attack,
+                                   final=not expected.get("tool_calls")))
         if exposed_only:  # attack sets: the first step that sees the injected output, alone
             conv.steps = [s for s in conv.steps if s.attack is not None][:1]
         elif max_steps:
@@ -130,6 +134,14 @@ def _spread(steps: list, n: int) -> list:
         return steps
     idx = sorted({round(i * (len(steps) - 1) / (n - 1)) for i in range(n)}) if n > 1 else [len(steps) - 1]
     return [steps[i] for i in idx]
+
+
+def _answer_judge(expected: str, history: list, tools: list):
+    """A final-answer step's judge: no call, and the text carries every value of `expected`
+    (evals/suites/answer_values.py: digits, and the words the answer takes from the tools)."""
+    from asymagent.evals.suites.answer_values import answer_ok
+
+    return lambda tool_calls, text: not tool_calls and answer_ok(expected, text, history, tools)
 
 
 def domain_conversations(name: str, seeds: list, max_steps: int | None) -> list:
@@ -151,27 +163,18 @@ def domain_conversations(name: str, seeds: list, max_steps: int | None) -> list:
                 judge = (lambda w: lambda tc, text: [parse_call(c) for c in tc or []] == w)(want)
                 choice = "required"
             else:
-                judge = (lambda exp: lambda tc, text: not tc and _quotes_ok(exp, text))(m.get("content") or "")
+                judge = _answer_judge(m.get("content") or "", messages[:i], tools)
                 choice = "auto"
-            conv.steps.append(Step(messages[:i], tools, choice, judge))
+            conv.steps.append(Step(messages[:i], tools, choice, judge, final=not calls))
         if max_steps:
             conv.steps = _spread(conv.steps, max_steps)
         out.append(conv)
     return out
 
 
-def _quotes_ok(expected: str, text: str) -> bool:
-    """Every id-like token of the expected answer (has a digit) appears in `text`."""
-    import re
-
-    want = [w for w in re.findall(r"[\w.:/-]+", expected) if any(c.isdigit() for c in w)]
-    text = text or ""
-    return bool(want) and all(w.strip(".") in text for w in want)
-
-
 def conversations(workload: str, split: str, episodes: int, max_steps: int | None, bench_steps: int,
                   exposed_only: bool = False) -> list:
-    from asymagent.evals.suites.environments import SUITES, pick_seeds
+    from asymagent.evals.suites.environments import SUITES, check_held_out, pick_seeds
 
     seeds = pick_seeds(split, episodes, None)
     if workload == "bench":
@@ -179,6 +182,7 @@ def conversations(workload: str, split: str, episodes: int, max_steps: int | Non
     if workload.startswith("domain:"):
         return domain_conversations(workload.split(":", 1)[1], seeds, max_steps)
     if workload in SUITES:
+        check_held_out(workload, seeds)
         return suite_conversations(workload, seeds, max_steps, exposed_only)
     raise ValueError(f"unknown workload {workload!r}: bench, {', '.join(SUITES)} or domain:NAME")
 

@@ -136,8 +136,9 @@ def conversations(suite: str, seeds: list) -> list:
             messages, tools = long_episode(d, seed)
             out.append(Conversation(suite, seed, messages, tools))
         return out
-    from asymagent.evals.suites.environments import make_env, oracle_episode
+    from asymagent.evals.suites.environments import check_held_out, make_env, oracle_episode
 
+    check_held_out(suite, seeds)
     for seed in seeds:
         task, history = oracle_episode(make_env(suite), seed)
         out.append(Conversation(suite, seed, history, task.tools))

@@ -220,10 +220,29 @@ class Environment(ABC):
         return self._side_effects_ok() and self.check_answer(final_answer)
 
     def check_answer(self, final_answer: str | None) -> bool:
-        """Does a final answer carry the episode's key fact (teacher-forced final steps use this)?"""
+        """Does a final answer carry the episode's key fact (the suite's own rule) and every value
+        the oracle's answer holds (evals/suites/answer_values.py)? Teacher-forced final steps use this."""
+        from asymagent.evals.suites.answer_values import carries_values
+
         if self.task is None:
             raise RuntimeError(f"{self.name}: call reset(seed) before check_answer()")
-        return bool(final_answer) and self._answer_ok(final_answer)
+        return (bool(final_answer) and self._answer_ok(final_answer)
+                and carries_values(final_answer, self.answer_values()))
+
+    def answer_values(self) -> list:
+        """The values of the oracle's final answer: its words with digits, and the words it takes
+        from the tool outputs of the oracle's own episode (a fresh copy of this seed's world is
+        replayed, so the agent's own calls and side effects do not change them)."""
+        from asymagent.evals.suites.answer_values import answer_values, history_parts
+
+        if self.task is None:
+            raise RuntimeError(f"{self.name}: call reset(seed) before answer_values()")
+        cached = getattr(self, "_values", None)
+        if cached is None or cached[0] != self.task.seed:
+            task, history = oracle_episode(type(self)(), self.task.seed)
+            request, outputs = history_parts(history[:-1], task.tools)
+            cached = self._values = (self.task.seed, answer_values(history[-1]["content"], request, outputs))
+        return list(cached[1])
 
     def attack_succeeded(self, tool_calls: list, text: str) -> bool:
         """Injection suites only: did this model output follow an injected instruction?"""
@@ -274,8 +293,16 @@ SUITES = {
     "tickets": ("asymagent.evals.suites.suite_tickets", "TicketsEnv"),
     "injection": ("asymagent.evals.suites.suite_injection", "InjectionEnv"),
     "injection_call": ("asymagent.evals.suites.suite_injection_call", "InjectionCallEnv"),
+    "dispatch": ("asymagent.evals.suites.suite_dispatch", "DispatchEnv"),
 }
-LONG_HORIZON_SUITES = ("records", "fs_audit", "tickets")
+LONG_HORIZON_SUITES = ("records", "fs_audit", "tickets", "dispatch")
+HELD_OUT_SUITES = ("dispatch",)  # unseen domains: run on TEST_SEEDS only, never tuned or trained on
+
+
+def check_held_out(suite: str, seeds: list) -> None:
+    """Refuse a held-out suite on any seed outside TEST_SEEDS (`--split dev`, dev `--seeds`)."""
+    if suite in HELD_OUT_SUITES and any(not is_test_seed(s) for s in seeds):
+        raise ValueError(f"suite {suite!r} is held out: test seeds only (--split test)")
 
 
 def make_env(name: str) -> Environment:
