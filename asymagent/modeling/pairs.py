@@ -61,6 +61,9 @@ class ModelPair:
     # SpecConfig fields the pair runs with unless a spec is given (chosen by measurement on dev
     # seeds; docs/pair.md says which and why)
     spec_overrides: tuple = ()
+    # RAM (bytes) a process running the pair needs at its peak: both models in bf16, KV caches of
+    # an agent episode, torch (asymagent/modeling/pair_memory.py; measured, docs/pair.md)
+    memory_bytes: int = 0
 
     def default_spec(self):
         """The pair's SpecConfig: SpecConfig() with `spec_overrides`."""
@@ -88,6 +91,7 @@ QWEN25_CODER = ModelPair(
     # cost more than its drafts saved (dev bench: asym 2.05x full without it, 1.40x with it;
     # docs/pair.md, "Speed"); the LM drafter stays loaded for `draft_model=True` and for beta > 0
     spec_overrides=(("draft_model", False),),
+    memory_bytes=6_000_000_000,
 )
 
 PAIRS: dict[str, ModelPair] = {QWEN25_CODER.name: QWEN25_CODER, "qwen": QWEN25_CODER}

@@ -1,0 +1,127 @@
+"""The demo's main job: one free-running agent episode per mode, run side by side, graded by the environment's oracle.
+
+Each mode gets its own environment (same suite and seed), its own history and cache session and
+its own store of earlier responses (so neither copies the other's answers). The model acts on its
+own: every step is `engine.chat(history, tools, tool_choice="auto")` (a turn stops after its
+first complete call, STOP), its tool calls are executed in the environment and their outputs appended, until it answers in plain text (or runs out of the
+task's tool-call budget). The oracle is never asked for an action: only `env.check_success`
+grades the end (every required side effect done, none wrong, the answer carries the key fact).
+The modes take their steps interleaved (step 1 of each, then step 2 of each, ...), so both see the
+same machine load and their latencies compare.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+
+
+# One call a turn, as the suites' system prompts ask: a turn ends with its first complete Hermes
+# call (measured on the pair: past it, mode full went on to write the tool's output itself)
+STOP = ("</tool_call>",)
+
+
+@dataclass
+class Episode:
+    """One mode's free-running episode: its steps, stats, answer and the oracle's verdict."""
+
+    mode: str
+    env: object  # the Environment the model acts in
+    history: list
+    tools: list
+    budget: int  # tool calls allowed (the task's max_steps)
+    steps: list = field(default_factory=list)  # dicts: step, action, output, stats
+    calls: int = 0
+    answer: str | None = None
+    done: bool = False
+    success: bool | None = None
+
+    @property
+    def stats(self):
+        from asymagent.stats import RunStats
+
+        run = RunStats()
+        for step in self.steps:
+            run.add(step["stats"])
+        return run
+
+
+def action_of(result) -> dict | str:
+    """The model's move: its first tool call {"name", "arguments"} or its text."""
+    if result.tool_calls:
+        fn = result.tool_calls[0]["function"]
+        try:
+            args = json.loads(fn.get("arguments") or "{}")
+        except json.JSONDecodeError:
+            args = fn.get("arguments")
+        return {"name": fn["name"], "arguments": args}
+    return result.text or ""
+
+
+def start(suite: str, seed: int, mode: str) -> Episode:
+    """A fresh episode of `suite`/`seed` for `mode`."""
+    from asymagent.evals.suites.environments import make_env
+
+    env = make_env(suite)
+    task = env.reset(seed)
+    return Episode(mode, env, task.messages(), task.tools, task.max_steps)
+
+
+def take_step(engine, episode: Episode, max_new_tokens: int) -> dict:
+    """One model turn of `episode`: decode, execute its tool calls (or take its answer)."""
+    from asymagent.evals.running.engine_setup import use_suffix_store
+    from asymagent.evals.suites.environments import tool_result_message
+    from asymagent.request import GenerationRequest
+
+    use_suffix_store(engine, episode.mode)  # each mode copies only its own earlier responses
+    request = GenerationRequest(mode=episode.mode, max_new_tokens=max_new_tokens, tools=episode.tools,
+                                tool_choice="auto", stop=STOP,
+                                cache_key=f"demo-free-{episode.mode}")  # greedy
+    r = engine.chat([dict(m) for m in episode.history], request=request)
+    step = {"step": len(episode.steps) + 1, "action": action_of(r), "output": None, "stats": r.stats}
+    if not r.tool_calls:
+        episode.answer, episode.done = r.text, True
+    else:
+        episode.history.append({"role": "assistant", "content": r.text or "", "tool_calls": r.tool_calls})
+        outputs = []
+        for i, call in enumerate(r.tool_calls):
+            fn = call["function"]
+            out = episode.env.step(fn["name"], fn.get("arguments") or {})
+            outputs.append(out)
+            episode.history.append(tool_result_message(call.get("id") or f"call_{episode.calls}_{i}",
+                                                       fn["name"], out))
+            episode.calls += 1
+        step["output"] = outputs[0]
+        episode.done = episode.calls >= episode.budget
+    episode.steps.append(step)
+    if episode.done:
+        episode.success = bool(episode.env.check_success(episode.answer))
+    return step
+
+
+def run_side_by_side(engine, suite: str, seed: int, modes: tuple, *, max_new_tokens: int = 96,
+                     max_turns: int | None = None, on_step=None) -> list:
+    """Free-running episodes of `modes` (e.g. ("asym", "full")), interleaved turn by turn; returns
+    the Episodes. `max_turns` stops every episode after that many model turns (unfinished
+    episodes are graded as they stand: no answer, so not right). `on_step(episode, step)` sees
+    each turn as it ends."""
+    from asymagent.evals.running.engine_setup import reset_suffix_stores
+
+    episodes = [start(suite, seed, mode) for mode in modes]
+    for mode in modes:  # cold sessions: no cache or copied responses from an earlier run
+        engine.caches.drop(f"demo-free-{mode}")
+    reset_suffix_stores(engine)
+    turn = 0
+    while not all(e.done for e in episodes):
+        if max_turns is not None and turn >= max_turns:
+            for e in episodes:
+                if not e.done:
+                    e.done, e.success = True, bool(e.env.check_success(e.answer))
+            break
+        for e in episodes:
+            if not e.done:
+                step = take_step(engine, e, max_new_tokens)
+                if on_step is not None:
+                    on_step(e, step)
+        turn += 1
+    return episodes
