@@ -243,9 +243,15 @@ def free_main(args, console) -> int:
     console.print("Free-running: the model's own tool calls run in the environment and their "
                   "outputs go back into its history; the environment's oracle only grades the end. "
                   f"Modes take turns step by step (same machine load).\n")
+    writer = None
+    if args.trace_dir:
+        from asymagent.trace_capture import TraceWriter
+
+        writer = TraceWriter(args.trace_dir)
     episodes = run_side_by_side(engine, args.suite, args.seed, modes,
                                 max_new_tokens=args.max_new_tokens, max_turns=args.steps,
-                                on_step=lambda e, st: console.print(step_line(e, st), highlight=False))
+                                on_step=lambda e, st: console.print(step_line(e, st), highlight=False),
+                                trace_writer=writer)
     console.print(side_by_side(episodes, width=console.width))
     console.print(totals_table(episodes))
     from asymagent.evals.suites.environments import oracle_episode

@@ -67,8 +67,9 @@ def start(suite: str, seed: int, mode: str) -> Episode:
     return Episode(mode, env, task.messages(), task.tools, task.max_steps)
 
 
-def take_step(engine, episode: Episode, max_new_tokens: int) -> dict:
-    """One model turn of `episode`: decode, execute its tool calls (or take its answer)."""
+def take_step(engine, episode: Episode, max_new_tokens: int, trace_writer=None) -> dict:
+    """One model turn of `episode`: decode, execute its tool calls (or take its answer). A
+    `trace_writer` (asymagent.trace_capture.TraceWriter) captures the turn."""
     from asymagent.evals.running.engine_setup import use_suffix_store
     from asymagent.evals.suites.environments import tool_result_message
     from asymagent.request import GenerationRequest
@@ -77,7 +78,10 @@ def take_step(engine, episode: Episode, max_new_tokens: int) -> dict:
     request = GenerationRequest(mode=episode.mode, max_new_tokens=max_new_tokens, tools=episode.tools,
                                 tool_choice="auto", stop=STOP,
                                 cache_key=f"demo-free-{episode.mode}")  # greedy
-    r = engine.chat([dict(m) for m in episode.history], request=request)
+    prompt = [dict(m) for m in episode.history]
+    r = engine.chat(prompt, request=request)
+    if trace_writer is not None:
+        trace_writer.record(engine, prompt, episode.tools, r, source="demo", mode=episode.mode)
     step = {"step": len(episode.steps) + 1, "action": action_of(r), "output": None, "stats": r.stats}
     if not r.tool_calls:
         episode.answer, episode.done = r.text, True
@@ -100,11 +104,11 @@ def take_step(engine, episode: Episode, max_new_tokens: int) -> dict:
 
 
 def run_side_by_side(engine, suite: str, seed: int, modes: tuple, *, max_new_tokens: int = 96,
-                     max_turns: int | None = None, on_step=None) -> list:
+                     max_turns: int | None = None, on_step=None, trace_writer=None) -> list:
     """Free-running episodes of `modes` (e.g. ("asym", "full")), interleaved turn by turn; returns
     the Episodes. `max_turns` stops every episode after that many model turns (unfinished
     episodes are graded as they stand: no answer, so not right). `on_step(episode, step)` sees
-    each turn as it ends."""
+    each turn as it ends; `trace_writer` captures the turns of the first mode."""
     from asymagent.evals.running.engine_setup import reset_suffix_stores
 
     episodes = [start(suite, seed, mode) for mode in modes]
@@ -120,7 +124,8 @@ def run_side_by_side(engine, suite: str, seed: int, modes: tuple, *, max_new_tok
             break
         for e in episodes:
             if not e.done:
-                step = take_step(engine, e, max_new_tokens)
+                step = take_step(engine, e, max_new_tokens,
+                                 trace_writer if e is episodes[0] else None)
                 if on_step is not None:
                     on_step(e, step)
         turn += 1

@@ -113,7 +113,7 @@ def test_main_runs_both_modes_side_by_side_on_a_real_engine(tiny_engine, monkeyp
     monkeypatch.setattr(demo, "load_engine", lambda console, k=None, pair=None: (tiny_engine, "tiny"))
     out = tmp_path / "demo.json"
     assert demo.main(_args(["--steps", "2", "--max-new-tokens", "8", "--no-live",
-                            "--json", str(out)])) == 0
+                            "--json", str(out), "--trace-dir", str(tmp_path / "traces")])) == 0
     text = capsys.readouterr().out
     for needle in ("does an agent task on its own", "in mode asym and in mode full", "Free-running",
                    "side by side", "totals", "asym final answer", "full final answer",
@@ -124,6 +124,9 @@ def test_main_runs_both_modes_side_by_side_on_a_real_engine(tiny_engine, monkeyp
     assert data["suite"] == demo.SMALL_EPISODE[0] and data["seed"] == demo.SMALL_EPISODE[1]
     for ep in data["episodes"].values():
         assert 1 <= ep["turns"] <= 2 and isinstance(ep["right"], bool)
+    traced = [json.loads(line) for f in sorted((tmp_path / "traces").glob("*.jsonl"))
+              for line in f.read_text().splitlines()]
+    assert len(traced) == data["episodes"]["asym"]["turns"]  # the first mode's turns
 
 
 def test_without_the_memory_for_the_pair_it_says_so_and_runs_the_embedded_default(
