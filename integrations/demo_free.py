@@ -2,8 +2,9 @@
 
 Each mode gets its own environment (same suite and seed), its own history and cache session and
 its own store of earlier responses (so neither copies the other's answers). The model acts on its
-own: every step is `engine.chat(history, tools, tool_choice="auto")` (a turn stops after its
-first complete call, STOP), its tool calls are executed in the environment and their outputs appended, until it answers in plain text (or runs out of the
+own: every step is `engine.chat(history, tools, tool_choice="auto")` (one schema-valid call or a
+JSON final answer, ANSWER_FORMAT), its tool calls are executed in the environment and their
+outputs appended, until it answers in plain text (or runs out of the
 task's tool-call budget). The oracle is never asked for an action: only `env.check_success`
 grades the end (every required side effect done, none wrong, the answer carries the key fact).
 The modes take their steps interleaved (step 1 of each, then step 2 of each, ...), so both see the
@@ -16,9 +17,13 @@ import json
 from dataclasses import dataclass, field
 
 
-# One call a turn, as the suites' system prompts ask: a turn ends with its first complete Hermes
-# call (measured on the pair: past it, mode full went on to write the tool's output itself)
-STOP = ("</tool_call>",)
+# A turn is one schema-valid tool call or a final answer, the model's choice (tool_choice "auto"
+# with a JSON response_format admits exactly those two, under a grammar). Unconstrained, the pair's
+# 1.5B model wrote the tools' schemas as arguments and went on past its call to write the tool's
+# output itself (measured, records and fs_audit).
+ANSWER_FORMAT = {"type": "json_schema", "json_schema": {"name": "final_answer", "schema": {
+    "type": "object", "properties": {"answer": {"type": "string", "maxLength": 400}},
+    "required": ["answer"], "additionalProperties": False}}}
 
 
 @dataclass
@@ -58,6 +63,15 @@ def action_of(result) -> dict | str:
     return result.text or ""
 
 
+def answer_text(text: str | None) -> str:
+    """The answer of an ANSWER_FORMAT object (`{"answer": "..."}`), else the text as it is."""
+    try:
+        value = json.loads(text or "")
+    except json.JSONDecodeError:
+        return text or ""
+    return str(value["answer"]) if isinstance(value, dict) and "answer" in value else (text or "")
+
+
 def start(suite: str, seed: int, mode: str) -> Episode:
     """A fresh episode of `suite`/`seed` for `mode`."""
     from asymagent.evals.suites.environments import make_env
@@ -76,7 +90,7 @@ def take_step(engine, episode: Episode, max_new_tokens: int, trace_writer=None) 
 
     use_suffix_store(engine, episode.mode)  # each mode copies only its own earlier responses
     request = GenerationRequest(mode=episode.mode, max_new_tokens=max_new_tokens, tools=episode.tools,
-                                tool_choice="auto", stop=STOP,
+                                tool_choice="auto", response_format=ANSWER_FORMAT,
                                 cache_key=f"demo-free-{episode.mode}")  # greedy
     prompt = [dict(m) for m in episode.history]
     r = engine.chat(prompt, request=request)
@@ -84,7 +98,8 @@ def take_step(engine, episode: Episode, max_new_tokens: int, trace_writer=None) 
         trace_writer.record(engine, prompt, episode.tools, r, source="demo", mode=episode.mode)
     step = {"step": len(episode.steps) + 1, "action": action_of(r), "output": None, "stats": r.stats}
     if not r.tool_calls:
-        episode.answer, episode.done = r.text, True
+        episode.answer, episode.done = answer_text(r.text), True
+        step["action"] = episode.answer
     else:
         episode.history.append({"role": "assistant", "content": r.text or "", "tool_calls": r.tool_calls})
         outputs = []

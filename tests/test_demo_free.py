@@ -9,7 +9,7 @@ import pytest
 from conftest import make_tiny_llama
 
 from asymagent.integrations import demo
-from asymagent.integrations.demo_free import run_side_by_side
+from asymagent.integrations.demo_free import ANSWER_FORMAT, answer_text, run_side_by_side
 from asymagent.stats import StepStats
 
 V = 49152  # real SmolLM2 tokenizer ids
@@ -30,11 +30,13 @@ class ScriptedEngine:
         self.moves = list(moves)
         self.caches = _Caches()
         self.seen = []
+        self.formats = []
 
     def chat(self, messages, request):
         from types import SimpleNamespace
 
         self.seen.append((request.mode, request.tool_choice, len(messages)))
+        self.formats.append(request.response_format)
         move = self.moves.pop(0)
         stats = StepStats(wall_s=0.01, new_tokens=5, full_context_tokens=100 * len(messages),
                           verifier_context_tokens=50 * len(messages), mode=request.mode)
@@ -69,7 +71,8 @@ def test_the_models_own_calls_run_and_the_oracle_only_grades():
                                   on_step=lambda e, st: seen.append((e.mode, st["step"])))
     assert engine.caches.dropped == ["demo-free-asym", "demo-free-full"]  # cold sessions
     assert seen[:4] == [("asym", 1), ("full", 1), ("asym", 2), ("full", 2)]  # turns interleaved
-    assert all(choice == "auto" for _, choice, _ in engine.seen)  # no forcing
+    assert all(choice == "auto" for _, choice, _ in engine.seen)  # no forcing: call or answer
+    assert all(f is ANSWER_FORMAT for f in engine.formats)
     assert [n for n, _ in asym.env.calls] == [m["name"] for m in plan]  # its calls ran
     assert asym.success is True and asym.answer == answer and asym.calls == len(plan)
     assert full.success is False and full.calls == len(wrong)  # the oracle graded it wrong
@@ -160,3 +163,10 @@ def test_memory_fit_reads_meminfo(tmp_path):
     assert memory_fit("qwen2.5-coder", available=10**11).fits
     assert memory_fit("qwen2.5-coder", available=None).fits  # unknown: assumed enough
     assert available_bytes(str(tmp_path / "missing")) is None
+
+
+def test_answer_text_reads_the_answer_format():
+    assert answer_text('{"answer": "3 files changed"}') == "3 files changed"
+    assert answer_text("plain words") == "plain words"
+    assert answer_text('{"other": 1}') == '{"other": 1}'
+    assert answer_text(None) == ""
