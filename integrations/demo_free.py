@@ -2,9 +2,8 @@
 
 Each mode gets its own environment (same suite and seed), its own history and cache session and
 its own store of earlier responses (so neither copies the other's answers). The model acts on its
-own: every step is `engine.chat(history, tools, tool_choice="auto")` (one schema-valid call or a
-JSON final answer, ANSWER_FORMAT), its tool calls are executed in the environment and their
-outputs appended, until it answers in plain text (or runs out of the
+own: every step is `engine.chat(history, tools, tool_choice="auto")` (a turn ends with its first
+complete call, CALL_END), its tool calls are executed in the environment and their outputs appended, until it answers in plain text (or runs out of the
 task's tool-call budget). The oracle is never asked for an action: only `env.check_success`
 grades the end (every required side effect done, none wrong, the answer carries the key fact).
 The modes take their steps interleaved (step 1 of each, then step 2 of each, ...), so both see the
@@ -17,13 +16,17 @@ import json
 from dataclasses import dataclass, field
 
 
-# A turn is one schema-valid tool call or a final answer, the model's choice (tool_choice "auto"
-# with a JSON response_format admits exactly those two, under a grammar). Unconstrained, the pair's
-# 1.5B model wrote the tools' schemas as arguments and went on past its call to write the tool's
-# output itself (measured, records and fs_audit).
-ANSWER_FORMAT = {"type": "json_schema", "json_schema": {"name": "final_answer", "schema": {
-    "type": "object", "properties": {"answer": {"type": "string", "maxLength": 400}},
-    "required": ["answer"], "additionalProperties": False}}}
+# A turn ends with its first complete call: "</tool_call>" (a token of Hermes-format models) stops
+# it as EOS does, one call a turn as the suites' system prompts ask. Measured on the pair's 1.5B:
+# past its call, mode full went on to write the tool's output itself (96 tokens a turn, and the
+# next turns continued that text). Nothing else constrains a turn: the model calls or answers.
+CALL_END = "</tool_call>"
+
+
+def call_end_ids(tokenizer) -> set:
+    """{the id of CALL_END} where the tokenizer has it as one token, else an empty set."""
+    ids = tokenizer.encode(CALL_END, add_special_tokens=False) if tokenizer is not None else []
+    return set(ids) if len(ids) == 1 else set()
 
 
 @dataclass
@@ -90,7 +93,7 @@ def take_step(engine, episode: Episode, max_new_tokens: int, trace_writer=None) 
 
     use_suffix_store(engine, episode.mode)  # each mode copies only its own earlier responses
     request = GenerationRequest(mode=episode.mode, max_new_tokens=max_new_tokens, tools=episode.tools,
-                                tool_choice="auto", response_format=ANSWER_FORMAT,
+                                tool_choice="auto",
                                 cache_key=f"demo-free-{episode.mode}")  # greedy
     prompt = [dict(m) for m in episode.history]
     r = engine.chat(prompt, request=request)
@@ -101,9 +104,10 @@ def take_step(engine, episode: Episode, max_new_tokens: int, trace_writer=None) 
         episode.answer, episode.done = answer_text(r.text), True
         step["action"] = episode.answer
     else:
-        episode.history.append({"role": "assistant", "content": r.text or "", "tool_calls": r.tool_calls})
+        # the call alone: text a turn wrote around its call is not fed back
+        episode.history.append({"role": "assistant", "content": "", "tool_calls": r.tool_calls[:1]})
         outputs = []
-        for i, call in enumerate(r.tool_calls):
+        for i, call in enumerate(r.tool_calls[:1]):
             fn = call["function"]
             out = episode.env.step(fn["name"], fn.get("arguments") or {})
             outputs.append(out)
@@ -130,6 +134,16 @@ def run_side_by_side(engine, suite: str, seed: int, modes: tuple, *, max_new_tok
     for mode in modes:  # cold sessions: no cache or copied responses from an earlier run
         engine.caches.drop(f"demo-free-{mode}")
     reset_suffix_stores(engine)
+    eos = engine.eos_ids
+    engine.eos_ids = set(eos) | call_end_ids(getattr(engine, "tokenizer", None))
+    try:
+        _turns(engine, episodes, max_new_tokens, max_turns, on_step, trace_writer)
+    finally:
+        engine.eos_ids = eos
+    return episodes
+
+
+def _turns(engine, episodes, max_new_tokens, max_turns, on_step, trace_writer) -> None:
     turn = 0
     while not all(e.done for e in episodes):
         if max_turns is not None and turn >= max_turns:
@@ -144,4 +158,3 @@ def run_side_by_side(engine, suite: str, seed: int, modes: tuple, *, max_new_tok
                 if on_step is not None:
                     on_step(e, step)
         turn += 1
-    return episodes

@@ -9,7 +9,7 @@ import pytest
 from conftest import make_tiny_llama
 
 from asymagent.integrations import demo
-from asymagent.integrations.demo_free import ANSWER_FORMAT, answer_text, run_side_by_side
+from asymagent.integrations.demo_free import answer_text, call_end_ids, run_side_by_side
 from asymagent.stats import StepStats
 
 V = 49152  # real SmolLM2 tokenizer ids
@@ -31,6 +31,8 @@ class ScriptedEngine:
         self.caches = _Caches()
         self.seen = []
         self.formats = []
+        self.eos_ids = {0}
+        self.tokenizer = None
 
     def chat(self, messages, request):
         from types import SimpleNamespace
@@ -72,7 +74,8 @@ def test_the_models_own_calls_run_and_the_oracle_only_grades():
     assert engine.caches.dropped == ["demo-free-asym", "demo-free-full"]  # cold sessions
     assert seen[:4] == [("asym", 1), ("full", 1), ("asym", 2), ("full", 2)]  # turns interleaved
     assert all(choice == "auto" for _, choice, _ in engine.seen)  # no forcing: call or answer
-    assert all(f is ANSWER_FORMAT for f in engine.formats)
+    assert all(f is None for f in engine.formats)  # nothing constrains a turn
+    assert engine.eos_ids == {0}  # the call-end stop is the run's only
     assert [n for n, _ in asym.env.calls] == [m["name"] for m in plan]  # its calls ran
     assert asym.success is True and asym.answer == answer and asym.calls == len(plan)
     assert full.success is False and full.calls == len(wrong)  # the oracle graded it wrong
@@ -170,3 +173,13 @@ def test_answer_text_reads_the_answer_format():
     assert answer_text("plain words") == "plain words"
     assert answer_text('{"other": 1}') == '{"other": 1}'
     assert answer_text(None) == ""
+
+
+def test_call_end_is_one_token_of_hermes_tokenizers_only(smollm_tokenizer):
+    class Hermes:
+        def encode(self, text, add_special_tokens=False):
+            return [151658] if text == "</tool_call>" else [1, 2]
+
+    assert call_end_ids(Hermes()) == {151658}
+    assert call_end_ids(smollm_tokenizer) == set()  # several tokens there: no stop added
+    assert call_end_ids(None) == set()
