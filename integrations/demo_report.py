@@ -82,7 +82,7 @@ def totals_table(episodes, width: int | None = None):
 
 
 def verdict_lines(episodes, oracle_answer: str) -> list:
-    """Both final answers and whether each is right, then the speed of the first mode over the others."""
+    """Both final answers and whether each is right, then the first mode's speed over the others' (`speed_line`)."""
     lines = []
     for e in episodes:
         answer = " ".join((e.answer or "(no answer: ran out of turns)").split())
@@ -90,12 +90,25 @@ def verdict_lines(episodes, oracle_answer: str) -> list:
                      f"{'RIGHT' if e.success else 'WRONG'}")
     lines.append(f"the environment's key facts: {oracle_answer}")
     first = episodes[0]
-    t_first = first.stats.totals()["wall_s"]
     for e in episodes[1:]:
-        t = e.stats.totals()["wall_s"]
-        if t_first > 0:
-            word = "faster" if t > t_first else "slower"
-            lines.append(f"{first.mode} {t_first:.1f} s vs {e.mode} {t:.1f} s: {first.mode} is "
-                         f"{t / t_first:.2f}x {e.mode}'s speed ({word}; turns interleaved, "
-                         "same machine load)")
+        lines.append(speed_line(first, e))
     return lines
+
+
+def speed_line(a, b) -> str:
+    """`a`'s speed over `b`'s: over the turns both took (the fair figure when one episode ended
+    early), per new token, and over the whole episodes."""
+    both = min(len(a.steps), len(b.steps))
+    ta = sum(st["stats"].wall_s for st in a.steps[:both])
+    tb = sum(st["stats"].wall_s for st in b.steps[:both])
+    whole_a, whole_b = a.stats.totals(), b.stats.totals()
+    parts = []
+    if ta > 0:
+        parts.append(f"over the {both} turns both took, {a.mode} {ta:.1f} s vs {b.mode} {tb:.1f} s: "
+                     f"{tb / ta:.2f}x {b.mode}'s speed")
+    if whole_a["per_token_s"] > 0:
+        parts.append(f"per new token {1000 * whole_a['per_token_s']:.0f} vs "
+                     f"{1000 * whole_b['per_token_s']:.0f} ms: {whole_b['per_token_s'] / whole_a['per_token_s']:.2f}x")
+    parts.append(f"whole episodes {whole_a['wall_s']:.1f} s ({len(a.steps)} turns) vs "
+                 f"{whole_b['wall_s']:.1f} s ({len(b.steps)} turns)")
+    return f"speed, {a.mode} vs {b.mode} (turns interleaved, same machine load): " + "; ".join(parts)

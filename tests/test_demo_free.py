@@ -183,3 +183,20 @@ def test_call_end_is_one_token_of_hermes_tokenizers_only(smollm_tokenizer):
     assert call_end_ids(Hermes()) == {151658}
     assert call_end_ids(smollm_tokenizer) == set()  # several tokens there: no stop added
     assert call_end_ids(None) == set()
+
+
+def test_speed_is_compared_over_the_turns_both_took():
+    from asymagent.integrations.demo_report import speed_line, verdict_lines
+
+    plan, answer = _oracle()
+    # asym answers at turn 3; full goes on calling (stopped by max_turns at 5)
+    moves = [plan[0], plan[0], plan[1], plan[1], answer, plan[2], plan[3], plan[4]]
+    asym, full = run_side_by_side(ScriptedEngine(moves), "records", 0, ("asym", "full"), max_turns=5)
+    assert (len(asym.steps), len(full.steps)) == (3, 5)
+    line = speed_line(asym, full)
+    assert "over the 3 turns both took" in line and "per new token" in line
+    assert "(3 turns) vs" in line and "(5 turns)" in line
+    lines = verdict_lines([asym, full], answer)
+    assert lines[0].startswith("asym final answer:") and lines[0].endswith("WRONG")  # no update made
+    assert lines[1] == "full final answer: (no answer: ran out of turns)  -> WRONG"
+    assert lines[2] == f"the environment's key facts: {answer}"

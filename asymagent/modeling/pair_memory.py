@@ -27,7 +27,7 @@ class MemoryFit:
         return self.available is None or self.available >= self.need
 
     def line(self) -> str:
-        need = f"the pair {self.name} needs about {self.need / 1e9:.1f} GB of RAM"
+        need = f"the pair {self.name} needs about {self.need / 1e9:.0f} GB of RAM"
         if self.available is None:
             return f"{need}; this machine's available memory is unknown (assumed enough)"
         verdict = "enough" if self.fits else "not enough"
