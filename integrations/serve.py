@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import sys
 
 from asymagent.integrations.openai_server import DEFAULT_MAX_BODY_BYTES, DEFAULT_MODEL_NAME, create_app
 from asymagent.integrations.serve_setup import check_args as check_single, load_engine
@@ -144,6 +145,9 @@ def main(args) -> int:
         logging.warning("serving on %s without --api-key: anyone who can reach it can use it",
                         args.host)
     engine = load_engine(args)  # torch's threads: --threads, set by integrations/cli.py
+    from asymagent.model_banner import model_banner
+
+    print(f"asymagent serve: models\n{model_banner(engine).text()}", file=sys.stderr, flush=True)
     if getattr(engine.tokenizer, "chat_template", None) is None:
         logging.warning("the model has no chat template: /v1/completions works, chat requests are "
                         "refused; give one with --chat-template FILE|STRING")

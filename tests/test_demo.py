@@ -45,8 +45,8 @@ def test_main_prints_tables_and_writes_json(tiny_engine, monkeypatch, tmp_path, 
     parser = argparse.ArgumentParser()
     demo.add_arguments(parser)
     out = tmp_path / "demo.json"
-    args = parser.parse_args(["--steps", "2", "--max-new-tokens", "8", "--compare", "full",
-                              "--no-live", "--json", str(out)])
+    args = parser.parse_args(["--teacher-forced", "--steps", "2", "--max-new-tokens", "8",
+                              "--compare", "full", "--no-live", "--json", str(out)])
     assert demo.main(args) == 0
     text = capsys.readouterr().out
     assert "Teacher-forced run" in text and "per-step statistics" in text

@@ -57,6 +57,10 @@ def test_serve_cli_and_loadtest_end_to_end(tmp_path, smollm_tokenizer):
     finally:
         proc.terminate()
         proc.wait(30)
+    started = proc.stdout.read().decode()  # the start banner (asymagent/model_banner.py)
+    assert "asymagent serve: models" in started, started[-2000:]
+    for line in ("verifier", "drafter", "dtype", "CPU", "row floors", "grouped rows", "threads"):
+        assert f"  {line}" in started, (line, started[-2000:])
 
 
 def test_load_engine_reads_config_and_layers_drafter(tmp_path, smollm_tokenizer):

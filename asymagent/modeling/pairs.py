@@ -61,6 +61,10 @@ class ModelPair:
     # SpecConfig fields the pair runs with unless a spec is given (chosen by measurement on dev
     # seeds; docs/pair.md says which and why)
     spec_overrides: tuple = ()
+    # RAM (bytes) a process running the pair needs at its peak: both models in bf16, KV caches of
+    # an agent episode, torch, and the one-time conversion of the GGUF files when the cache lacks
+    # them (asymagent/modeling/pair_memory.py)
+    memory_bytes: int = 0
 
     def default_spec(self):
         """The pair's SpecConfig: SpecConfig() with `spec_overrides`."""
@@ -88,6 +92,9 @@ QWEN25_CODER = ModelPair(
     # cost more than its drafts saved (dev bench: asym 2.05x full without it, 1.40x with it;
     # docs/pair.md, "Speed"); the LM drafter stays loaded for `draft_model=True` and for beta > 0
     spec_overrides=(("draft_model", False),),
+    # measured: `asymagent demo --pair qwen2.5-coder` converting both files first peaked at 11.2 GB
+    # (ru_maxrss; Intel AMX machine, 2026-12-07)
+    memory_bytes=12_000_000_000,
 )
 
 PAIRS: dict[str, ModelPair] = {QWEN25_CODER.name: QWEN25_CODER, "qwen": QWEN25_CODER}

@@ -391,6 +391,7 @@ def main(args) -> int:
 
     setup = build_engine(args.verifier, args.drafter, compression=compression, dtype=args.dtype,
                          compile=args.compile)
+    setup.announce("bench")
     engines = {}  # 'mode@dtype' labels: the same pair in another dtype
     for dtype in sorted({d for d in (split_dtype(m)[1] for m in modes) if d is not None}):
         engines[dtype] = build_engine(args.verifier, args.drafter, compression=compression,

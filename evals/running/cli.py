@@ -200,6 +200,7 @@ def evaluate(spec, suite: str, labels: list, seeds: list, *, max_steps=None, max
         if ray or jsonl or resume:
             raise ValueError("--ray, --jsonl and --resume work on suite episodes; score trace files without them")
         setup = spec.build()
+        setup.announce("eval")
         result = run_eval(setup.engine, suite, labels, seeds, max_steps=max_steps,
                           max_new_tokens=max_new_tokens, free=free, forced=forced, progress=progress)
         result.update(verifier=setup.verifier, drafter=setup.drafter, drafter_fallback=setup.fallback,
@@ -225,6 +226,8 @@ def evaluate(spec, suite: str, labels: list, seeds: list, *, max_steps=None, max
         else:
             todo = [s for s in seeds if log is None or s not in log.done]
             setup = spec.build() if todo else None
+            if setup is not None:
+                setup.announce("eval")
             records = run_episodes_local(setup.engine if setup else None, plan, seeds,
                                          engine_info=setup.describe() if setup else None, log=log,
                                          progress=progress, concurrency=concurrency)

@@ -30,6 +30,20 @@ class EngineSetup:
         return {"verifier": self.verifier, "drafter": self.drafter, "drafter_fallback": self.fallback,
                 "spec": self.engine.spec.to_dict()}
 
+    def announce(self, verb: str) -> None:
+        """Print the start banner (asymagent/model_banner.py) of this engine on stderr."""
+        import sys
+
+        from asymagent.model_banner import model_banner
+        from asymagent.modeling.loading import EMBEDDED_VERIFIER_ID
+        from asymagent.modeling.pairs import pair_name
+
+        pair = pair_name(self.verifier.split(": ", 1)[0])  # "pair:NAME: its description"
+        source = (f"pair {pair}" if pair else "embedded default"
+                  if self.verifier == EMBEDDED_VERIFIER_ID else "your models")
+        banner = model_banner(self.engine, source=source, verifier=self.verifier, drafter=self.drafter)
+        print(f"asymagent {verb}: models\n{banner.text()}", file=sys.stderr, flush=True)
+
 
 @dataclass(frozen=True)
 class EngineSpec:

@@ -1,0 +1,160 @@
+"""The demo's main job: one free-running agent episode per mode, run side by side, graded by the environment's oracle.
+
+Each mode gets its own environment (same suite and seed), its own history and cache session and
+its own store of earlier responses (so neither copies the other's answers). The model acts on its
+own: every step is `engine.chat(history, tools, tool_choice="auto")` (a turn ends with its first
+complete call, CALL_END), its tool calls are executed in the environment and their outputs appended, until it answers in plain text (or runs out of the
+task's tool-call budget). The oracle is never asked for an action: only `env.check_success`
+grades the end (every required side effect done, none wrong, the answer carries the key fact).
+The modes take their steps interleaved (step 1 of each, then step 2 of each, ...), so both see the
+same machine load and their latencies compare.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+
+
+# A turn ends with its first complete call: "</tool_call>" (a token of Hermes-format models) stops
+# it as EOS does, one call a turn as the suites' system prompts ask. Measured on the pair's 1.5B:
+# past its call, mode full went on to write the tool's output itself (96 tokens a turn, and the
+# next turns continued that text). Nothing else constrains a turn: the model calls or answers.
+CALL_END = "</tool_call>"
+
+
+def call_end_ids(tokenizer) -> set:
+    """{the id of CALL_END} where the tokenizer has it as one token, else an empty set."""
+    ids = tokenizer.encode(CALL_END, add_special_tokens=False) if tokenizer is not None else []
+    return set(ids) if len(ids) == 1 else set()
+
+
+@dataclass
+class Episode:
+    """One mode's free-running episode: its steps, stats, answer and the oracle's verdict."""
+
+    mode: str
+    env: object  # the Environment the model acts in
+    history: list
+    tools: list
+    budget: int  # tool calls allowed (the task's max_steps)
+    steps: list = field(default_factory=list)  # dicts: step, action, output, stats
+    calls: int = 0
+    answer: str | None = None
+    done: bool = False
+    success: bool | None = None
+
+    @property
+    def stats(self):
+        from asymagent.stats import RunStats
+
+        run = RunStats()
+        for step in self.steps:
+            run.add(step["stats"])
+        return run
+
+
+def action_of(result) -> dict | str:
+    """The model's move: its first tool call {"name", "arguments"} or its text."""
+    if result.tool_calls:
+        fn = result.tool_calls[0]["function"]
+        try:
+            args = json.loads(fn.get("arguments") or "{}")
+        except json.JSONDecodeError:
+            args = fn.get("arguments")
+        return {"name": fn["name"], "arguments": args}
+    return result.text or ""
+
+
+def answer_text(text: str | None) -> str:
+    """The answer of an ANSWER_FORMAT object (`{"answer": "..."}`), else the text as it is."""
+    try:
+        value = json.loads(text or "")
+    except json.JSONDecodeError:
+        return text or ""
+    return str(value["answer"]) if isinstance(value, dict) and "answer" in value else (text or "")
+
+
+def start(suite: str, seed: int, mode: str) -> Episode:
+    """A fresh episode of `suite`/`seed` for `mode`."""
+    from asymagent.evals.suites.environments import make_env
+
+    env = make_env(suite)
+    task = env.reset(seed)
+    return Episode(mode, env, task.messages(), task.tools, task.max_steps)
+
+
+def take_step(engine, episode: Episode, max_new_tokens: int, trace_writer=None) -> dict:
+    """One model turn of `episode`: decode, execute its tool calls (or take its answer). A
+    `trace_writer` (asymagent.trace_capture.TraceWriter) captures the turn."""
+    from asymagent.evals.running.engine_setup import use_suffix_store
+    from asymagent.evals.suites.environments import tool_result_message
+    from asymagent.request import GenerationRequest
+
+    use_suffix_store(engine, episode.mode)  # each mode copies only its own earlier responses
+    request = GenerationRequest(mode=episode.mode, max_new_tokens=max_new_tokens, tools=episode.tools,
+                                tool_choice="auto",
+                                cache_key=f"demo-free-{episode.mode}")  # greedy
+    prompt = [dict(m) for m in episode.history]
+    r = engine.chat(prompt, request=request)
+    if trace_writer is not None:
+        trace_writer.record(engine, prompt, episode.tools, r, source="demo", mode=episode.mode)
+    step = {"step": len(episode.steps) + 1, "action": action_of(r), "output": None, "stats": r.stats}
+    if not r.tool_calls:
+        episode.answer, episode.done = answer_text(r.text), True
+        step["action"] = episode.answer
+    else:
+        # the call alone: text a turn wrote around its call is not fed back
+        episode.history.append({"role": "assistant", "content": "", "tool_calls": r.tool_calls[:1]})
+        outputs = []
+        for i, call in enumerate(r.tool_calls[:1]):
+            fn = call["function"]
+            out = episode.env.step(fn["name"], fn.get("arguments") or {})
+            outputs.append(out)
+            episode.history.append(tool_result_message(call.get("id") or f"call_{episode.calls}_{i}",
+                                                       fn["name"], out))
+            episode.calls += 1
+        step["output"] = outputs[0]
+        episode.done = episode.calls >= episode.budget
+    episode.steps.append(step)
+    if episode.done:
+        episode.success = bool(episode.env.check_success(episode.answer))
+    return step
+
+
+def run_side_by_side(engine, suite: str, seed: int, modes: tuple, *, max_new_tokens: int = 96,
+                     max_turns: int | None = None, on_step=None, trace_writer=None) -> list:
+    """Free-running episodes of `modes` (e.g. ("asym", "full")), interleaved turn by turn; returns
+    the Episodes. `max_turns` stops every episode after that many model turns (unfinished
+    episodes are graded as they stand: no answer, so not right). `on_step(episode, step)` sees
+    each turn as it ends; `trace_writer` captures the turns of the first mode."""
+    from asymagent.evals.running.engine_setup import reset_suffix_stores
+
+    episodes = [start(suite, seed, mode) for mode in modes]
+    for mode in modes:  # cold sessions: no cache or copied responses from an earlier run
+        engine.caches.drop(f"demo-free-{mode}")
+    reset_suffix_stores(engine)
+    eos = engine.eos_ids
+    engine.eos_ids = set(eos) | call_end_ids(getattr(engine, "tokenizer", None))
+    try:
+        _turns(engine, episodes, max_new_tokens, max_turns, on_step, trace_writer)
+    finally:
+        engine.eos_ids = eos
+    return episodes
+
+
+def _turns(engine, episodes, max_new_tokens, max_turns, on_step, trace_writer) -> None:
+    turn = 0
+    while not all(e.done for e in episodes):
+        if max_turns is not None and turn >= max_turns:
+            for e in episodes:
+                if not e.done:
+                    e.done, e.success = True, bool(e.env.check_success(e.answer))
+            break
+        for e in episodes:
+            if not e.done:
+                step = take_step(engine, e, max_new_tokens,
+                                 trace_writer if e is episodes[0] else None)
+                if on_step is not None:
+                    on_step(e, step)
+        turn += 1
