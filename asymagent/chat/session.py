@@ -26,6 +26,9 @@ from asymagent.results import ChatResult, GenerationResult
 from asymagent.spec_config import mode_of
 
 LOGPROB_CHUNK = 256  # positions per drafter forward: [256, V] log-probs at a time, not [T, V]
+# the drafter's last rows whose attention scores the history (attention keep): the generation
+# prompt and the end of the newest message (Speculative Prefill reads the prompt's last tokens)
+ATTENTION_ROWS = 8
 
 
 def conversation_views(engine, cache_key: str, template_kwargs: dict | None = None
@@ -75,6 +78,30 @@ def drafter_logprob_fn(engine, cache_key: str, counter: list) -> Callable[[list]
     return logprob_fn
 
 
+def drafter_attention_fn(engine, cache_key: str, counter: list) -> Callable[[list], list]:
+    """attention_fn(full_ids) -> [len(full_ids)] the attention the drafter's last ATTENTION_ROWS
+    rows give each position of the full view (asymagent/kv/attention.py AttentionCapture),
+    computed while prefilling the drafter's full-view cache (kept for the decoding and for the
+    next step: only the appended block is fed). `counter[0]` is increased by the tokens fed."""
+    from asymagent.kv.attention import capture_attention
+    from asymagent.kv.lean_forward import general_loop
+
+    session = engine.caches.session(cache_key)
+
+    @torch.inference_mode()
+    def attention_fn(full_ids: list) -> list:
+        cache = session.get("drafter_full")
+        rows = min(ATTENTION_ROWS, len(full_ids))
+        cache.crop(min(cache.reuse_prefix(full_ids), len(full_ids) - rows))
+        counter[0] += len(full_ids) - len(cache)
+        cache.prefill(full_ids[len(cache):len(full_ids) - rows])
+        with capture_attention(rows) as capture, general_loop():
+            cache.forward_hidden(full_ids[len(full_ids) - rows:])
+        return capture.scores(len(full_ids))
+
+    return attention_fn
+
+
 def _check_messages(engine, messages) -> None:
     """Raise a ValueError naming the problem, before any view, cache or forward is made."""
     if engine.tokenizer is None:
@@ -117,14 +144,19 @@ class ChatTurn:
 
 
 def _views_of(engine, request: GenerationRequest, counter: list) -> tuple:
-    """(the conversation's ContextViews, the drafter's log-prob function or None). The drafter's
+    """(the conversation's ContextViews, the drafter's log-prob function or None, its attention
+    function or None: attention keep, asymagent/context/attention_keep.py). The drafter's
     log-probs feed surprisal compression (only called when one is configured and new messages
     need them; `counter` sums the tokens fed); offered in every mode so one conversation's
     compressed view does not depend on the mode of its first call."""
     views = conversation_views(engine, request.cache_key, request.chat_template_kwargs)
     logprob_fn = drafter_logprob_fn(engine, request.cache_key, counter) \
         if engine.drafter is not None else None
-    return views, logprob_fn
+    # attention keep: only where the verifier reads the compressed view (modes compressed and
+    # asym); mode full and spec never pay the drafter's prefill for a view they do not read
+    attention_fn = drafter_attention_fn(engine, request.cache_key, counter) \
+        if logprob_fn is not None and mode_of(request.mode).compressed else None
+    return views, logprob_fn, attention_fn
 
 
 def prepare_chat(engine, messages: list, request: GenerationRequest) -> ChatTurn:
@@ -134,8 +166,8 @@ def prepare_chat(engine, messages: list, request: GenerationRequest) -> ChatTurn
                                   request.response_format,
                                   parallel=bool(request.parallel_tool_calls))
     counter = [0]
-    views, logprob_fn = _views_of(engine, request, counter)
-    pair = views.build(messages, request.tools, logprob_fn=logprob_fn)
+    views, logprob_fn, attention_fn = _views_of(engine, request, counter)
+    pair = views.build(messages, request.tools, logprob_fn=logprob_fn, attention_fn=attention_fn)
     compressed = pair.compressed_ids if mode_of(request.mode).compressed else None
     return ChatTurn(full_ids=pair.full_ids, compressed_ids=compressed, constraint=constraint,
                     rewrites=pair.rewrites, drafter_tokens=counter,
@@ -152,8 +184,9 @@ def verifier_view_tokens(engine, messages: list, request: GenerationRequest) -> 
         return None
     _check_messages(engine, messages)
     with engine.lock:
-        views, logprob_fn = _views_of(engine, request, [0])
-        return views.verifier_tokens(messages, request.tools, logprob_fn=logprob_fn)
+        views, logprob_fn, attention_fn = _views_of(engine, request, [0])
+        return views.verifier_tokens(messages, request.tools, logprob_fn=logprob_fn,
+                                     attention_fn=attention_fn)
 
 
 def recall_step(engine, turn: ChatTurn, request: GenerationRequest,

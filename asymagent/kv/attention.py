@@ -118,6 +118,9 @@ def gqa_sdpa_forward(module: torch.nn.Module, query: torch.Tensor, key: torch.Te
 
     groups = getattr(module, "num_key_value_groups", 1)
     q_len = query.shape[2]
+    capture = getattr(_CAPTURE, "active", None)
+    if capture is not None:  # reads the inputs only: the output bits are the same
+        capture.add(query, key, attention_mask, scaling)
     one_row = q_len == 1 and _same_rows_as_batched(query, attention_mask)
     if (groups <= 1 or (q_len == 1 and not one_row) or attention_mask is None
             or kwargs.get("position_bias") is not None or kwargs.get("softcap") is not None
@@ -147,6 +150,65 @@ def gqa_sdpa_forward(module: torch.nn.Module, query: torch.Tensor, key: torch.Te
     if q_len < floor:
         out = out[:, :, :q_len]  # [B, Hq, q, D]
     return out.transpose(1, 2).contiguous(), None  # [B, q, Hq, D]
+
+
+_CAPTURE = threading.local()  # `active`: the AttentionCapture this thread's attention calls feed
+
+
+class AttentionCapture:
+    """Where the last `rows` query rows of a forward look: per key position, the attention
+    probability they give it, max over heads, mean over the rows, mean over the layers (the
+    pooling of Speculative Prefill: a position one head reads hard counts, whichever head).
+
+    Fed by `gqa_sdpa_forward` inside `capture_attention` (the direct road, which skips it, is
+    not taken there). Recomputes softmax(q k^T) for those rows in float32 beside the kernel's
+    call; the forward's own bits are untouched."""
+
+    def __init__(self, rows: int) -> None:
+        self.rows = rows
+        self.total: torch.Tensor | None = None  # [L] summed over layers
+        self.layers = 0
+
+    def add(self, query: torch.Tensor, key: torch.Tensor, attention_mask: torch.Tensor | None,
+            scaling: float | None) -> None:
+        r = min(self.rows, query.shape[2])
+        q = query[0, :, -r:].float()  # [Hq, r, D]
+        k = key[0].float()  # [Hkv, L, D]
+        k = k.repeat_interleave(q.shape[0] // k.shape[0], 0)  # [Hq, L, D]
+        scale = scaling if scaling is not None else q.shape[-1] ** -0.5
+        s = torch.matmul(q, k.transpose(1, 2)) * scale  # [Hq, r, L]
+        if attention_mask is not None:
+            m = attention_mask[0, 0, -r:, : s.shape[-1]]  # [r, L]
+            s = s.masked_fill(~m, float("-inf")) if m.dtype == torch.bool else s + m.float()
+        pooled = torch.softmax(s, dim=-1).amax(0).mean(0)  # [L]
+        if self.total is None or self.total.shape[0] != pooled.shape[0]:
+            self.total = pooled if self.total is None else _fit(self.total, pooled.shape[0]) + pooled
+        else:
+            self.total = self.total + pooled
+        self.layers += 1
+
+    def scores(self, length: int) -> list:
+        """[length] mean attention per key position (zeros where nothing was captured)."""
+        if self.total is None:
+            return [0.0] * length
+        return (_fit(self.total, length) / self.layers).tolist()
+
+
+def _fit(x: torch.Tensor, n: int) -> torch.Tensor:
+    """x [L] cut or zero-padded to [n] (an aligned read's key count is rounded up)."""
+    return x[:n] if x.shape[0] >= n else torch.cat([x, x.new_zeros(n - x.shape[0])])
+
+
+@contextlib.contextmanager
+def capture_attention(rows: int):
+    """Inside the block (this thread) every attention call through `gqa_sdpa_forward` adds its
+    last `rows` query rows' attention to the AttentionCapture it yields."""
+    saved = getattr(_CAPTURE, "active", None)
+    _CAPTURE.active = capture = AttentionCapture(rows)
+    try:
+        yield capture
+    finally:
+        _CAPTURE.active = saved
 
 
 def _groups_rows(rows: int, heads: int, kv_heads: int, groups: int, attention_mask: torch.Tensor | None,
