@@ -91,7 +91,7 @@ def test_capture_leaves_the_forward_bits_and_scores_where_the_last_rows_look(tin
 
 def test_preset_validates_and_reads_attention():
     assert CompressionConfig.preset("attention_keep").reads_attention()
-    assert CompressionConfig.preset("attention_keep_only").reads_attention()
+    assert CompressionConfig.preset("attention_lean").reads_attention()
     assert not CompressionConfig().reads_attention()
     with pytest.raises(ValueError):
         CompressionConfig.model_validate({"readmit_tokens": -1})

@@ -255,13 +255,15 @@ PRESETS: dict = {
                                          "min_gap": 24}]},  # the default
     "id_keep_32_16": {"compressors": [{"type": "tool_output", "head_tokens": 32, "tail_tokens": 16,
                                        "query_keep_tokens": 96, "id_keep_tokens": 128}]},
-    # attention keep (context/attention_keep.py): the default view plus the rows the drafter's last
-    # rows read hardest (at entry, 96 tokens) and re-admission of cut rows a later step reads
+    # attention keep (context/attention_keep.py): the drafter's reading (its prompt's last rows
+    # and its 32-token look-ahead, rows pooled by max) keeps rows at entry and re-admits cut rows
+    # a later step reads. On the default view's cuts, or on a lean one (head 32, tail 16, ids)
     "attention_keep": {"compressors": [{"type": "tool_output", "query_keep_tokens": 96, "id_keep_tokens": 64,
                                         "min_gap": 24, "attention_keep_tokens": 96}],
-                       "readmit_tokens": 96},
-    "attention_keep_only": {"compressors": [{"type": "tool_output", "query_keep_tokens": 96, "id_keep_tokens": 64,
-                                             "min_gap": 24, "attention_keep_tokens": 96}]},
+                       "readmit_tokens": 96, "attention_lookahead": 32, "attention_pool": "max"},
+    "attention_lean": {"compressors": [{"type": "tool_output", "head_tokens": 32, "tail_tokens": 16,
+                                        "id_keep_tokens": 64, "attention_keep_tokens": 96}],
+                       "readmit_tokens": 128, "attention_lookahead": 32, "attention_pool": "max"},
     "newest": {"compressors": [{"type": "tool_output", "keep_newest": True}]},
     "newest_query_keep": {"compressors": [{"type": "tool_output", "keep_newest": True, "query_keep_tokens": 96}]},
     "query_keep_recall": {"compressors": [{"type": "tool_output", "query_keep_tokens": 96}], "max_recalls": 1},
@@ -322,6 +324,12 @@ class CompressionConfig(BaseModel):
     # this many tokens, as a marked block at the end of the newest message (0: never)
     readmit_tokens: int = Field(0, ge=0)
     readmit_ratio: float = Field(20.0, gt=0.0)
+    # the drafter's own greedy continuation of this many tokens is read too (its rows' attention
+    # joins the prompt's last rows'; Speculative Prefill's look-ahead), and offered as copied drafts
+    attention_lookahead: int = Field(0, ge=0)
+    # how the read rows' attention is pooled per position: mean, or max (one row reading a
+    # position hard counts: the token that decides)
+    attention_pool: Literal["mean", "max"] = "mean"
 
     def reads_attention(self) -> bool:
         """Whether the drafter's attention is read (attention keep or re-admission)."""

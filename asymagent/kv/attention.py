@@ -120,7 +120,7 @@ def gqa_sdpa_forward(module: torch.nn.Module, query: torch.Tensor, key: torch.Te
     q_len = query.shape[2]
     capture = getattr(_CAPTURE, "active", None)
     if capture is not None:  # reads the inputs only: the output bits are the same
-        capture.add(query, key, attention_mask, scaling)
+        capture.add(query, key, attention_mask, scaling, getattr(module, "layer_idx", None))
     one_row = q_len == 1 and _same_rows_as_batched(query, attention_mask)
     if (groups <= 1 or (q_len == 1 and not one_row) or attention_mask is None
             or kwargs.get("position_bias") is not None or kwargs.get("softcap") is not None
@@ -156,21 +156,25 @@ _CAPTURE = threading.local()  # `active`: the AttentionCapture this thread's att
 
 
 class AttentionCapture:
-    """Where the last `rows` query rows of a forward look: per key position, the attention
-    probability they give it, max over heads, mean over the rows, mean over the layers (the
-    pooling of Speculative Prefill: a position one head reads hard counts, whichever head).
+    """Where the last `rows` query rows of each forward look: per key position, the attention
+    probability each row gives it, max over heads (a position one head reads hard counts,
+    whichever head: Speculative Prefill's pooling), summed over layers; `scores` pools the rows
+    (mean, or max: a position one row reads hard, the token that decides, counts).
 
     Fed by `gqa_sdpa_forward` inside `capture_attention` (the direct road, which skips it, is
-    not taken there). Recomputes softmax(q k^T) for those rows in float32 beside the kernel's
-    call; the forward's own bits are untouched."""
+    not taken there), over one or more forwards (a prefill's last rows, then one-token decodes):
+    row r of the capture is the r-th row seen. Recomputes softmax(q k^T) for those rows in
+    float32 beside the kernel's call; the forward's own bits are untouched."""
 
     def __init__(self, rows: int) -> None:
         self.rows = rows
-        self.total: torch.Tensor | None = None  # [L] summed over layers
-        self.layers = 0
+        self.forwards: list = []  # per forward: [r, L] summed over its layers
+        self.layers = 0  # layers per forward (the model's depth)
 
     def add(self, query: torch.Tensor, key: torch.Tensor, attention_mask: torch.Tensor | None,
-            scaling: float | None) -> None:
+            scaling: float | None, layer: int | None) -> None:
+        """One attention call of layer `layer` (0 starts a forward; None: a model without
+        layer indices, every call its own forward)."""
         r = min(self.rows, query.shape[2])
         q = query[0, :, -r:].float()  # [Hq, r, D]
         k = key[0].float()  # [Hkv, L, D]
@@ -180,23 +184,29 @@ class AttentionCapture:
         if attention_mask is not None:
             m = attention_mask[0, 0, -r:, : s.shape[-1]]  # [r, L]
             s = s.masked_fill(~m, float("-inf")) if m.dtype == torch.bool else s + m.float()
-        pooled = torch.softmax(s, dim=-1).amax(0).mean(0)  # [L]
-        if self.total is None or self.total.shape[0] != pooled.shape[0]:
-            self.total = pooled if self.total is None else _fit(self.total, pooled.shape[0]) + pooled
+        pooled = torch.softmax(s, dim=-1).amax(0)  # [r, L]
+        if not layer or not self.forwards:
+            self.forwards.append(pooled)
         else:
-            self.total = self.total + pooled
-        self.layers += 1
+            self.forwards[-1] = _fit(self.forwards[-1], pooled.shape[-1]) + pooled
+        self.layers = max(self.layers, (layer or 0) + 1)
 
-    def scores(self, length: int) -> list:
-        """[length] mean attention per key position (zeros where nothing was captured)."""
-        if self.total is None:
+    def scores(self, length: int, pool: str = "mean") -> list:
+        """[length] attention per key position (mean over layers; rows pooled by `pool`),
+        zeros where nothing was captured."""
+        if not self.forwards or not self.layers:
             return [0.0] * length
-        return (_fit(self.total, length) / self.layers).tolist()
+        rows = torch.cat([_fit(f, length) for f in self.forwards]) / self.layers  # [R, length]
+        pooled = rows.amax(0) if pool == "max" else rows.mean(0)
+        return pooled.tolist()
 
 
 def _fit(x: torch.Tensor, n: int) -> torch.Tensor:
-    """x [L] cut or zero-padded to [n] (an aligned read's key count is rounded up)."""
-    return x[:n] if x.shape[0] >= n else torch.cat([x, x.new_zeros(n - x.shape[0])])
+    """x [..., L] cut or zero-padded to [..., n] (an aligned read's key count is rounded up; a
+    later forward has more keys)."""
+    if x.shape[-1] >= n:
+        return x[..., :n]
+    return torch.cat([x, x.new_zeros(*x.shape[:-1], n - x.shape[-1])], dim=-1)
 
 
 @contextlib.contextmanager
