@@ -140,3 +140,52 @@ def test_attention_keep_view_is_append_stable_and_asks_the_drafter_in_compressed
         assert len(calls) == 3  # mode full never asks the drafter for its attention
     finally:
         session.drafter_attention_fn = real
+
+
+def test_the_drafters_look_ahead_is_offered_as_copied_drafts_from_the_prompts_end():
+    from asymagent.decoding.suffix_drafter import SuffixDrafter
+    from asymagent.kv.cache import View
+
+    prompt, generated = [5, 6, 7, 8, 9, 10, 11], []
+    hint = (40, 41, 42, 43, 44, 45)
+    view = View(prompt, generated)
+    plain = SuffixDrafter(view, factor=4.0, min_prob=0.0)
+    hinted = SuffixDrafter(view, factor=4.0, min_prob=0.0, hint=hint)
+    assert plain.draft(4).tokens == []  # nothing in the prompt continues its own end
+    assert list(hinted.draft(4).tokens) == [40, 41, 42, 43]
+    generated += [40, 41]  # the verifier took two of them: the next round continues the hint
+    assert list(hinted.draft(3).tokens) == [42, 43, 44]
+    generated += [99]  # it left the hint: no stale proposal from it
+    assert list(hinted.draft(3).tokens) == []
+
+
+@pytest.mark.slow
+def test_look_ahead_drafts_change_speed_only_greedy_asym_is_the_same_without_them():
+    from asymagent import Engine
+    from asymagent.chat import session
+
+    config = CompressionConfig.model_validate({**CompressionConfig.preset("attention_lean").model_dump(),
+                                               "attention_lookahead": 16})
+    real = session.drafter_attention_fn
+    runs = []
+    for offered in (True, False):
+        def no_hint(*args, **kwargs):  # the same reading (so the same view), its drafts dropped
+            fn = real(*args, **kwargs)
+
+            def wrapped(full_ids):
+                out = fn(full_ids)
+                if not offered:
+                    kwargs["drafted"].clear()
+                return out
+            return wrapped
+
+        session.drafter_attention_fn = no_hint
+        try:
+            engine = Engine.from_default(compression=config)
+            runs.append([engine.chat(_agent_history(steps), mode="asym", max_new_tokens=24,
+                                     cache_key="a") for steps in (1, 2, 3)])
+        finally:
+            session.drafter_attention_fn = real
+    for hinted, plain in zip(*runs):
+        assert hinted.token_ids == plain.token_ids
+        assert hinted.stats.verifier_context_tokens == plain.stats.verifier_context_tokens
