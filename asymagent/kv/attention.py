@@ -176,15 +176,16 @@ class AttentionCapture:
         """One attention call of layer `layer` (0 starts a forward; None: a model without
         layer indices, every call its own forward)."""
         r = min(self.rows, query.shape[2])
-        q = query[0, :, -r:].float()  # [Hq, r, D]
-        k = key[0].float()  # [Hkv, L, D]
-        k = k.repeat_interleave(q.shape[0] // k.shape[0], 0)  # [Hq, L, D]
-        scale = scaling if scaling is not None else q.shape[-1] ** -0.5
-        s = torch.matmul(q, k.transpose(1, 2)) * scale  # [Hq, r, L]
+        hkv, d = key.shape[1], query.shape[-1]
+        groups = query.shape[1] // hkv
+        q = query[0, :, -r:].float().reshape(hkv, groups * r, d)  # [Hkv, G*r, D]: a group's heads as rows
+        k = key[0].float()  # [Hkv, L, D], read once per key/value head (no repeat per query head)
+        scale = scaling if scaling is not None else d ** -0.5
+        s = torch.matmul(q, k.transpose(1, 2)).mul_(scale).view(hkv, groups, r, -1)  # [Hkv, G, r, L]
         if attention_mask is not None:
             m = attention_mask[0, 0, -r:, : s.shape[-1]]  # [r, L]
-            s = s.masked_fill(~m, float("-inf")) if m.dtype == torch.bool else s + m.float()
-        pooled = torch.softmax(s, dim=-1).amax(0)  # [r, L]
+            s = s.masked_fill_(~m, float("-inf")) if m.dtype == torch.bool else s.add_(m.float())
+        pooled = torch.softmax(s, dim=-1).amax(dim=(0, 1))  # [r, L]
         if not layer or not self.forwards:
             self.forwards.append(pooled)
         else:
