@@ -106,7 +106,10 @@ def drafter_attention_fn(engine, cache_key: str, counter: list, *, lookahead: in
         with capture_attention(rows) as capture, general_loop():
             hidden = cache.forward_hidden(full_ids[len(full_ids) - rows:])  # [rows, H]
             while len(ahead) < lookahead:
-                token = int(engine.head.full_logits(hidden[-1:]).argmax(-1)[0])
+                logits = engine.head.full_logits(hidden[-1:])[0]  # [V]
+                if not ahead:  # an empty answer reads nothing: the first token is never a stop
+                    logits[list(stops)] = float("-inf")  # (the 0.5B often ranks <|im_end|> first
+                token = int(logits.argmax())  # at long agent contexts, then the call)
                 if token in stops:
                     break
                 ahead.append(token)
