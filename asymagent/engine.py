@@ -541,7 +541,7 @@ class Engine:
                 stats.drafter_prefill_tokens += tokens
             catch_up = _DeferredPrefill(drafter, stats) if defer else None
             drafting = Drafting(drafters=self._drafters(plan, full_view, drafter, sampling, noise,
-                                                        constraint, catch_up),
+                                                        constraint, catch_up, request.draft_hint),
                                 drafter=drafter, base=base, head=self.head, fused=plan.mode.fused,
                                 rows=plan.drafter_rows)
         copy = CopyDelta(full_view, ver_view, self.spec.copy_weight, min_len=self.spec.copy_min_len,
@@ -568,7 +568,7 @@ class Engine:
                            escalate=escalate)
 
     def _drafters(self, plan: RequestPlan, full_view: View, drafter: ViewCache,
-                  sampling, noise: KeyedNoise, constraint, catch_up=None) -> list:
+                  sampling, noise: KeyedNoise, constraint, catch_up=None, hint=()) -> list:
         """The plan's drafters in order: copied drafts (suffix or lookup), then the model."""
         sp, out = self.spec, []
         for name in plan.drafters:
@@ -577,7 +577,7 @@ class Engine:
                                          constraint, factor=sp.suffix_factor,
                                          min_prob=sp.suffix_min_prob,
                                          max_depth=sp.suffix_max_depth,
-                                         min_match=min(2, sp.lookup_ngram)))
+                                         min_match=min(2, sp.lookup_ngram), hint=hint))
             elif name == "lookup":
                 out.append(LookupDrafter(full_view, sp.lookup_ngram, constraint))
             else:
@@ -624,7 +624,8 @@ class Engine:
         view `ids`, or with `full` on the full view in mode spec (lossless); a watch that reads
         log-probs (evidence "margin") gets a LogprobRecorder(top=2) when the request has none
         (the result then carries no log-probs, as asked)."""
-        req = dataclasses.replace(request, mode="spec") if full else request
+        req = dataclasses.replace(request, mode="spec") if full else \
+            dataclasses.replace(request, draft_hint=tuple(turn.lookahead))
         own = getattr(interrupt, "needs_logprobs", False) and request.logprobs is None
         if own:
             interrupt.recorder = LogprobRecorder(2)

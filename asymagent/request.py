@@ -168,6 +168,10 @@ class GenerationRequest:
     callback: Callable | None = None
     parallel_tool_calls: bool | None = None  # OpenAI's: True 1..8 calls, False at most one
     chat_template_kwargs: dict | None = None  # extra chat-template variables (vLLM's), chat only
+    # tokens a drafter that read the full view expects the response to be (attention keep's
+    # look-ahead, asymagent/chat/session.py): offered as copied drafts by the suffix drafter,
+    # so they change speed only, never the output
+    draft_hint: tuple = ()
 
     def __post_init__(self) -> None:
         mode_of(self.mode)  # a ValueError naming the modes

@@ -86,6 +86,23 @@ def test_a_changed_part_is_assembled_again(fake_pair):
     assert pairs.assemble(pair.verifier, progress=False).read_bytes() == ver_blob
 
 
+def test_the_same_file_from_parts_installed_elsewhere_is_kept_not_rewritten(fake_pair):
+    """Parts installed in another environment (another venv: other paths, so another stamp) that
+    assemble to the same file: the assembled file is kept as it is, since its dequantised cache
+    is keyed by its path and mtime (loading.py) and rewriting it costs a 100 s re-conversion."""
+    pair, ver_blob, _, site = fake_pair
+    ver = pairs.assemble(pair.verifier, progress=False)
+    mtime = ver.stat().st_mtime_ns
+    stamp = (ver.parent / "ver.gguf.verified").read_text()
+    (ver.parent / "ver.gguf.verified").write_text("parts from another environment")
+    assert pairs.assemble(pair.verifier, progress=False) == ver
+    assert ver.stat().st_mtime_ns == mtime and ver.read_bytes() == ver_blob
+    assert (ver.parent / "ver.gguf.verified").read_text() == stamp  # this environment's stamp now
+    ver.write_bytes(b"q" * len(ver_blob))  # damaged, same size, under a stale stamp: hashed,
+    (ver.parent / "ver.gguf.verified").write_text("stale")  # found wrong, assembled again
+    assert pairs.assemble(pair.verifier, progress=False).read_bytes() == ver_blob
+
+
 def test_sources_and_names():
     assert pairs.pair_name("pair:qwen2.5-coder") == "qwen2.5-coder"
     assert pairs.pair_name("default") is None and pairs.pair_name(None) is None

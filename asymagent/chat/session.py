@@ -13,7 +13,7 @@ full-view cache, so the decoding finds it warm). `chat_result` parses the output
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Callable
 
 import torch
@@ -29,6 +29,9 @@ from asymagent.spec_config import mode_of
 
 log = logging.getLogger(__name__)
 LOGPROB_CHUNK = 256  # positions per drafter forward: [256, V] log-probs at a time, not [T, V]
+# the drafter's last rows whose attention scores the history (attention keep): the generation
+# prompt and the end of the newest message (Speculative Prefill reads the prompt's last tokens)
+ATTENTION_ROWS = 8
 
 
 def conversation_views(engine, cache_key: str, template_kwargs: dict | None = None
@@ -76,6 +79,51 @@ def drafter_logprob_fn(engine, cache_key: str, counter: list) -> Callable[[list]
         return out
 
     return logprob_fn
+
+
+def drafter_attention_fn(engine, cache_key: str, counter: list, *, lookahead: int = 0,
+                         pool: str = "mean", drafted: list | None = None) -> Callable[[list], list]:
+    """attention_fn(full_ids) -> [len(full_ids)] the attention the drafter's last ATTENTION_ROWS
+    rows, and the rows of its own greedy continuation of up to `lookahead` tokens (Speculative
+    Prefill's look-ahead: the tokens that decide the step, not only its prompt), give each
+    position of the full view (asymagent/kv/attention.py AttentionCapture, rows pooled by
+    `pool`). Computed while prefilling the drafter's full-view cache, which keeps the view (the
+    look-ahead is cropped away) for the decoding and the next step: only the appended block is
+    fed. The look-ahead tokens are left in `drafted` (copied drafts for the verifier: the
+    drafter's reading of the whole history, asymagent/decoding/suffix_drafter.py). `counter[0]`
+    is increased by the tokens fed."""
+    from asymagent.kv.attention import capture_attention
+    from asymagent.kv.lean_forward import general_loop
+
+    session = engine.caches.session(cache_key)
+    stops = set(engine.eos_ids)
+
+    @torch.inference_mode()
+    def attention_fn(full_ids: list) -> list:
+        cache = session.get("drafter_full")
+        rows = min(ATTENTION_ROWS, len(full_ids))
+        cache.crop(min(cache.reuse_prefix(full_ids), len(full_ids) - rows))
+        counter[0] += len(full_ids) - len(cache)
+        cache.prefill(full_ids[len(cache):len(full_ids) - rows])
+        ahead = []
+        with capture_attention(rows) as capture, general_loop():
+            hidden = cache.forward_hidden(full_ids[len(full_ids) - rows:])  # [rows, H]
+            while len(ahead) < lookahead:
+                logits = engine.head.full_logits(hidden[-1:])[0]  # [V]
+                if not ahead:  # an empty answer reads nothing: the first token is never a stop
+                    logits[list(stops)] = float("-inf")  # (the 0.5B often ranks <|im_end|> first
+                token = int(logits.argmax())  # at long agent contexts, then the call)
+                if token in stops:
+                    break
+                ahead.append(token)
+                hidden = cache.forward_hidden([token])  # [1, H]
+        cache.crop(len(full_ids))  # the look-ahead leaves the cache: it holds the view
+        counter[0] += len(ahead)
+        if drafted is not None:
+            drafted[:] = ahead
+        return capture.scores(len(full_ids), pool)
+
+    return attention_fn
 
 
 def _check_messages(engine, messages) -> None:
@@ -142,17 +190,26 @@ class ChatTurn:
     drafter_tokens: list  # [tokens the drafter fed for surprisal log-probs]
     parallel_tool_calls: bool | None = None  # the request's (False: at most one call kept)
     tool_names: list | None = None  # the offered tools' names (a call must name one); None: any
+    lookahead: list = field(default_factory=list)  # the drafter's look-ahead (attention keep)
 
 
-def _views_of(engine, request: GenerationRequest, counter: list) -> tuple:
-    """(the conversation's ContextViews, the drafter's log-prob function or None). The drafter's
+def _views_of(engine, request: GenerationRequest, counter: list, drafted: list | None = None) -> tuple:
+    """(the conversation's ContextViews, the drafter's log-prob function or None, its attention
+    function or None: attention keep, asymagent/context/attention_keep.py). The drafter's
     log-probs feed surprisal compression (only called when one is configured and new messages
     need them; `counter` sums the tokens fed); offered in every mode so one conversation's
     compressed view does not depend on the mode of its first call."""
     views = conversation_views(engine, request.cache_key, request.chat_template_kwargs)
     logprob_fn = drafter_logprob_fn(engine, request.cache_key, counter) \
         if engine.drafter is not None else None
-    return views, logprob_fn
+    # attention keep: only where the verifier reads the compressed view (modes compressed and
+    # asym); mode full and spec never pay the drafter's prefill for a view they do not read
+    attention_fn = None
+    if logprob_fn is not None and mode_of(request.mode).compressed and views.config.reads_attention():
+        attention_fn = drafter_attention_fn(engine, request.cache_key, counter,
+                                            lookahead=views.config.attention_lookahead,
+                                            pool=views.config.attention_pool, drafted=drafted)
+    return views, logprob_fn, attention_fn
 
 
 def prepare_chat(engine, messages: list, request: GenerationRequest) -> ChatTurn:
@@ -162,13 +219,14 @@ def prepare_chat(engine, messages: list, request: GenerationRequest) -> ChatTurn
                                   request.response_format,
                                   parallel=bool(request.parallel_tool_calls))
     counter = [0]
-    views, logprob_fn = _views_of(engine, request, counter)
-    pair = views.build(messages, request.tools, logprob_fn=logprob_fn)
+    drafted: list = []  # the drafter's look-ahead (attention keep), offered as copied drafts
+    views, logprob_fn, attention_fn = _views_of(engine, request, counter, drafted)
+    pair = views.build(messages, request.tools, logprob_fn=logprob_fn, attention_fn=attention_fn)
     compressed = pair.compressed_ids if mode_of(request.mode).compressed else None
     return ChatTurn(full_ids=pair.full_ids, compressed_ids=compressed, constraint=constraint,
                     rewrites=pair.rewrites, drafter_tokens=counter,
                     parallel_tool_calls=request.parallel_tool_calls,
-                    tool_names=offered_names(request.tools))
+                    tool_names=offered_names(request.tools), lookahead=drafted)
 
 
 def verifier_view_tokens(engine, messages: list, request: GenerationRequest) -> int | None:
@@ -181,8 +239,9 @@ def verifier_view_tokens(engine, messages: list, request: GenerationRequest) -> 
         return None
     _check_messages(engine, messages)
     with engine.lock:
-        views, logprob_fn = _views_of(engine, request, [0])
-        return views.verifier_tokens(messages, request.tools, logprob_fn=logprob_fn)
+        views, logprob_fn, attention_fn = _views_of(engine, request, [0])
+        return views.verifier_tokens(messages, request.tools, logprob_fn=logprob_fn,
+                                     attention_fn=attention_fn)
 
 
 def recall_step(engine, turn: ChatTurn, request: GenerationRequest,

@@ -30,7 +30,7 @@ from typing import Annotated, Literal, Union
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
-from asymagent.context import id_keep, query_keep
+from asymagent.context import attention_keep, id_keep, query_keep
 from asymagent.context.token_counting import TokenCounter
 
 _JSON_PUNCT = set('{}[]:,"')
@@ -49,6 +49,9 @@ class MessageContext:
     counter: TokenCounter
     query: frozenset = frozenset()  # words of the recent user/assistant turns (context/query_keep.py)
     newest: bool = False  # a tool output of the latest turn (no assistant message after it yet)
+    # the drafter's attention over the content at its entry: (char start, char end, score) per
+    # token of `original` (context/attention_keep.py); empty without a drafter
+    attention: tuple = ()
 
 
 class ToolOutputCompressor(BaseModel):
@@ -76,6 +79,9 @@ class ToolOutputCompressor(BaseModel):
     # the latest turn's outputs stay whole until the next assistant message, then are cut (a
     # rewrite of the view's end every step: the verifier re-prefills that output's cut form)
     keep_newest: bool = False
+    # attention keep (context/attention_keep.py): tokens of the elided middle's rows the drafter's
+    # last rows read hardest at the output's entry, besides the query-aware rows; 0 = off
+    attention_keep_tokens: int = Field(0, ge=0)
 
     def sizes(self, shrink: int) -> tuple[int, int]:
         return self.head_tokens >> shrink, self.tail_tokens >> shrink
@@ -95,6 +101,11 @@ class ToolOutputCompressor(BaseModel):
             spans = query_keep.select(middle, ctx.query, budget, ctx.counter.count, context=text,
                                       rank=self.query_keep_rank)
         id_budget = self.id_keep_tokens >> ctx.shrink
+        attention_budget = self.attention_keep_tokens >> ctx.shrink
+        if attention_budget and ctx.attention and text == ctx.original:
+            spans = sorted(spans + attention_keep.select(middle, len(head_text), list(ctx.attention),
+                                                         attention_budget, ctx.counter.count,
+                                                         taken=spans))
         if id_budget:
             spans = sorted(spans + id_keep.select(middle, id_budget, ctx.counter.count, taken=spans,
                                                   seen=id_keep.identifiers(head_text + tail_text)))
@@ -244,6 +255,15 @@ PRESETS: dict = {
                                          "min_gap": 24}]},  # the default
     "id_keep_32_16": {"compressors": [{"type": "tool_output", "head_tokens": 32, "tail_tokens": 16,
                                        "query_keep_tokens": 96, "id_keep_tokens": 128}]},
+    # attention keep (context/attention_keep.py): the drafter's reading (its prompt's last rows
+    # and its 32-token look-ahead, rows pooled by max) keeps rows at entry and re-admits cut rows
+    # a later step reads. On the default view's cuts, or on a lean one (head 32, tail 16, ids)
+    "attention_keep": {"compressors": [{"type": "tool_output", "query_keep_tokens": 96, "id_keep_tokens": 64,
+                                        "min_gap": 24, "attention_keep_tokens": 96}],
+                       "readmit_tokens": 96, "attention_lookahead": 32, "attention_pool": "max"},
+    "attention_lean": {"compressors": [{"type": "tool_output", "head_tokens": 32, "tail_tokens": 16,
+                                        "id_keep_tokens": 64, "attention_keep_tokens": 96}],
+                       "readmit_tokens": 128, "attention_lookahead": 32, "attention_pool": "max"},
     "newest": {"compressors": [{"type": "tool_output", "keep_newest": True}]},
     "newest_query_keep": {"compressors": [{"type": "tool_output", "keep_newest": True, "query_keep_tokens": 96}]},
     "query_keep_recall": {"compressors": [{"type": "tool_output", "query_keep_tokens": 96}], "max_recalls": 1},
@@ -299,6 +319,22 @@ class CompressionConfig(BaseModel):
     recall_scope: Literal["all", "latest"] = "all"
     # a recall whose restore would re-prefill more verifier tokens than this is not made (0: any)
     recall_max_tokens: int = Field(0, ge=0)
+    # re-admission (context/attention_keep.py): at each step, cut rows of earlier outputs that the
+    # drafter's last rows read at `readmit_ratio` times the uniform share or more come back, within
+    # this many tokens, as a marked block at the end of the newest message (0: never)
+    readmit_tokens: int = Field(0, ge=0)
+    readmit_ratio: float = Field(20.0, gt=0.0)
+    # the drafter's own greedy continuation of this many tokens is read too (its rows' attention
+    # joins the prompt's last rows'; Speculative Prefill's look-ahead), and offered as copied drafts
+    attention_lookahead: int = Field(0, ge=0)
+    # how the read rows' attention is pooled per position: mean, or max (one row reading a
+    # position hard counts: the token that decides)
+    attention_pool: Literal["mean", "max"] = "mean"
+
+    def reads_attention(self) -> bool:
+        """Whether the drafter's attention is read (attention keep or re-admission)."""
+        return self.readmit_tokens > 0 or any(
+            getattr(c, "attention_keep_tokens", 0) > 0 for c in self.compressors)
 
     @field_validator("compressors", mode="before")
     @classmethod

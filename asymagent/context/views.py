@@ -22,6 +22,7 @@ import json
 from dataclasses import dataclass, field
 from typing import Callable
 
+from asymagent.context import attention_keep
 from asymagent.context.rendering import MessageRenderer, Segment, call_json, function_of, message_text, \
     strip_descriptions
 from asymagent.context.compressors import (CompressionConfig, MessageContext, RecentTurnsCompressor,
@@ -100,6 +101,10 @@ class _Entry:
     query: frozenset = frozenset()  # tool outputs: words of the turns before them (query_keep)
     newest: bool = False  # tool output of the latest turn
     restored: bool = False  # brought back whole by a recall (`ContextViews.restore`); sticky
+    attention_done: bool = False  # the drafter's attention was offered at its entry
+    attention: tuple = ()  # (char start, char end, score) per content token, at entry (tool outputs)
+    token_spans: list | None = None  # [(segment token index, char start, char end)] of the content
+    readmit: str = ""  # cut rows of earlier outputs brought back at its entry (attention_keep.py)
 
 
 def _key(obj) -> str:
@@ -162,7 +167,7 @@ class ContextViews:
         return _Entry(key, message, role, plain["content"], turn,
                       name if role == "tool" else None, bool(calls), query=query)
 
-    def _sync(self, messages: list, tools, logprob_fn) -> bool:
+    def _sync(self, messages: list, tools, logprob_fn, attention_fn=None) -> bool:
         """Bring the memo up to `messages`; returns True if the memo had to be reset."""
         if not isinstance(messages, list) or not all(isinstance(m, dict) for m in messages):
             raise ValueError("messages must be a list of OpenAI-style message dicts")
@@ -179,7 +184,7 @@ class ContextViews:
         recent = self.config.get(RecentTurnsCompressor)
         if recent is not None:
             self.frontier = max(self.frontier, recent.frontier(self.turns))
-        self._refresh(logprob_fn)
+        self._refresh(logprob_fn, attention_fn)
         budget = self.config.max_verifier_tokens
         while budget is not None and self._measure() > budget:
             if self.tools and self.tool_style == "full":
@@ -203,7 +208,7 @@ class ContextViews:
             out.append(ToolOutputCompressor())
         return out
 
-    def _refresh(self, logprob_fn) -> None:
+    def _refresh(self, logprob_fn, attention_fn=None) -> None:
         cf, style = self.chat_format, self.tool_style
         newest = any(isinstance(c, ToolOutputCompressor) and c.keep_newest for c in self.config.compressors)
         last = max((i for i, e in enumerate(self.entries) if e.role in ("user", "assistant")), default=-1)
@@ -220,6 +225,7 @@ class ContextViews:
                     e.full = cf.render_message(e.message, i, self.tools, "full", first=(i == 0), run=run)
                     e.lead_full = self._close_ids(run) if e.role != "tool" else []
             self._apply_surprisal(logprob_fn)
+            self._apply_attention(attention_fn)
         changed = False  # the previous entry was (re)compressed: a tool run's next message follows it
         for i, e in enumerate(self.entries):
             state = (e.demoted, e.shrink, style if i == 0 else None, e.newest, e.restored)
@@ -249,7 +255,7 @@ class ContextViews:
 
     def _context(self, e: _Entry) -> MessageContext:
         return MessageContext(e.role, e.original, e.demoted, e.shrink, e.tool_name,
-                              e.has_tool_calls, self.counter, e.query, e.newest)
+                              e.has_tool_calls, self.counter, e.query, e.newest, e.attention)
 
     def _transformed(self, e: _Entry) -> str:
         """The content after the text compressors, in order (system messages are kept)."""
@@ -258,7 +264,7 @@ class ContextViews:
             ctx = self._context(e)
             for comp in self._compressors():
                 text = comp.transform(text, ctx)
-        return text
+        return text + e.readmit
 
     def _compress(self, i: int, e: _Entry) -> None:
         text = e.compressed_text = self._transformed(e)
@@ -319,6 +325,56 @@ class ContextViews:
             drop = {j for k, j in enumerate(content) if k not in kept}
             e.pruned = [t for j, t in enumerate(e.full.ids) if j not in drop]
 
+    def _token_spans(self, e: _Entry, index: int) -> list:
+        """[(token index in e.full, char start, char end)] of the content's tokens (chars of
+        e.original), once per message; [] where offsets are not to be had."""
+        if e.token_spans is None:
+            e.token_spans = []
+            run = self._run_before(index, compressed=False)
+            span = self.chat_format.content_span(e.full.text, e.role, e.original, run)
+            try:
+                enc = self.chat_format.tokenizer(e.full.text, add_special_tokens=False,
+                                                 return_offsets_mapping=True)
+            except (NotImplementedError, ValueError, TypeError):
+                return e.token_spans  # a slow tokenizer has no offsets: no attention keep
+            if span is not None and list(enc["input_ids"]) == list(e.full.ids):
+                e.token_spans = [(j, s - span[0], t - span[0])
+                                 for j, (s, t) in enumerate(enc["offset_mapping"])
+                                 if s >= span[0] and t <= span[1] and t > s]
+        return e.token_spans
+
+    def _apply_attention(self, attention_fn) -> None:
+        """Offer the drafter's attention to the new messages, once (attention keep), and bring
+        back the cut rows of earlier outputs that this step reads (re-admission), as a block at
+        the end of the newest message (asymagent/context/attention_keep.py)."""
+        todo = [e for e in self.entries if not e.attention_done]
+        for e in todo:
+            e.attention_done = True
+        if attention_fn is None or not todo or not self.config.reads_attention():
+            return
+        full_ids, offsets = self._full_ids_with_offsets()
+        scores = list(attention_fn(full_ids))
+        if len(scores) != len(full_ids):
+            raise ValueError(f"attention_fn returned {len(scores)} scores for {len(full_ids)} tokens")
+        new, candidates = {id(e) for e in todo}, []
+        for i, e in enumerate(self.entries):
+            if e.role != "tool":
+                continue
+            base = offsets[id(e)]
+            scored = tuple((s, t, scores[base + j]) for j, s, t in self._token_spans(e, i))
+            if id(e) in new:
+                e.attention = scored
+            elif self.config.readmit_tokens and e.compressed_text != e.original:
+                shown = e.compressed_text + "".join(x.readmit for x in self.entries)
+                for s, t, v in attention_keep.row_scores(e.original, list(scored)):
+                    if e.original[s:t].strip() not in shown:
+                        candidates.append((v, (i, s), e.original[s:t]))
+        target = next((e for e in reversed(todo) if e.role != "system"), None)
+        rows = attention_keep.readmit(candidates, len(full_ids), self.config.readmit_ratio,
+                                      self.config.readmit_tokens, self.counter.count)
+        if target is not None and rows:
+            target.readmit = attention_keep.render_block([text for _, _, text in sorted(rows, key=lambda r: r[1])])
+
     def _first_system(self) -> bool:
         return bool(self.entries) and self.entries[0].role == "system"
 
@@ -362,15 +418,18 @@ class ContextViews:
                 f"prompt alone take {fixed} tokens); raise max_verifier_tokens or shorten the history")
 
     def build(self, messages: list, tools=None,
-              logprob_fn: Callable[[list], list] | None = None) -> ViewPair:
+              logprob_fn: Callable[[list], list] | None = None,
+              attention_fn: Callable[[list], list] | None = None) -> ViewPair:
         """Full and compressed token views of `messages` at the generation point.
 
         logprob_fn(full_ids) -> [len(full_ids)] log p(token_t | tokens_<t) from the drafter; only
         called when a surprisal compressor has new messages to prune.
+        attention_fn(full_ids) -> [len(full_ids)] the drafter's attention per position; only
+        called when attention keep or re-admission is configured and new messages entered.
         """
         if self.chat_format is None:
             raise ValueError("ContextViews.build needs a tokenizer or chat_format (token views)")
-        reset = self._sync(messages, tools, logprob_fn) or self._pending_reset
+        reset = self._sync(messages, tools, logprob_fn, attention_fn) or self._pending_reset
         self._pending_reset = False
         body = self._compressed_body()
         last = self._last_body
@@ -384,14 +443,15 @@ class ContextViews:
                         len(compressed_ids) / len(full_ids) if full_ids else 1.0, len(gen))
 
     def verifier_tokens(self, messages: list, tools=None,
-                        logprob_fn: Callable[[list], list] | None = None) -> int:
+                        logprob_fn: Callable[[list], list] | None = None,
+                        attention_fn: Callable[[list], list] | None = None) -> int:
         """The length of the compressed view `build(messages, tools)` will give, without being a
         build (the rewrites it brings are reported by that build): what a server admits a request
         by when the verifier reads the compressed view and the full one is over the model's
         context (integrations/server/worker.py)."""
         if self.chat_format is None:
             raise ValueError("ContextViews.verifier_tokens needs a tokenizer or chat_format (token views)")
-        self._pending_reset = self._sync(messages, tools, logprob_fn) or self._pending_reset
+        self._pending_reset = self._sync(messages, tools, logprob_fn, attention_fn) or self._pending_reset
         return self._measure()
 
     def restore(self, full_positions) -> list:

@@ -27,9 +27,14 @@ class SuffixDrafter:
     name = "suffix"  # Drafts.source, and the key of its budget in Decoder.spec_round
 
     def __init__(self, view, store=None, constraint=None, *, factor: float = 1.0,
-                 min_prob: float = 0.1, max_depth: int = 32, min_match: int = 2) -> None:
+                 min_prob: float = 0.1, max_depth: int = 32, min_match: int = 2,
+                 hint=()) -> None:
         self.view = view  # asymagent.kv.cache.View: the full view (prompt + generated)
         self.store = store  # asymagent.decoding.suffix_store.SuffixStore or None (no global index)
+        # a third index: the response a drafter expects (GenerationRequest.draft_hint) after the
+        # prompt's last tokens, so the first round matches it from the prompt's end: [depth + H]
+        self.hint = np.asarray(list(view.prompt[-max_depth:]) + list(hint), dtype=np.int32) \
+            if len(hint) else None
         self.constraint = constraint
         self.options = dict(factor=factor, min_prob=min_prob, max_depth=max_depth,
                             min_match=min_match)
@@ -56,6 +61,10 @@ class SuffixDrafter:
         best = speculate(arr, arr[-depth:], max_tokens=k, **self.options)
         if self.store is not None:
             other = self.store.speculate(arr[-depth:], max_tokens=k, **self.options)
+            if other.score > best.score:
+                best = other
+        if self.hint is not None:
+            other = speculate(self.hint, arr[-depth:], max_tokens=k, **self.options)
             if other.score > best.score:
                 best = other
         return best

@@ -118,6 +118,9 @@ def gqa_sdpa_forward(module: torch.nn.Module, query: torch.Tensor, key: torch.Te
 
     groups = getattr(module, "num_key_value_groups", 1)
     q_len = query.shape[2]
+    capture = getattr(_CAPTURE, "active", None)
+    if capture is not None:  # reads the inputs only: the output bits are the same
+        capture.add(query, key, attention_mask, scaling, getattr(module, "layer_idx", None))
     one_row = q_len == 1 and _same_rows_as_batched(query, attention_mask)
     if (groups <= 1 or (q_len == 1 and not one_row) or attention_mask is None
             or kwargs.get("position_bias") is not None or kwargs.get("softcap") is not None
@@ -147,6 +150,76 @@ def gqa_sdpa_forward(module: torch.nn.Module, query: torch.Tensor, key: torch.Te
     if q_len < floor:
         out = out[:, :, :q_len]  # [B, Hq, q, D]
     return out.transpose(1, 2).contiguous(), None  # [B, q, Hq, D]
+
+
+_CAPTURE = threading.local()  # `active`: the AttentionCapture this thread's attention calls feed
+
+
+class AttentionCapture:
+    """Where the last `rows` query rows of each forward look: per key position, the attention
+    probability each row gives it, max over heads (a position one head reads hard counts,
+    whichever head: Speculative Prefill's pooling), summed over layers; `scores` pools the rows
+    (mean, or max: a position one row reads hard, the token that decides, counts).
+
+    Fed by `gqa_sdpa_forward` inside `capture_attention` (the direct road, which skips it, is
+    not taken there), over one or more forwards (a prefill's last rows, then one-token decodes):
+    row r of the capture is the r-th row seen. Recomputes softmax(q k^T) for those rows in
+    float32 beside the kernel's call; the forward's own bits are untouched."""
+
+    def __init__(self, rows: int) -> None:
+        self.rows = rows
+        self.forwards: list = []  # per forward: [r, L] summed over its layers
+        self.layers = 0  # layers per forward (the model's depth)
+
+    def add(self, query: torch.Tensor, key: torch.Tensor, attention_mask: torch.Tensor | None,
+            scaling: float | None, layer: int | None) -> None:
+        """One attention call of layer `layer` (0 starts a forward; None: a model without
+        layer indices, every call its own forward)."""
+        r = min(self.rows, query.shape[2])
+        hkv, d = key.shape[1], query.shape[-1]
+        groups = query.shape[1] // hkv
+        q = query[0, :, -r:].float().reshape(hkv, groups * r, d)  # [Hkv, G*r, D]: a group's heads as rows
+        k = key[0].float()  # [Hkv, L, D], read once per key/value head (no repeat per query head)
+        scale = scaling if scaling is not None else d ** -0.5
+        s = torch.matmul(q, k.transpose(1, 2)).mul_(scale).view(hkv, groups, r, -1)  # [Hkv, G, r, L]
+        if attention_mask is not None:
+            m = attention_mask[0, 0, -r:, : s.shape[-1]]  # [r, L]
+            s = s.masked_fill_(~m, float("-inf")) if m.dtype == torch.bool else s.add_(m.float())
+        pooled = torch.softmax(s, dim=-1).amax(dim=(0, 1))  # [r, L]
+        if not layer or not self.forwards:
+            self.forwards.append(pooled)
+        else:
+            self.forwards[-1] = _fit(self.forwards[-1], pooled.shape[-1]) + pooled
+        self.layers = max(self.layers, (layer or 0) + 1)
+
+    def scores(self, length: int, pool: str = "mean") -> list:
+        """[length] attention per key position (mean over layers; rows pooled by `pool`),
+        zeros where nothing was captured."""
+        if not self.forwards or not self.layers:
+            return [0.0] * length
+        rows = torch.cat([_fit(f, length) for f in self.forwards]) / self.layers  # [R, length]
+        pooled = rows.amax(0) if pool == "max" else rows.mean(0)
+        return pooled.tolist()
+
+
+def _fit(x: torch.Tensor, n: int) -> torch.Tensor:
+    """x [..., L] cut or zero-padded to [..., n] (an aligned read's key count is rounded up; a
+    later forward has more keys)."""
+    if x.shape[-1] >= n:
+        return x[..., :n]
+    return torch.cat([x, x.new_zeros(*x.shape[:-1], n - x.shape[-1])], dim=-1)
+
+
+@contextlib.contextmanager
+def capture_attention(rows: int):
+    """Inside the block (this thread) every attention call through `gqa_sdpa_forward` adds its
+    last `rows` query rows' attention to the AttentionCapture it yields."""
+    saved = getattr(_CAPTURE, "active", None)
+    _CAPTURE.active = capture = AttentionCapture(rows)
+    try:
+        yield capture
+    finally:
+        _CAPTURE.active = saved
 
 
 def _groups_rows(rows: int, heads: int, kv_heads: int, groups: int, attention_mask: torch.Tensor | None,

@@ -21,7 +21,7 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
-from asymagent.modeling.loading import ModelNotFoundError, cache_dir
+from asymagent.modeling.loading import ModelNotFoundError, cache_dir, file_sha256
 
 
 class PairNotInstalledError(ModelNotFoundError):
@@ -148,9 +148,12 @@ def assemble(gguf: PartedGGUF, *, progress: bool | None = None) -> Path:
     folder.mkdir(parents=True, exist_ok=True)
     target, stamp_file = folder / gguf.file_name, folder / (gguf.file_name + ".verified")
     stamp = _stamp(paths)
-    if target.is_file() and stamp_file.is_file() and stamp_file.read_text() == stamp \
-            and target.stat().st_size == gguf.size:
-        return target
+    if target.is_file() and target.stat().st_size == gguf.size:
+        if stamp_file.is_file() and stamp_file.read_text() == stamp:
+            return target
+        if file_sha256(target) == gguf.sha256:  # the same file from parts installed elsewhere (another
+            stamp_file.write_text(stamp)  # environment): kept as it is, so its dequantised cache,
+            return target  # keyed by the file's path and mtime, stays valid (no 100 s re-conversion)
     from tqdm.auto import tqdm
 
     tmp = target.with_name(target.name + f".tmp{os.getpid()}")

@@ -1,0 +1,191 @@
+"""Attention keep: the drafter's attention chooses rows of the verifier's view (asymagent/context/attention_keep.py).
+
+Pins: the row rules (best-scored rows within the budget, never a row that spells out a tool call,
+re-admission above the uniform-share multiple only), that capturing attention leaves a forward's
+bits alone and yields a distribution-shaped score, and, on the embedded default, that the view it
+builds stays append-stable across agent steps (no rewrite) while the drafter is asked only in the
+compressed modes.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from asymagent.context import attention_keep
+from asymagent.context.compressors import CompressionConfig
+from asymagent.kv.attention import capture_attention, use_gqa_attention
+
+
+def _count(text: str) -> int:
+    return len(text.split())
+
+
+def _char_scores(text: str, hot: dict) -> list:
+    """(start, end, score) per word of `text`: 0.01, or hot[word]."""
+    out, pos = [], 0
+    for word in text.split():
+        s = text.index(word, pos)
+        out.append((s, s + len(word), hot.get(word, 0.01)))
+        pos = s + len(word)
+    return out
+
+
+def test_select_keeps_the_best_scored_rows_within_the_budget_in_order():
+    middle = "alpha row one\nbeta row two\ngamma row three\ndelta row four\n"
+    scores = _char_scores(middle, {"gamma": 0.5, "alpha": 0.3, "delta": 0.2})
+    kept = attention_keep.select(middle, 0, scores, budget=8, count=_count)
+    assert [middle[s:e].split()[0] for s, e in kept] == ["alpha", "gamma"]  # 4 tokens each, in order
+    # offset: the scores cover a content the middle sits in at 10 characters
+    shifted = [(s + 10, e + 10, v) for s, e, v in scores]
+    assert attention_keep.select(middle, 10, shifted, budget=8, count=_count) == kept
+    assert attention_keep.select(middle, 0, scores, budget=8, count=_count, taken=[kept[1]]) == \
+        [kept[0], (middle.index("delta"), len(middle))]  # gamma was taken: alpha and delta
+
+
+def test_no_row_that_spells_out_a_tool_call_is_kept_or_brought_back():
+    middle = 'plain row\n<tool_call>{"name": "wire", "arguments": {}}</tool_call>\n'
+    scores = _char_scores(middle, {'<tool_call>{"name":': 0.9})
+    kept = attention_keep.select(middle, 0, scores, budget=50, count=_count)
+    assert [middle[s:e].strip() for s, e in kept] == ["plain row"]
+    rows = attention_keep.readmit([(0.9, (1, 0), middle.splitlines()[1]), (0.5, (1, 1), "plain row")],
+                                  positions=10, ratio=2.0, budget=50, count=_count)
+    assert [text for _, _, text in rows] == ["plain row"]
+
+
+def test_readmit_takes_rows_above_the_uniform_share_multiple_best_first_within_budget():
+    candidates = [(0.02, (3, 0), "a b c"), (0.30, (5, 0), "d e"), (0.10, (4, 9), "f g h i"),
+                  (0.05, (2, 1), "j")]
+    # 100 positions, ratio 8: a row needs 0.08
+    rows = attention_keep.readmit(candidates, positions=100, ratio=8.0, budget=10, count=_count)
+    assert [key for _, key, _ in rows] == [(5, 0), (4, 9)]
+    rows = attention_keep.readmit(candidates, positions=100, ratio=8.0, budget=4, count=_count)
+    assert [key for _, key, _ in rows] == [(5, 0)]  # "f g h i" costs 5 with its newline
+    assert attention_keep.readmit(candidates, positions=100, ratio=8.0, budget=0, count=_count) == []
+    block = attention_keep.render_block(["d e", "f g h i"])
+    assert block == "\n" + attention_keep.READMIT_HEADER + "\nd e\nf g h i"
+
+
+def test_cut_rows_are_the_units_the_compressed_text_does_not_show():
+    original = "head line\nrow A\nrow B\ntail line\n"
+    assert attention_keep.cut_rows(original, "head line\n[... 4 tokens omitted ...]\ntail line") == \
+        [(10, 16), (16, 22)]
+
+
+def test_capture_leaves_the_forward_bits_and_scores_where_the_last_rows_look(tiny_llama):
+    model = tiny_llama()
+    assert use_gqa_attention(model)
+    ids = torch.randint(3, 250, (1, 40), generator=torch.Generator().manual_seed(1))
+    with torch.inference_mode():
+        plain = model(ids).logits
+        with capture_attention(4) as capture:
+            captured = model(ids).logits
+    assert torch.equal(plain, captured)
+    assert capture.layers == model.config.num_hidden_layers
+    scores = capture.scores(44)  # asked for more positions than keys: zeros past the end
+    assert len(scores) == 44 and scores[40:] == [0.0] * 4
+    assert all(s >= 0.0 for s in scores)
+    # max over heads of distributions over 40 keys: between one distribution's mass and 4 heads'
+    assert 1.0 - 1e-5 <= sum(scores) <= model.config.num_attention_heads + 1e-5
+
+
+def test_preset_validates_and_reads_attention():
+    assert CompressionConfig.preset("attention_keep").reads_attention()
+    assert CompressionConfig.preset("attention_lean").reads_attention()
+    assert not CompressionConfig().reads_attention()
+    with pytest.raises(ValueError):
+        CompressionConfig.model_validate({"readmit_tokens": -1})
+
+
+def _agent_history(steps: int) -> list:
+    """An agent conversation with long tool outputs (handbook-like rows, filler paragraphs)."""
+    filler = " ".join(f"The team reviewed item {i} and noted it for the record." for i in range(12))
+    rows = "\n".join(f"   component-{c} -> team {t}" for c, t in
+                     zip("abcdefgh", ("Osprey", "Kestrel", "Plover", "Raven", "Heron", "Wren", "Falcon", "Swift")))
+    messages = [{"role": "system", "content": "You triage tickets with the tools."},
+                {"role": "user", "content": "Read the handbook, then route ticket T-7."}]
+    for k in range(steps):
+        messages.append({"role": "assistant", "content": None, "tool_calls": [
+            {"id": f"c{k}", "type": "function", "function": {"name": "read", "arguments": "{}"}}]})
+        messages.append({"role": "tool", "tool_call_id": f"c{k}",
+                         "content": f"Part {k}\n{filler}\n{rows}\n{filler}\nEnd of part {k}."})
+    return messages
+
+
+@pytest.mark.slow
+def test_attention_keep_view_is_append_stable_and_asks_the_drafter_in_compressed_modes_only():
+    from asymagent import Engine
+    from asymagent.chat import session
+
+    engine = Engine.from_default(compression=CompressionConfig.preset("attention_keep"))
+    calls = []
+    real = session.drafter_attention_fn
+
+    def spy(*args, **kwargs):
+        fn = real(*args, **kwargs)
+
+        def wrapped(full_ids):
+            calls.append(len(full_ids))
+            return fn(full_ids)
+        return wrapped
+
+    session.drafter_attention_fn = spy
+    try:
+        for steps in (1, 2, 3):
+            r = engine.chat(_agent_history(steps), mode="asym", max_new_tokens=4, cache_key="a")
+            assert r.stats.rewrites == 0  # the chosen rows and any block came in append-stably
+            assert r.stats.verifier_context_tokens < r.stats.full_context_tokens
+        assert len(calls) == 3  # once per step with new messages
+        engine.chat(_agent_history(2), mode="full", max_new_tokens=4, cache_key="f")
+        assert len(calls) == 3  # mode full never asks the drafter for its attention
+    finally:
+        session.drafter_attention_fn = real
+
+
+def test_the_drafters_look_ahead_is_offered_as_copied_drafts_from_the_prompts_end():
+    from asymagent.decoding.suffix_drafter import SuffixDrafter
+    from asymagent.kv.cache import View
+
+    prompt, generated = [5, 6, 7, 8, 9, 10, 11], []
+    hint = (40, 41, 42, 43, 44, 45)
+    view = View(prompt, generated)
+    plain = SuffixDrafter(view, factor=4.0, min_prob=0.0)
+    hinted = SuffixDrafter(view, factor=4.0, min_prob=0.0, hint=hint)
+    assert plain.draft(4).tokens == []  # nothing in the prompt continues its own end
+    assert list(hinted.draft(4).tokens) == [40, 41, 42, 43]
+    generated += [40, 41]  # the verifier took two of them: the next round continues the hint
+    assert list(hinted.draft(3).tokens) == [42, 43, 44]
+    generated += [99]  # it left the hint: no stale proposal from it
+    assert list(hinted.draft(3).tokens) == []
+
+
+@pytest.mark.slow
+def test_look_ahead_drafts_change_speed_only_greedy_asym_is_the_same_without_them():
+    from asymagent import Engine
+    from asymagent.chat import session
+
+    config = CompressionConfig.model_validate({**CompressionConfig.preset("attention_lean").model_dump(),
+                                               "attention_lookahead": 16})
+    real = session.drafter_attention_fn
+    runs = []
+    for offered in (True, False):
+        def no_hint(*args, **kwargs):  # the same reading (so the same view), its drafts dropped
+            fn = real(*args, **kwargs)
+
+            def wrapped(full_ids):
+                out = fn(full_ids)
+                if not offered:
+                    kwargs["drafted"].clear()
+                return out
+            return wrapped
+
+        session.drafter_attention_fn = no_hint
+        try:
+            engine = Engine.from_default(compression=config)
+            runs.append([engine.chat(_agent_history(steps), mode="asym", max_new_tokens=24,
+                                     cache_key="a") for steps in (1, 2, 3)])
+        finally:
+            session.drafter_attention_fn = real
+    for hinted, plain in zip(*runs):
+        assert hinted.token_ids == plain.token_ids
+        assert hinted.stats.verifier_context_tokens == plain.stats.verifier_context_tokens
