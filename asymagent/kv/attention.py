@@ -18,6 +18,9 @@ token, 0.79 -> 0.43 ms for five. Whether the two give the same bits is the CPU k
 property (an AMD EPYC with AVX512-BF16 and no AMX gave other bits until both paths padded their
 rows to the kernel's row floor, `attention_floor`), so `grouped_rows_exact()` checks it once per
 thread count on the machine itself and the grouped path is taken only where it holds.
+`decode_attention` makes this choice once per forward for the callers that run the call
+themselves (the lean forward's direct road, the batched forward): grouped or per head, the rows
+padded to the floor either way, so a floor above a forward's rows never sends it elsewhere.
 
 Masks are handed to SDPA in the additive form it would make of them (0 / -inf), built once per
 forward and shared by every layer (`_memo`): the grouped rows' repeated mask, and the per-head

@@ -15,8 +15,11 @@ in a 1-row decode and a K+1-row verify):
 - the packed linear kernel gives a row the same bits in any call of 1..`MAX_ROWS` rows (padded to
   this CPU's row floor, asymagent/modeling/row_floor.py), so the rows of several sequences are
   one call of at most MAX_ROWS rows (32): `forward_many` refuses more (the scheduler splits);
-- attention runs per sequence exactly as its own forward runs it (the grouped rows, the same
-  additive mask over the same aligned read of the same cache buffers);
+- attention runs per sequence exactly as its own forward runs it (`attention.decode_attention`:
+  the grouped rows, or per head where this CPU's grouped rows differ, its rows padded to the
+  attention floor as its own forward pads them, the same additive mask over the same aligned read
+  of the same cache buffers), so a one-token decode joins a batch on a CPU whose attention floor
+  is above its rows too (issue 53: an AMD EPYC's 4);
 - everything else is per row or per element (embedding, RMSNorm over a row, rotary products,
   SiLU, residual adds).
 `tests/test_batched_forward.py` checks it bit for bit against each sequence's own forward.

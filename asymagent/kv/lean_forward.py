@@ -26,17 +26,19 @@ Bit-identical to the transformers forward, by construction and by check:
 
 Decode and verify forwards take a shorter road still (`_Direct`, `_direct_layer`): when a
 forward is one the engine's CPU path would run through the fused packed kernels (o / down
-packed, or a `FloorLinear` run through its own forward: the reference pair's 1.5B), grouped
-attention rows (asymagent/kv/attention.py) and a GrowingCache with room, with no row padding
-needed (the linear and attention row floors already met), every per-call decision those
-functions make (row floors, the attention interface's branches, the additive grouped mask, the
-cache's room check) is made once per forward and each layer runs as one function of tensor ops:
+packed, or a `FloorLinear` run through its own forward: the reference pair's 1.5B), our GQA
+attention (grouped rows, or per head where this CPU's grouped rows differ:
+`attention.decode_attention`) and a GrowingCache with room, every per-call decision those
+functions make (row floors, the attention interface's branches, the additive mask, the cache's
+room check) is made once per forward and each layer runs as one function of tensor ops:
 the same ops in the same order on the same tensors, so the same bits (the attach check runs it:
 its 1- and 4-token forwards take this road; tests/test_lean_forward.py compares it with the
 general loop). Measured: 2.4-3.2 ms less per decode or verify forward (5-8%; docs/results.md,
-"The Python out of decoding"). Anything else (a first forward on an
-empty cache, a layer whose cache must grow, padding rows, ASYMAGENT_ROW_FLOORS toggled, other
-attention) takes the general loop, layer by layer.
+"The Python out of decoding"). Rows under a kernel's row floor (asymagent/modeling/row_floor.py:
+attention 2 on AMX, 4 on an AMD EPYC without AMX; a linear's 1 or 2) are padded on the road
+exactly as the general loop pads them (issue 53: before, such a forward left the road, so on that
+AMD no decode took it). Anything else (a first forward on an empty cache, a layer whose cache must
+grow, other attention) takes the general loop, layer by layer.
 
 Scope: `LlamaForCausalLM` bodies (the embedded verifier, the drafter) and `Qwen2ForCausalLM` ones
 (the reference pair: q|k|v biases added inside the fused kernel; `FAMILIES`), with a SiLU
