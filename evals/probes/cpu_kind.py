@@ -12,11 +12,11 @@ docs/cpu.md keeps the table); the probes' on-disk record keys the cap apart (pro
 
 from __future__ import annotations
 
-import argparse
-import json
 import os
 
 import torch
+
+from asymagent.evals.probes.harness import finish, parser
 
 # the embedded verifier's linear shapes [out, in] (q, k|v, gate|up, down) and the pair's 1.5B down
 SHAPES = ((576, 576), (192, 576), (1536, 576), (576, 1536))
@@ -54,17 +54,10 @@ def measure() -> dict:
     }
 
 
-def main(argv: list | None = None) -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--json", help="also write the result here")
-    args = parser.parse_args(argv)
-    result = measure()
-    text = json.dumps(result, indent=1)
-    print(text)
-    if args.json:
-        with open(args.json, "w") as f:
-            f.write(text + "\n")
+def main(argv: list | None = None) -> int:
+    args = parser(__doc__, "cpu_kind").parse_args(argv)
+    return finish(measure(), args.json, show=True)
 
 
 if __name__ == "__main__":
-    main()
+    raise SystemExit(main())
