@@ -7,7 +7,7 @@ VENV   := .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
 
-.PHONY: setup setup-pair demo demo-small test test-fast bench eval results clean gpu-wheels
+.PHONY: setup setup-pair demo demo-small test test-fast test-cpu-kinds bench eval results clean gpu-wheels
 
 $(STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -46,6 +46,22 @@ test: $(STAMP)
 
 test-fast: $(STAMP)
 	$(PY) -m pytest -q -m "not slow"
+
+# The CPU-path tests (row floors, attention, lean and batched forwards, packed linears, probes,
+# dtype, batching) under emulated CPU kinds (docs/cpu.md): ISA caps on torch's and oneDNN's
+# kernels. AVX2-only (float32 chosen: oneDNN capped at AVX2 has no bf16 unit) and AVX512-BF16
+# without AMX. Each prints what its probes find first; their on-disk record keys the caps apart.
+CPU_PATH_TESTS := tests/test_row_floor.py tests/test_attention.py tests/test_lean_forward.py \
+	tests/test_batched_forward.py tests/test_packed_linear.py tests/test_probe_cache.py \
+	tests/test_cpu_dtype.py tests/test_batching.py
+CPU_KINDS := "ATEN_CPU_CAPABILITY=avx2 ONEDNN_MAX_CPU_ISA=AVX2" "ONEDNN_MAX_CPU_ISA=AVX512_CORE_BF16"
+
+test-cpu-kinds: $(STAMP)
+	@for caps in $(CPU_KINDS); do \
+		echo "== emulated: $$caps"; \
+		env $$caps $(PY) -m asymagent.evals.probes.cpu_kind || exit 1; \
+		env $$caps $(PY) -m pytest -q -m "not slow" -p no:cacheprovider $(CPU_PATH_TESTS) || exit 1; \
+	done
 
 bench: $(STAMP)
 	$(VENV)/bin/asymagent bench --json bench.json

@@ -82,6 +82,51 @@ def floor_linear_downs(model, monkeypatch, floor: int = 2, layers=None) -> None:
         down.packed_weight, down.packed_key = None, None
 
 
+# The row floors other CPU kinds probe (docs/cpu.md), to run the floor-dependent tests as if on
+# them: (attention floor, linear floor, grouped rows exact). "amx": this Intel AMX machine's own;
+# "avx512_bf16": an AMD EPYC with AVX512-BF16 and no AMX (issue 53: attention 4, a linear over
+# 1536 inputs 2); "att8_lin4": the largest candidates (row_floor.py); "per_head": a kernel whose
+# grouped rows do not give the per-head bits (the grouped path off), with the AMD floors.
+CPU_KINDS = {"amx": (2, 1, True), "avx512_bf16": (4, 2, True), "att8_lin4": (8, 4, True),
+             "per_head": (4, 2, False)}
+
+
+def force_floors(monkeypatch, attention: int, linear: int, grouped: bool) -> None:
+    """Make this machine's probes answer as another CPU kind's: `attention_floor` at least
+    `attention`, every linear floor (packed, F.linear, the weight-only kernels) at least `linear`,
+    `grouped_rows_exact()` `grouped`. At least: a floor under this machine's own would make rows
+    differ for real, a larger one is a floor on this machine too (its rows agree from its own
+    floor on, so they agree padded further). The probes' cached functions are patched (their
+    functools caches and the on-disk record never see the forced values)."""
+    from asymagent.kv import attention as attention_mod
+    from asymagent.modeling import packed_linear, weight_only
+
+    real_attention = attention_mod._attention_floor
+    monkeypatch.setattr(attention_mod, "_attention_floor",
+                        lambda dtype, threads: max(attention, real_attention(dtype, threads)))
+    real_grouped = attention_mod._grouped_rows_exact
+    monkeypatch.setattr(attention_mod, "_grouped_rows_exact",
+                        lambda threads: grouped and real_grouped(threads))
+    real_linear = packed_linear._linear_floor
+    monkeypatch.setattr(packed_linear, "_linear_floor", lambda dtype, shape, threads, packed:
+                        max(linear, real_linear(dtype, shape, threads, packed)))
+    real_lowbit = weight_only._row_floor
+
+    def lowbit(kind, dtype, shape, threads):
+        floor = real_lowbit(kind, dtype, shape, threads)
+        return None if floor is None else max(linear, floor)
+
+    monkeypatch.setattr(weight_only, "_row_floor", lowbit)
+
+
+@pytest.fixture(params=sorted(CPU_KINDS))
+def cpu_kind(request, monkeypatch):
+    """The test runs once per CPU kind of CPU_KINDS, with this machine's floors forced to that
+    kind's (`force_floors`); the kind's name."""
+    force_floors(monkeypatch, *CPU_KINDS[request.param])
+    return request.param
+
+
 @pytest.fixture
 def tiny_llama():
     return make_tiny_llama

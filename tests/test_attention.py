@@ -50,7 +50,7 @@ def test_other_implementations_are_left_alone():
     assert model.config._attn_implementation == "eager"
 
 
-def test_grouped_rows_same_bits_as_per_head_attention(monkeypatch):
+def test_grouped_rows_same_bits_as_per_head_attention(monkeypatch, cpu_kind):
     """bf16 decode/verify attention with a group's query heads as rows of one head equals the
     per-head call bit for bit (1..32 tokens over aligned key counts), one token included (which
     the per-head path runs as two rows): where this CPU's kernel gives the same bits (the probe
@@ -259,20 +259,53 @@ def test_fresh_prefill_stays_masked_off_the_cpu(monkeypatch):
     assert calls == [False]
 
 
-def test_grouped_rows_mask_is_the_grouped_calls_mask_or_none():
-    """The grouped path's decision made once per forward (asymagent/kv/lean_forward.py's direct
-    road): the additive mask `_grouped_rows` uses, or None where the call would go elsewhere."""
+def test_decode_attention_is_the_calls_mask_padded_or_none(cpu_kind):
+    """The decode attention decision made once per forward (asymagent/kv/lean_forward.py's direct
+    road, batched_forward.py): the additive mask `_grouped_rows` (or the per-head call) uses, its
+    rows padded to the attention floor; None only where the call goes to another branch, never
+    for rows under the floor (issue 53: a floor of 4 sent every decode off the road)."""
     from asymagent.kv import attention
 
-    mask = (torch.arange(128)[None, :] <= (torch.arange(3) + 100)[:, None])[None, None]  # [1, 1, 3, 128]
     cpu = torch.device("cpu")
-    if attention.grouped_rows_exact() and 3 * 3 >= attention.attention_floor(torch.bfloat16):
-        got = attention.grouped_rows_mask(3, 9, 3, mask, torch.bfloat16, cpu)
-        assert got is attention._group_mask(mask, 3, 3, torch.bfloat16)  # the same memo entry
-        assert got.shape == (1, 1, 9, 128) and got.dtype == torch.bfloat16
-    assert attention.grouped_rows_mask(3, 9, 3, mask, torch.float32, cpu) is None  # not bf16
-    assert attention.grouped_rows_mask(3, 3, 3, mask, torch.bfloat16, cpu) is None  # no groups
-    assert attention.grouped_rows_mask(3, 9, 3, None, torch.bfloat16, cpu) is None
-    assert attention.grouped_rows_mask(2, 9, 3, mask, torch.bfloat16, cpu) is None  # rows != mask rows
+    floor = attention.attention_floor(torch.bfloat16)
+    for rows in (1, 2, 3, 5):
+        mask = (torch.arange(128)[None, :] <= (torch.arange(rows) + 100)[:, None])[None, None]  # [1, 1, T, 128]
+        got = attention.decode_attention(rows, 9, 3, mask, torch.bfloat16, cpu)
+        assert got is not None, rows
+        if attention.grouped_rows_exact():
+            padded = rows if 3 * rows >= floor else -(-floor // 3)
+            assert got.grouped and got.rows == padded
+            assert got.mask is attention._group_mask(mask, 3, padded, torch.bfloat16)  # the same memo entry
+            assert got.mask.shape == (1, 1, 3 * padded, 128) and got.mask.dtype == torch.bfloat16
+        else:
+            assert not got.grouped and got.rows == max(rows, floor)
+            assert got.mask.shape == (1, 1, max(rows, floor), 128)
+    mask = (torch.arange(128)[None, :] <= (torch.arange(3) + 100)[:, None])[None, None]  # [1, 1, 3, 128]
+    assert attention.decode_attention(3, 9, 3, mask, torch.float32, cpu) is None  # not bf16
+    assert attention.decode_attention(3, 3, 3, mask, torch.bfloat16, cpu) is None  # no groups
+    assert attention.decode_attention(3, 9, 3, None, torch.bfloat16, cpu) is None
+    assert attention.decode_attention(2, 9, 3, mask, torch.bfloat16, cpu) is None  # rows != mask rows
     big = (torch.arange(128)[None, :] <= torch.arange(40)[:, None])[None, None]
-    assert attention.grouped_rows_mask(40, 9, 3, big, torch.bfloat16, cpu) is None  # > GROUP_ROWS
+    assert attention.decode_attention(40, 9, 3, big, torch.bfloat16, cpu) is None  # > GROUP_ROWS
+
+
+def test_decode_attention_gives_the_general_calls_bits(cpu_kind):
+    """`DecodeAttention` (run by the direct road and the batched forward) gives every row the bits
+    `gqa_sdpa_forward` gives it, 1..32 rows, under every kind's floors and paths."""
+    from types import SimpleNamespace
+
+    from asymagent.kv import attention
+
+    g = torch.Generator().manual_seed(11)
+    module = SimpleNamespace(num_key_value_groups=3, is_causal=True, training=False)
+    for keys in (128, 704):
+        k = torch.randn(1, 3, keys, 64, generator=g).to(torch.bfloat16)  # [1, Hkv, L, D]
+        v = torch.randn(1, 3, keys, 64, generator=g).to(torch.bfloat16)
+        for rows in (1, 2, 3, 4, 5, 8, 17, 32):
+            q = torch.randn(1, 9, rows, 64, generator=g).to(torch.bfloat16)  # [1, Hq, T, D]
+            mask = (torch.arange(keys)[None, :] <= (torch.arange(rows) + keys - 64)[:, None])[None, None]
+            want, _ = attention.gqa_sdpa_forward(module, q, k, v, mask, scaling=0.125)  # [1, T, Hq, D]
+            call = attention.decode_attention(rows, 9, 3, mask, torch.bfloat16, torch.device("cpu"))
+            got = call(q, k, v, 0.125)
+            assert got.shape == want.shape == (1, rows, 9, 64)
+            assert torch.equal(got, want), (cpu_kind, keys, rows)

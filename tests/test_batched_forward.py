@@ -25,7 +25,7 @@ def _bf16_model(make=make_tiny_llama, **shape):
 
 @needs_packed
 @torch.inference_mode()
-def test_rows_of_several_sequences_score_as_each_alone_tiny():
+def test_rows_of_several_sequences_score_as_each_alone_tiny(cpu_kind):
     model = _bf16_model(hidden=128, heads=4, kv_heads=2, layers=2)
     _compare(model, [70, 5, 130, 33], [[1, 1, 1, 1], [4, 1, 7, 2], [1, 8, 1, 3], [5, 5, 5, 5],
                                        [2, 1, 6, 1], [1, 1, 1, 1]])
@@ -33,7 +33,7 @@ def test_rows_of_several_sequences_score_as_each_alone_tiny():
 
 @needs_packed
 @torch.inference_mode()
-def test_up_to_max_rows_and_groups_of_three():
+def test_up_to_max_rows_and_groups_of_three(cpu_kind):
     """Nine query heads over three key/value heads (the embedded verifier's grouping), ragged
     rows up to MAX_ROWS in all."""
     model = _bf16_model(hidden=144, heads=9, kv_heads=3, layers=2)
@@ -43,7 +43,7 @@ def test_up_to_max_rows_and_groups_of_three():
 
 @needs_packed
 @torch.inference_mode()
-def test_qwen2_qkv_biases_score_as_each_alone():
+def test_qwen2_qkv_biases_score_as_each_alone(cpu_kind):
     """Qwen2 (the reference pair's family): random q/k/v biases added inside the fused kernel;
     its forwards batch (model_batchable) and every row keeps its own forward's bits."""
     from asymagent.kv.batched_forward import model_batchable
@@ -58,7 +58,7 @@ def test_qwen2_qkv_biases_score_as_each_alone():
 @needs_packed
 @pytest.mark.parametrize("make", [make_tiny_llama, make_tiny_qwen2], ids=["llama", "qwen2"])
 @torch.inference_mode()
-def test_floor_linear_down_projections_batch_with_each_rows_bits(monkeypatch, make):
+def test_floor_linear_down_projections_batch_with_each_rows_bits(monkeypatch, make, cpu_kind):
     """Down projections on F.linear (FloorLinear, rows padded to a floor of 2), as the reference
     pair's 1.5B has them on the AMX machine: the model batches (F.linear over every sequence's
     rows at once) and every row keeps its own forward's bits, a one-row decode included."""
@@ -116,7 +116,7 @@ def test_float32_is_not_batchable():
 @pytest.mark.slow
 @needs_packed
 @torch.inference_mode()
-def test_the_embedded_verifier_rows_score_as_each_alone(default_verifier):
+def test_the_embedded_verifier_rows_score_as_each_alone(default_verifier, cpu_kind):
     """The embedded verifier's own shapes (30 layers, 9 heads over 3, vocab 49152), bf16."""
     import copy
 

@@ -75,7 +75,8 @@ def _all_at_once(engine, requests: list) -> list:
 
 
 @needs_packed
-def test_tokens_alone_equal_tokens_in_company():
+@pytest.mark.parametrize("cpu_kind", ["amx", "avx512_bf16", "per_head"], indirect=True)
+def test_tokens_alone_equal_tokens_in_company(cpu_kind):
     models = _models()
     requests = _requests()
     alone_engine = _engine(models, 1)

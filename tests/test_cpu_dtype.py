@@ -105,3 +105,17 @@ def test_int8_runs_and_stays_close_to_float32():
     assert len(out.token_ids) == 8 and engine.runtime["dtype"] == "int8"
     with pytest.raises(ValueError, match="float32"):
         quantize_int8(_bf16(make_model(seed=0)))
+
+
+@pytest.mark.parametrize("cap, unit", [("", "amx_bf16"), ("AVX512_CORE_AMX", "amx_bf16"),
+                                       ("avx512_core_bf16", "avx512_bf16"), ("AVX2", None)])
+def test_a_onednn_isa_cap_leaves_out_the_units_it_forbids(monkeypatch, no_probe_cache, cap, unit):
+    """Under ONEDNN_MAX_CPU_ISA (an emulated CPU kind, `make test-cpu-kinds`) the bf16 unit is the
+    one oneDNN may use: an AMX CPU capped at AVX512_CORE_BF16 is an AVX512-BF16 one, capped at
+    AVX2 it has none (float32 chosen)."""
+    monkeypatch.delenv("ASYMAGENT_CPU_BF16", raising=False)
+    monkeypatch.delenv("DNNL_MAX_CPU_ISA", raising=False)
+    monkeypatch.setenv("ONEDNN_MAX_CPU_ISA", cap)
+    monkeypatch.setattr(cpu_dtype, "cpu_flags", lambda path=cpu_dtype.CPUINFO: {"avx2", "avx512f", "avx512_bf16", "amx_bf16"})
+    assert cpu_dtype.cpu_bf16_support() == unit
+    assert cpu_dtype.auto_dtype("cpu") == (torch.float32 if unit is None else torch.bfloat16)

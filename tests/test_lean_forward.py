@@ -204,7 +204,7 @@ def test_a_hooked_model_runs_through_transformers():
 @needs_packed
 @FAMILIES
 @pytest.mark.parametrize("down", ["packed", "floor"])
-def test_direct_road_same_bits_and_cache_as_the_general_loop(monkeypatch, family, down):
+def test_direct_road_same_bits_and_cache_as_the_general_loop(monkeypatch, family, down, cpu_kind):
     """bf16, packed, grouped rows: decode and verify forwards take the direct road (each layer one
     function, its checks made once per forward) and give the general loop's logits and cached keys
     and values bit for bit, through cache growth (a layer without room takes the general loop).
@@ -242,7 +242,7 @@ def test_direct_road_same_bits_and_cache_as_the_general_loop(monkeypatch, family
 
 
 @needs_packed
-def test_direct_road_pads_packed_downs_beside_floor_linear_ones(monkeypatch):
+def test_direct_road_pads_packed_downs_beside_floor_linear_ones(monkeypatch, cpu_kind):
     """Layer 0's down projection a FloorLinear, layer 1's packed with a row floor of 2 (as on a
     CPU where one row alone differs): a one-row forward on the direct road must still give the
     packed down 2 rows (it checks every packed layer's floor, not layer 0's kinds only), and

@@ -80,3 +80,25 @@ def test_recorded_linear_floor_is_the_probed_one(cache):
     if recorded is None:  # this process had probed the shape before the fixture's cache dir
         pytest.skip("the floor was in the in-process cache already")
     assert recorded == fresh
+
+
+def test_an_isa_cap_is_another_machine(monkeypatch):
+    """An emulated CPU kind (ONEDNN_MAX_CPU_ISA / ATEN_CPU_CAPABILITY set, `make test-cpu-kinds`)
+    gets its own key: it never reads nor overwrites the real kernels' answers; unset, the key is
+    the one recorded before the caps were part of it."""
+    for name in probe_cache.ISA_CAPS:
+        monkeypatch.delenv(name, raising=False)
+    probe_cache.machine_key.cache_clear()
+    plain = probe_cache.machine_key()
+    keys = {plain}
+    for name, value in (("ONEDNN_MAX_CPU_ISA", "AVX512_CORE_BF16"), ("ONEDNN_MAX_CPU_ISA", "AVX2"),
+                        ("ATEN_CPU_CAPABILITY", "avx2")):
+        monkeypatch.setenv(name, value)
+        probe_cache.machine_key.cache_clear()
+        keys.add(probe_cache.machine_key())
+        monkeypatch.delenv(name)
+    probe_cache.machine_key.cache_clear()
+    again = probe_cache.machine_key()
+    monkeypatch.undo()  # this session's own caps back, and its key with them
+    probe_cache.machine_key.cache_clear()
+    assert len(keys) == 4 and again == plain

@@ -36,7 +36,7 @@ def test_floors_are_candidates_and_amx_needs_no_more_than_measured():
 
 
 @pytest.mark.parametrize("grouped", [False, True])
-def test_attention_position_scores_alike_in_decode_and_verify(monkeypatch, grouped):
+def test_attention_position_scores_alike_in_decode_and_verify(monkeypatch, grouped, cpu_kind):
     """bf16, a causal mask over an aligned key count: each row of a T-row call (T = 1..32)
     equals the same row computed alone, on the per-head and the grouped-rows path."""
     module = SimpleNamespace(num_key_value_groups=3, is_causal=True, training=False)

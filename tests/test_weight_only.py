@@ -80,8 +80,10 @@ def test_quantize_swaps_decoder_linears_and_the_head_only(kind, family):
 @KIND_PARAMS
 @FAMILY_PARAMS
 @DTYPE_PARAMS
-def test_a_row_gets_the_same_bits_alone_and_among_others(kind, family, dtype):
-    """Each layer: rows of a 1..32-row call equal the same rows computed alone (decode vs verify)."""
+@pytest.mark.parametrize("cpu_kind", ["amx", "att8_lin4"], indirect=True)
+def test_a_row_gets_the_same_bits_alone_and_among_others(kind, family, dtype, cpu_kind):
+    """Each layer: rows of a 1..32-row call equal the same rows computed alone (decode vs verify);
+    also with the low-bit kernels' floors forced to 4 (conftest `cpu_kind`: another CPU's)."""
     model = _model(family, dtype=dtype)
     quantize_weights(model, kind)
     g = torch.Generator().manual_seed(3)

@@ -18,6 +18,9 @@ token, 0.79 -> 0.43 ms for five. Whether the two give the same bits is the CPU k
 property (an AMD EPYC with AVX512-BF16 and no AMX gave other bits until both paths padded their
 rows to the kernel's row floor, `attention_floor`), so `grouped_rows_exact()` checks it once per
 thread count on the machine itself and the grouped path is taken only where it holds.
+`decode_attention` makes this choice once per forward for the callers that run the call
+themselves (the lean forward's direct road, the batched forward): grouped or per head, the rows
+padded to the floor either way, so a floor above a forward's rows never sends it elsewhere.
 
 Masks are handed to SDPA in the additive form it would make of them (0 / -inf), built once per
 forward and shared by every layer (`_memo`): the grouped rows' repeated mask, and the per-head
@@ -43,6 +46,7 @@ import contextlib
 import functools
 import inspect
 import threading
+from dataclasses import dataclass
 
 import torch
 
@@ -233,18 +237,63 @@ def _groups_rows(rows: int, heads: int, kv_heads: int, groups: int, attention_ma
             and heads == kv_heads * groups and grouped_rows_exact())
 
 
-def grouped_rows_mask(rows: int, heads: int, kv_heads: int, attention_mask: torch.Tensor | None,
-                      dtype: torch.dtype, device: torch.device) -> torch.Tensor | None:
-    """The additive mask [1, 1, G*rows, L] with which `gqa_sdpa_forward` would run a forward of
-    `rows` query rows over `heads` query and `kv_heads` key/value heads as grouped rows without
-    padding them (`_grouped_rows`); None where it would take another branch or pad. For a caller
-    that runs the grouped call itself, the decision made once per forward (asymagent/kv/lean_forward.py)."""
+def group_rows(rows: int, groups: int, floor: int) -> int:
+    """Query rows per head `_grouped_rows` gives the kernel: `rows`, or, where the grouped call
+    (`groups` x `rows` rows) is under the kernel's row floor, ceil(floor / groups) (the rows
+    repeated, row_floor.py's `pad_rows`)."""
+    return rows if groups * rows >= floor else -(-floor // groups)
+
+
+@dataclass(frozen=True)
+class DecodeAttention:
+    """The attention call `gqa_sdpa_forward` makes for a decode / verify forward, decided once per
+    forward (`decode_attention`) for a caller that runs it itself (asymagent/kv/lean_forward.py's
+    direct road, asymagent/kv/batched_forward.py): grouped rows or per head, with the query rows
+    repeated up to `rows` (the kernel's row floor) and sliced back, so a row gets exactly the bits
+    the general path gives it, whatever this CPU's floor."""
+
+    mask: torch.Tensor  # additive: [1, 1, G*R, L] grouped, [1, 1, R, L] per head
+    rows: int  # R: query rows per head handed to the kernel (>= the forward's rows)
+    grouped: bool  # `_grouped_rows`' call; else the per-head call (enable_gqa)
+
+    def __call__(self, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
+                 scaling: float | None) -> torch.Tensor:
+        """query [1, Hq, T, D] over key/value [1, Hkv, L, D] -> [1, T, Hq, D] (contiguous)."""
+        b, hq, q_len, d = query.shape
+        query = pad_rows(query, self.rows, 2)  # [1, Hq, R, D]
+        if self.grouped:  # head h*G+g, row t -> head h, row g*R+t (as `_grouped_rows`)
+            grouped = query.reshape(b, key.shape[1], (hq // key.shape[1]) * self.rows, d)
+            out = torch.nn.functional.scaled_dot_product_attention(
+                grouped, key, value, attn_mask=self.mask, scale=scaling).view(b, hq, self.rows, d)
+        else:  # the per-head branch of `gqa_sdpa_forward`
+            out = torch.nn.functional.scaled_dot_product_attention(
+                query, key, value, attn_mask=self.mask, dropout_p=0.0, scale=scaling,
+                enable_gqa=True)  # [1, Hq, R, D]
+        return out[:, :, :q_len].transpose(1, 2).contiguous()  # [1, T, Hq, D]
+
+
+def decode_attention(rows: int, heads: int, kv_heads: int, attention_mask: torch.Tensor | None,
+                     dtype: torch.dtype, device: torch.device) -> DecodeAttention | None:
+    """How `gqa_sdpa_forward` runs (dropout-free) attention of `rows` query rows over `heads` query
+    and `kv_heads` key/value heads under `attention_mask` [1, 1, rows, L] in a bf16 CPU decode or
+    verify forward (at most GROUP_ROWS rows, grouped heads): the grouped rows where this CPU's
+    kernel gives them the per-head bits (`grouped_rows_exact`), else the per-head call; in both,
+    rows under the kernel's row floor are padded up to it (never a reason to go elsewhere). None
+    for a forward it would hand to another branch (no groups, float32, another device or mask)."""
     groups = heads // kv_heads if kv_heads else 0
-    if (not _groups_rows(rows, heads, kv_heads, groups, attention_mask, dtype, device, 1)
-            or attention_mask.dim() != 4 or attention_mask.shape[0] != 1
-            or attention_mask.shape[2] != rows or groups * rows < attention_floor(dtype)):
+    if (groups <= 1 or heads != kv_heads * groups or attention_mask is None or rows > GROUP_ROWS
+            or dtype != torch.bfloat16 or device.type != "cpu" or attention_mask.dim() != 4
+            or attention_mask.shape[0] != 1 or attention_mask.shape[1] != 1
+            or attention_mask.shape[2] != rows):
         return None
-    return _group_mask(attention_mask, groups, rows, dtype)
+    floor = attention_floor(dtype)
+    if _groups_rows(rows, heads, kv_heads, groups, attention_mask, dtype, device, 1):
+        padded = group_rows(rows, groups, floor)
+        return DecodeAttention(_group_mask(attention_mask, groups, padded, dtype), padded, True)
+    # GROUP_ROWS < CAUSAL_ROWS: a forward of this size is never a fresh causal prefill; a bf16
+    # CPU forward under a mask pads to the floor (`_same_rows_as_batched`)
+    padded = max(rows, floor)
+    return DecodeAttention(_flat_mask(attention_mask, padded, dtype), padded, False)
 
 
 _MASKS = threading.local()  # the additive mask of the forward in progress, per thread
@@ -352,10 +401,8 @@ def _grouped_rows(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
     Fewer than the kernel's row floor (row_floor.py) in all: the rows are repeated up to it, as
     on the per-head path."""
     b, hq, q_len, d = query.shape
-    rows, floor = q_len, attention_floor(query.dtype)
-    if groups * q_len < floor:
-        rows = -(-floor // groups)
-        query = pad_rows(query, rows, 2)  # [B, Hq, rows, D]
+    rows = group_rows(q_len, groups, attention_floor(query.dtype))
+    query = pad_rows(query, rows, 2)  # [B, Hq, rows, D] (unchanged when q_len >= rows)
     grouped = query.reshape(b, hq // groups, groups * rows, d)  # head h*G+g, row t -> head h, row g*rows+t
     mask = _group_mask(attention_mask, groups, rows, query.dtype)  # [1, 1, G*rows, L]
     out = torch.nn.functional.scaled_dot_product_attention(grouped, key, value, attn_mask=mask,

@@ -15,8 +15,11 @@ in a 1-row decode and a K+1-row verify):
 - the packed linear kernel gives a row the same bits in any call of 1..`MAX_ROWS` rows (padded to
   this CPU's row floor, asymagent/modeling/row_floor.py), so the rows of several sequences are
   one call of at most MAX_ROWS rows (32): `forward_many` refuses more (the scheduler splits);
-- attention runs per sequence exactly as its own forward runs it (the grouped rows, the same
-  additive mask over the same aligned read of the same cache buffers);
+- attention runs per sequence exactly as its own forward runs it (`attention.decode_attention`:
+  the grouped rows, or per head where this CPU's grouped rows differ, its rows padded to the
+  attention floor as its own forward pads them, the same additive mask over the same aligned read
+  of the same cache buffers), so a one-token decode joins a batch on a CPU whose attention floor
+  is above its rows too (issue 53: an AMD EPYC's 4);
 - everything else is per row or per element (embedding, RMSNorm over a row, rotary products,
   SiLU, residual adds).
 `tests/test_batched_forward.py` checks it bit for bit against each sequence's own forward.
@@ -40,7 +43,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from asymagent.kv.attention import gqa_sdpa_forward, grouped_rows_mask
+from asymagent.kv.attention import DecodeAttention, decode_attention, gqa_sdpa_forward
 from asymagent.kv.growing_cache import GrowingLayer
 from asymagent.kv.lean_forward import FAMILIES, LeanForward, lean_of, rms_norm, rope
 from asymagent.modeling import packed_linear
@@ -119,31 +122,32 @@ def batchable(call: SeqCall, model_ok: bool | None = None) -> bool:
             return False
         if layer.room_for(rows, torch.bfloat16, lean.kv_heads, lean.head_dim) is None:
             return False
-    return _seq_mask(call) is not None
+    return _seq_attention(call) is not None
 
 
-def _seq_mask(call: SeqCall) -> torch.Tensor | None:
-    """The grouped additive mask [1, 1, G*T, L] this sequence's own forward would use (lean
-    forward's `_mask` on an aligned GrowingLayer, then `grouped_rows_mask`), or None."""
+def _seq_attention(call: SeqCall) -> DecodeAttention | None:
+    """The attention call this sequence's own forward would make (lean forward's `_mask` on an
+    aligned GrowingLayer, then `decode_attention`: grouped rows or per head, its rows padded to
+    this CPU's attention floor), or None."""
     lean, rows = call.lean, call.rows
     first = call.cache.layers[0]
     past = first.get_seq_length()
     keys = first.attended(past + rows)
     positions = torch.arange(rows) + past  # [T]
     mask = (torch.arange(keys)[None, :] <= positions[:, None])[None, None]  # [1, 1, T, L] bool
-    return grouped_rows_mask(rows, lean.heads, lean.kv_heads, mask, torch.bfloat16,
-                             torch.device("cpu"))
+    return decode_attention(rows, lean.heads, lean.kv_heads, mask, torch.bfloat16,
+                            torch.device("cpu"))
 
 
 @dataclass
 class _Seq:
     """Per sequence, for every layer of one batched forward: its rows [lo, hi) of the forward,
-    its mask, its layer caches, the cached positions before the forward (`start`, the same in
+    its attention call (mask, padded rows), its layer caches, the cached positions before the forward (`start`, the same in
     every layer) and the aligned length attention reads (`read`)."""
 
     lo: int
     hi: int
-    mask: torch.Tensor  # [1, 1, G*T, L] additive
+    attention: DecodeAttention  # its own forward's call (asymagent/kv/attention.py)
     layers: list  # its GrowingLayer per decoder layer
     start: int
     read: int
@@ -184,7 +188,7 @@ def forward_many(calls: list) -> list:
         cs, sn = body.rotary_emb(x[:, lo:lo + c.rows], position_ids=positions)  # [1, T, D] each
         cos.append(cs)
         sin.append(torch.cat((-sn[..., :half], sn[..., half:]), dim=-1))  # rotate_half's sign
-        seqs.append(_Seq(lo=lo, hi=lo + c.rows, mask=_seq_mask(c), layers=layers, start=past,
+        seqs.append(_Seq(lo=lo, hi=lo + c.rows, attention=_seq_attention(c), layers=layers, start=past,
                          read=layers[0].attended(past + c.rows)))
         lo += c.rows
     cos_all = torch.cat(cos, dim=1).unsqueeze(1)  # [1, 1, R, D]
@@ -216,10 +220,7 @@ def _layer(lean: LeanForward, lay, i: int, x: torch.Tensor, seqs: list, cos: tor
     outs = []
     for s, q, (k_buf, v_buf), n in zip(seqs, queries, buffers, sizes):
         s.layers[i].advance(n)
-        grouped = q.reshape(1, hkv, (hq // hkv) * n, d)  # [1, Hkv, G*T, D]
-        out = F.scaled_dot_product_attention(grouped, k_buf[:, :, :s.read], v_buf[:, :, :s.read],
-                                             attn_mask=s.mask, scale=lay.attn.scaling)
-        outs.append(out.view(1, hq, n, d).transpose(1, 2))  # [1, T, Hq, D]
+        outs.append(s.attention(q, k_buf[:, :, :s.read], v_buf[:, :, :s.read], lay.attn.scaling))  # [1, T, Hq, D]
     attn = torch.cat(outs, dim=1).reshape(1, rows, hq * d)  # [1, R, Hq*D], contiguous
     x = x + _rows_linear(lay.o, attn)
     h = rms_norm(x, lay.norm2.weight, lay.norm2.variance_epsilon)

@@ -26,17 +26,19 @@ Bit-identical to the transformers forward, by construction and by check:
 
 Decode and verify forwards take a shorter road still (`_Direct`, `_direct_layer`): when a
 forward is one the engine's CPU path would run through the fused packed kernels (o / down
-packed, or a `FloorLinear` run through its own forward: the reference pair's 1.5B), grouped
-attention rows (asymagent/kv/attention.py) and a GrowingCache with room, with no row padding
-needed (the linear and attention row floors already met), every per-call decision those
-functions make (row floors, the attention interface's branches, the additive grouped mask, the
-cache's room check) is made once per forward and each layer runs as one function of tensor ops:
+packed, or a `FloorLinear` run through its own forward: the reference pair's 1.5B), our GQA
+attention (grouped rows, or per head where this CPU's grouped rows differ:
+`attention.decode_attention`) and a GrowingCache with room, every per-call decision those
+functions make (row floors, the attention interface's branches, the additive mask, the cache's
+room check) is made once per forward and each layer runs as one function of tensor ops:
 the same ops in the same order on the same tensors, so the same bits (the attach check runs it:
 its 1- and 4-token forwards take this road; tests/test_lean_forward.py compares it with the
 general loop). Measured: 2.4-3.2 ms less per decode or verify forward (5-8%; docs/results.md,
-"The Python out of decoding"). Anything else (a first forward on an
-empty cache, a layer whose cache must grow, padding rows, ASYMAGENT_ROW_FLOORS toggled, other
-attention) takes the general loop, layer by layer.
+"The Python out of decoding"). Rows under a kernel's row floor (asymagent/modeling/row_floor.py:
+attention 2 on AMX, 4 on an AMD EPYC without AMX; a linear's 1 or 2) are padded on the road
+exactly as the general loop pads them (issue 53: before, such a forward left the road, so on that
+AMD no decode took it). Anything else (a first forward on an empty cache, a layer whose cache must
+grow, other attention) takes the general loop, layer by layer.
 
 Scope: `LlamaForCausalLM` bodies (the embedded verifier, the drafter) and `Qwen2ForCausalLM` ones
 (the reference pair: q|k|v biases added inside the fused kernel; `FAMILIES`), with a SiLU
@@ -61,7 +63,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from asymagent.kv.attention import gqa_sdpa_forward, grouped_rows_mask
+from asymagent.kv.attention import DecodeAttention, decode_attention, gqa_sdpa_forward
 from asymagent.kv.growing_cache import GrowingLayer
 from asymagent.modeling import packed_linear
 from asymagent.modeling.packed_linear import FloorLinear, PackedLinear
@@ -217,11 +219,14 @@ def general_loop():
 @dataclass
 class _Direct:
     """What every layer of one forward shares on the direct road (see the module doc): rotary
-    tables [1, 1, T, D], the grouped additive mask [1, 1, G*T, L], the head counts."""
+    tables [1, 1, T, D], the attention call (its additive mask and padded rows), the head counts,
+    the row floors of the packed kernels (q|k|v, gate|up, o, down: rows under one are padded to
+    it, as `packed_rows_forward` pads them)."""
 
     cos: torch.Tensor
     sin_signed: torch.Tensor
-    mask: torch.Tensor
+    attention: DecodeAttention
+    floors: dict  # "qkv" / "gu" / "o" / "down" -> row floor of that packed kernel
     hq: int
     hkv: int
     d: int
@@ -232,39 +237,37 @@ class _Direct:
 ROW_PROJECTIONS = (PackedLinear, FloorLinear)  # o / down kinds the direct road runs
 
 
-def _proj(module: torch.nn.Linear, packed: torch.Tensor | None, x: torch.Tensor) -> torch.Tensor:
-    """o / down on the direct road: the packed kernel as it is (`packed`; the rows need no
-    padding, checked once per forward) or, `packed` None, the layer's own forward: a FloorLinear
-    (a layer `pack_linears` left on F.linear) pads its rows to F.linear's floor itself, exactly as
-    the general loop's `lay.down.forward` call does."""
+def _proj(module: torch.nn.Linear, packed: torch.Tensor | None, x: torch.Tensor, floor: int) -> torch.Tensor:
+    """o / down on the direct road: the packed kernel (`packed`), its rows padded to its `floor`
+    (looked up once per forward) as `PackedLinear.forward` pads them, or, `packed` None, the
+    layer's own forward: a FloorLinear (a layer `pack_linears` left on F.linear) pads its rows to
+    F.linear's floor itself, exactly as the general loop's `lay.down.forward` call does."""
     if packed is None:
         return module.forward(x)
-    return packed_linear.packed_forward(x, packed)
+    return packed_linear.padded_forward(x, packed, None, floor)
 
 
 def _direct_layer(lay: _Layer, x: torch.Tensor, o_packed: torch.Tensor | None, down_packed: torch.Tensor | None,
                   k_buf: torch.Tensor, v_buf: torch.Tensor, start: int, read: int, f: _Direct) -> torch.Tensor:
     """One decoder layer of a decode / verify forward, x [1, T, H] -> [1, T, H]: the general loop's
-    fused branch with `cache.update`, `gqa_sdpa_forward` -> `_grouped_rows` and `PackedLinear.forward`
-    written out (their checks made once per forward by `LeanForward._direct`). The new keys and
-    values go to positions [start, start + T) of the cache's buffers [1, Hkv, capacity, D];
-    attention reads `read` positions."""
+    fused branch with `cache.update`, `gqa_sdpa_forward` (grouped rows or per head, rows padded
+    to the attention floor: `f.attention`) and `PackedLinear.forward` (rows padded to each
+    kernel's floor) written out (their checks made once per forward by `LeanForward._direct`).
+    The new keys and values go to positions [start, start + T) of the cache's buffers
+    [1, Hkv, capacity, D]; attention reads `read` positions."""
     rows, hq, hkv, d = x.shape[1], f.hq, f.hkv, f.d
     h = rms_norm(x, lay.norm1.weight, lay.norm1.variance_epsilon)  # [1, T, H]
-    qkv = packed_linear.packed_forward(h, lay.qkv_packed, lay.qkv_bias)  # [1, T, (Hq+2Hkv)*D]
+    qkv = packed_linear.padded_forward(h, lay.qkv_packed, lay.qkv_bias, f.floors["qkv"])  # [1, T, (Hq+2Hkv)*D]
     qkv = qkv.view(1, rows, hq + 2 * hkv, d).transpose(1, 2)  # [1, Hq+2Hkv, T, D]
     qk = rope(qkv[:, : hq + hkv], f.cos, f.sin_signed)  # [1, Hq+Hkv, T, D]
     k_buf[:, :, start:start + rows].copy_(qk[:, hq:])
     v_buf[:, :, start:start + rows].copy_(qkv[:, hq + hkv:])
-    grouped = qk[:, :hq].reshape(1, hkv, (hq // hkv) * rows, d)  # [1, Hkv, G*T, D]
-    out = F.scaled_dot_product_attention(grouped, k_buf[:, :, :read], v_buf[:, :, :read],
-                                         attn_mask=f.mask, scale=lay.attn.scaling)  # [1, Hkv, G*T, D]
-    out = out.view(1, hq, rows, d)[:, :, :rows].transpose(1, 2).contiguous()  # [1, T, Hq, D]
-    x = x + _proj(lay.o, o_packed, out.reshape(1, rows, -1).contiguous())
+    out = f.attention(qk[:, :hq], k_buf[:, :, :read], v_buf[:, :, :read], lay.attn.scaling)  # [1, T, Hq, D]
+    x = x + _proj(lay.o, o_packed, out.reshape(1, rows, -1).contiguous(), f.floors["o"])
     h = rms_norm(x, lay.norm2.weight, lay.norm2.variance_epsilon)
-    gu = packed_linear.packed_forward(h, lay.gu_packed)  # [1, T, 2*I]
+    gu = packed_linear.padded_forward(h, lay.gu_packed, None, f.floors["gu"])  # [1, T, 2*I]
     act = F.silu(gu[..., : f.inter]) * gu[..., f.inter:]  # [1, T, I]
-    return x + _proj(lay.down, down_packed, act)
+    return x + _proj(lay.down, down_packed, act, f.floors["down"])
 
 
 def _packed_of(module: torch.nn.Linear) -> torch.Tensor | None:
@@ -368,8 +371,9 @@ class LeanForward:
                 mask, x: torch.Tensor) -> _Direct | None:
         """The direct road's shared inputs for this forward (module doc), or None: the forward
         is one the general loop would run through the fused packed kernels, `gqa_sdpa_forward`'s
-        grouped rows and plain packed calls for o and down (or, for a FloorLinear o / down, its
-        own forward), none of the packed calls padding its rows."""
+        decode attention (`decode_attention`: grouped rows or per head) and packed calls for o and
+        down (or, for a FloorLinear o / down, its own forward). Rows under a kernel's row floor
+        are padded to it on the road, as the general loop pads them (never a reason to leave)."""
         rows = x.shape[1]
         if (not packed or attention is not gqa_sdpa_forward or x.shape[0] != 1 or torch.is_grad_enabled()
                 or getattr(_ROAD, "general", False)):
@@ -379,19 +383,18 @@ class LeanForward:
             return None
         lay.current()
         hq, hkv, d = self.heads, self.kv_heads, self.head_dim
-        kernels = [(lay.qkv_packed, x.shape[-1]), (lay.gu_packed, x.shape[-1])]
+        floors = {"qkv": packed_linear.packed_floor(lay.qkv_packed, x.shape[-1], x.dtype),
+                  "gu": packed_linear.packed_floor(lay.gu_packed, x.shape[-1], x.dtype)}
         for role, n_in in (("o", hq * d), ("down", self.intermediate)):
-            # the packed layers of this role (any layer's: some may be FloorLinear, which pads
-            # itself) must need no padding; every layer's weight has the same shape
+            # the floor of this role's packed layers (any layer's: some may be FloorLinear, which
+            # pads itself; every layer's weight has the same shape)
             m = next((getattr(la, role) for la in self.layers if type(getattr(la, role)) is PackedLinear), None)
-            if m is not None:
-                kernels.append((m.current_packed(), n_in))
-        unpadded = all(packed_linear.needs_no_padding(rows, p, n_in, x.dtype) for p, n_in in kernels)
-        grouped = grouped_rows_mask(rows, hq, hkv, mask, x.dtype, x.device) if unpadded else None
-        if grouped is None:
+            floors[role] = 1 if m is None else packed_linear.packed_floor(m.current_packed(), n_in, x.dtype)
+        attention_call = decode_attention(rows, hq, hkv, mask, x.dtype, x.device)
+        if attention_call is None:
             return None
-        return _Direct(cos=cos, sin_signed=sin_signed, mask=grouped, hq=hq, hkv=hkv, d=d,
-                       inter=self.intermediate)
+        return _Direct(cos=cos, sin_signed=sin_signed, attention=attention_call, floors=floors,
+                       hq=hq, hkv=hkv, d=d, inter=self.intermediate)
 
     def _direct_step(self, i: int, lay: _Layer, x: torch.Tensor, cache, f: _Direct) -> torch.Tensor | None:
         """Layer `i` on the direct road, or None (the general loop runs it): the kernels must be

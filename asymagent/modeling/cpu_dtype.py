@@ -64,7 +64,8 @@ def bf16_forced_off() -> bool:
 def cpu_bf16_support() -> str | None:
     """The CPU's bf16 matrix unit ("amx_bf16" or "avx512_bf16"), or None; probed once.
 
-    `ASYMAGENT_CPU_BF16=0` forces None (to measure the float32 path on a bf16 machine)."""
+    `ASYMAGENT_CPU_BF16=0` forces None (to measure the float32 path on a bf16 machine); an ISA
+    cap on oneDNN (`onednn_bf16_units`) leaves out the units it forbids."""
     if bf16_forced_off():
         return None
     flags = cpu_flags()
@@ -77,11 +78,29 @@ def cpu_bf16_support() -> str | None:
         except Exception:  # noqa: BLE001 - a probe that fails means "not known to be there"
             return False
 
-    if "amx_bf16" in flags or (not flags and probe("_is_amx_tile_supported")):
+    allowed = onednn_bf16_units()
+    if "amx_bf16" in allowed and ("amx_bf16" in flags or (not flags and probe("_is_amx_tile_supported"))):
         return "amx_bf16"
-    if "avx512_bf16" in flags or (not flags and probe("_is_avx512_bf16_supported")):
+    if "avx512_bf16" in allowed and ("avx512_bf16" in flags or (not flags and probe("_is_avx512_bf16_supported"))):
         return "avx512_bf16"
     return None
+
+
+# oneDNN ISA caps (ONEDNN_MAX_CPU_ISA) whose kernels still use AVX512-BF16 dot products but no AMX
+_BF16_NO_AMX_CAPS = ("AVX512_CORE_BF16", "AVX512_CORE_FP16", "AVX10_1_512")
+
+
+def onednn_bf16_units() -> tuple:
+    """The bf16 units oneDNN may use under its ISA cap (`ONEDNN_MAX_CPU_ISA` / `DNNL_MAX_CPU_ISA`):
+    both where none is set (or ALL, or an AMX cap); AVX512-BF16 only under AVX512_CORE_BF16 (an
+    AMX CPU emulating one without it, `make test-cpu-kinds`); none under a lower cap (AVX2: the
+    matmuls would emulate bf16, so float32 is chosen, as on an AVX2-only CPU)."""
+    cap = (os.environ.get("ONEDNN_MAX_CPU_ISA") or os.environ.get("DNNL_MAX_CPU_ISA") or "").strip().upper()
+    if not cap or cap == "ALL" or "AMX" in cap:
+        return ("amx_bf16", "avx512_bf16")
+    if cap in _BF16_NO_AMX_CAPS:
+        return ("avx512_bf16",)
+    return ()
 
 
 def auto_dtype(device: str | torch.device | None = None) -> torch.dtype:

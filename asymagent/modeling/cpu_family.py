@@ -47,14 +47,16 @@ def cpu_choice(flags: set | None = None, bf16_unit: str | None = ...) -> dict:
     flags = cpu_flags() if flags is None else flags
     unit = cpu_bf16_support() if bf16_unit is ... else bf16_unit
     family = cpu_family(flags, unit)
+    try:
+        capability = torch.backends.cpu.get_cpu_capability()
+    except Exception:  # noqa: BLE001 - older torch
+        capability = None
+    if family == "avx512" and capability == "AVX2":  # ATEN_CPU_CAPABILITY=avx2 on an AVX-512 CPU:
+        family = "avx2"  # its kernels are AVX2's (an emulated AVX2-only machine)
     forced = bf16_forced_off()
     why = REASONS[family]
     if forced and unit is None and family in ("avx512", "avx2", "baseline") and (
             "amx_bf16" in flags or "avx512_bf16" in flags):
         why = "float32: ASYMAGENT_CPU_BF16=0 turns the bf16 unit off"
-    try:
-        capability = torch.backends.cpu.get_cpu_capability()
-    except Exception:  # noqa: BLE001 - older torch
-        capability = None
     return {"cpu_model": cpu_model(), "family": family, "dtype": why.split(":", 1)[0],
             "why": why, "bf16_unit": unit, "capability": capability, "forced_off": forced}

@@ -109,8 +109,15 @@ def packed_rows_forward(x: torch.Tensor, packed: torch.Tensor,
                         bias: torch.Tensor | None = None) -> torch.Tensor:
     """`packed_forward` with fewer rows than this CPU's linear row floor (asymagent/modeling/row_floor.py)
     repeated up to it: a row then gets the bits it gets inside a multi-row (verify) forward."""
+    return padded_forward(x, packed, bias, linear_floor(x.dtype, _shape(packed, x.shape[-1])))
+
+
+def padded_forward(x: torch.Tensor, packed: torch.Tensor, bias: torch.Tensor | None,
+                   floor: int) -> torch.Tensor:
+    """`packed_forward` of x [..., in] with fewer than `floor` rows repeated up to it (the extra
+    rows' outputs dropped) -> [..., out]: `packed_rows_forward` with the floor looked up once by
+    the caller (`packed_floor`; the lean forward's direct road, once per forward)."""
     rows = x.numel() // x.shape[-1]
-    floor = linear_floor(x.dtype, _shape(packed, x.shape[-1]))
     if rows >= floor:
         return packed_forward(x, packed, bias)
     flat = pad_rows(x.reshape(rows, x.shape[-1]), floor, 0)  # [floor, in]
@@ -118,10 +125,10 @@ def packed_rows_forward(x: torch.Tensor, packed: torch.Tensor,
     return out.reshape(*x.shape[:-1], out.shape[-1])
 
 
-def needs_no_padding(rows: int, packed: torch.Tensor, n_in: int, dtype: torch.dtype) -> bool:
-    """Whether `packed_rows_forward` of `rows` rows (x [..., n_in]) is `packed_forward` as it is
-    (the rows meet this CPU's linear row floor), so a caller may call that directly."""
-    return rows >= linear_floor(dtype, _shape(packed, n_in))
+def packed_floor(packed: torch.Tensor, n_in: int, dtype: torch.dtype) -> int:
+    """The row floor `packed_rows_forward` pads x [..., n_in] through `packed` to (this CPU's
+    linear row floor for its shape): for `padded_forward`."""
+    return linear_floor(dtype, _shape(packed, n_in))
 
 
 LINEAR_CANDIDATES = (1, 2, 4)  # row floors the probe tries, smallest first

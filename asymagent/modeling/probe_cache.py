@@ -7,7 +7,9 @@ random weights of that shape for every candidate floor. On the reference pair's 
 the kernel that runs it: this CPU (model name, flags), torch's build and version, the dtype, the
 shape and the thread count. So the answer is kept in `cache_dir()/probes.json` under a key of all
 of them, and read back on the next start; a different CPU, torch or thread count is a different
-key, so it is probed afresh there. `ASYMAGENT_PROBE_CACHE=0` turns the record off (every probe
+key, so it is probed afresh there; so is the same CPU under an ISA cap (`ONEDNN_MAX_CPU_ISA`,
+`ATEN_CPU_CAPABILITY`: an emulated CPU kind never reads nor writes the real one's answers).
+`ASYMAGENT_PROBE_CACHE=0` turns the record off (every probe
 runs, as before).
 
 Writes are atomic (a temporary file renamed over the old one) and merge with what other processes
@@ -38,10 +40,16 @@ def enabled() -> bool:
     return os.environ.get("ASYMAGENT_PROBE_CACHE", "").strip().lower() not in ("0", "false", "off", "no")
 
 
+# the environment switches that cap the ISA torch's and oneDNN's kernels use (an emulated CPU
+# kind: `make test-cpu-kinds`): the same CPU under a cap runs other kernels, so another key
+ISA_CAPS = ("ATEN_CPU_CAPABILITY", "ONEDNN_MAX_CPU_ISA", "DNNL_MAX_CPU_ISA")
+
+
 @functools.cache
 def machine_key() -> str:
     """A digest of what decides a kernel's bits here: CPU model and flags, torch's version and
-    build configuration, its CPU capability (the vector ISA its kernels dispatch to)."""
+    build configuration, its CPU capability (the vector ISA its kernels dispatch to), and the ISA
+    caps set in the environment (ISA_CAPS; none set: the key is what it was before them)."""
     model = platform.processor() or cpu_model() or ""
     flags = " ".join(sorted(cpu_flags()))
     try:
@@ -49,6 +57,7 @@ def machine_key() -> str:
     except Exception:  # noqa: BLE001 - an older torch: the build config still tells
         capability = ""
     parts = [str(_FORMAT), model, flags, torch.__version__, capability, torch.__config__.show()]
+    parts += [f"{name}={os.environ[name]}" for name in ISA_CAPS if os.environ.get(name)]
     return hashlib.sha256("\n".join(parts).encode()).hexdigest()[:16]
 
 
