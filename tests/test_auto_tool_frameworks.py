@@ -13,8 +13,7 @@ import importlib.util
 
 import pytest
 from scripted_model import scripted
-from test_auto_tool_calls import ANSWER, QUESTION, SORRY, pair_script, qwen_engine
-from test_server import serving
+from test_auto_tool_calls import ANSWER, QUESTION, SORRY, pair_script, qwen_tok, server  # noqa: F401 (fixtures)
 
 ASK = QUESTION[0]["content"]
 RESULT = "18 C, sunny"
@@ -23,27 +22,6 @@ RESULT = "18 C, sunny"
 def need(module: str) -> None:
     if importlib.util.find_spec(module) is None:
         pytest.skip(f"{module} is not installed")
-
-
-@pytest.fixture(scope="module")
-def url(qwen_tok):
-    from asymagent.integrations.server import create_app
-
-    app = create_app(qwen_engine(qwen_tok), max_queue=8, request_timeout=120,
-                     default_max_tokens=64)
-    with serving(app) as base:
-        yield base
-
-
-@pytest.fixture(scope="module")
-def qwen_tok(smollm_tokenizer):
-    import copy
-
-    from test_server_responses import QWEN25_TEMPLATE
-
-    tok = copy.deepcopy(smollm_tokenizer)
-    tok.chat_template = QWEN25_TEMPLATE
-    return tok
 
 
 def make_tools(calls: list, two: bool, raises: bool) -> list:
@@ -155,18 +133,18 @@ FRAMEWORKS = {
 
 @pytest.mark.parametrize("two", [False, True], ids=["one-tool", "two-tools"])
 @pytest.mark.parametrize("framework", list(FRAMEWORKS))
-def test_default_agent_calls_once_and_answers(url, qwen_tok, monkeypatch, framework, two):
+def test_default_agent_calls_once_and_answers(server, qwen_tok, monkeypatch, framework, two):
     scripted(monkeypatch, qwen_tok, pair_script)
     calls: list = []
-    answers = FRAMEWORKS[framework](url, make_tools(calls, two, raises=False))
+    answers = FRAMEWORKS[framework](server, make_tools(calls, two, raises=False))
     assert calls == ["Paris", "Paris"], calls  # once per user turn, {"city": "Paris"}
     assert answers == [ANSWER, ANSWER]
 
 
 @pytest.mark.parametrize("framework", ["openai-agents/responses", "openai-agents/chat"])
-def test_a_tool_that_raises_gets_an_answer(url, qwen_tok, monkeypatch, framework):
+def test_a_tool_that_raises_gets_an_answer(server, qwen_tok, monkeypatch, framework):
     """openai-agents sends the tool's error back as its output (its default failure function)."""
     scripted(monkeypatch, qwen_tok, pair_script)
     calls: list = []
-    answers = FRAMEWORKS[framework](url, make_tools(calls, False, raises=True))
+    answers = FRAMEWORKS[framework](server, make_tools(calls, False, raises=True))
     assert calls == ["Paris", "Paris"] and answers == [SORRY, SORRY]

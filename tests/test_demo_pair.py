@@ -2,18 +2,10 @@
 
 from __future__ import annotations
 
-import pytest
 
-from asymagent.modeling.pairs import PairNotInstalledError, check_pair
+from conftest import pair_marks
 
-try:
-    check_pair("qwen2.5-coder")
-    MISSING = None
-except PairNotInstalledError as exc:
-    MISSING = str(exc)
-
-pytestmark = [pytest.mark.pair, pytest.mark.slow,
-              pytest.mark.skipif(MISSING is not None, reason=f"the pair is not installed: {MISSING}")]
+pytestmark = pair_marks()
 
 
 def test_two_free_running_turns_of_the_pairs_episode_in_both_modes():

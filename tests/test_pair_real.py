@@ -5,16 +5,9 @@ test_lean_forward.py, test_static_kv.py and test_pairs.py."""
 
 import pytest
 
-from asymagent.modeling.pairs import PairNotInstalledError, check_pair
+from conftest import pair_marks
 
-try:
-    check_pair("qwen2.5-coder")
-    MISSING = None
-except PairNotInstalledError as exc:
-    MISSING = str(exc)
-
-pytestmark = [pytest.mark.pair, pytest.mark.slow,
-              pytest.mark.skipif(MISSING is not None, reason=f"the pair is not installed: {MISSING}")]
+pytestmark = pair_marks()
 
 TOOLS = [{"type": "function", "function": {
     "name": "get_order", "description": "Look up an order by its id",
