@@ -30,7 +30,7 @@ def _legacy_ok(conv_workload: str, expected: str, env, text: str) -> bool:
     if conv_workload.startswith("domain:"):
         want = [w for w in re.findall(r"[\w.:/-]+", expected) if any(c.isdigit() for c in w)]
         return bool(want) and all(w.strip(".") in (text or "") for w in want)
-    return bool(text) and env._answer_ok(text)
+    return bool(text) and env.key_fact_ok(text)
 
 
 def _stored_output(text: str) -> tuple:

@@ -229,6 +229,11 @@ class Environment(ABC):
         return (bool(final_answer) and self._answer_ok(final_answer)
                 and carries_values(final_answer, self.answer_values()))
 
+    def key_fact_ok(self, final_answer: str) -> bool:
+        """The suite's own key-fact rule alone (before issue 52 the whole final-answer rule;
+        evals/probes/regrade.py reproduces stored verdicts with it)."""
+        return self._answer_ok(final_answer)
+
     def answer_values(self) -> list:
         """The values of the oracle's final answer: its words with digits, and the words it takes
         from the tool outputs of the oracle's own episode (a fresh copy of this seed's world is
