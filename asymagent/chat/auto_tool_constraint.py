@@ -29,7 +29,9 @@ from asymagent.chat.tool_constraint import selected_tools
 HERMES_OPEN, HERMES_CLOSE = "<tool_call>\n", "\n</tool_call>"
 BARE_TRIGGER = '{"name"'
 DOUBLED = ('{{"', '{{ "')  # a call doubled in braces (Qwen2.5's template shows calls so)
-HERMES_EXCLUDES = ("<tools>", "</tools>", "<tool_response>", "</tool_response>", "</tool_call>",
+# prefixes, not whole tags: on the reference pair the 1.5B, kept from `<tools>`, wrote `<tools/>`
+# over and over (2026-12-07, `serve --pair`): any `<tools...` / `<tool_response...` is refused
+HERMES_EXCLUDES = ("<tools", "</tools", "<tool_response", "</tool_response", "</tool_call>",
                    *DOUBLED)
 
 
