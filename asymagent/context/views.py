@@ -303,26 +303,15 @@ class ContextViews:
         logprobs = list(logprob_fn(full_ids))
         if len(logprobs) != len(full_ids):
             raise ValueError(f"logprob_fn returned {len(logprobs)} log-probs for {len(full_ids)} tokens")
-        tok = self.chat_format.tokenizer
         position = {id(x): k for k, x in enumerate(self.entries)}
         for e in todo:
-            run = self._run_before(position[id(e)], compressed=False)
-            span = self.chat_format.content_span(e.full.text, e.role, e.original, run)
-            if span is None:
+            spans = self._token_spans(e, position[id(e)])  # [] for a slow tokenizer: no pruning
+            if not spans:
                 continue
-            try:
-                enc = tok(e.full.text, add_special_tokens=False, return_offsets_mapping=True)
-            except (NotImplementedError, ValueError, TypeError):
-                return  # a slow tokenizer has no offsets: no pruning (documented fallback)
-            if list(enc["input_ids"]) != list(e.full.ids):
-                continue  # offsets would not line up with the segment's tokens
-            content = [j for j, (s, t) in enumerate(enc["offset_mapping"])
-                       if s >= span[0] and t <= span[1] and t > s]
             base = offsets[id(e)]
-            pieces = [e.full.text[enc["offset_mapping"][j][0]:enc["offset_mapping"][j][1]]
-                      for j in content]
-            kept = set(comp.select(pieces, [logprobs[base + j] for j in content]))
-            drop = {j for k, j in enumerate(content) if k not in kept}
+            pieces = [e.original[s:t] for _, s, t in spans]
+            kept = set(comp.select(pieces, [logprobs[base + j] for j, _, _ in spans]))
+            drop = {j for k, (j, _, _) in enumerate(spans) if k not in kept}
             e.pruned = [t for j, t in enumerate(e.full.ids) if j not in drop]
 
     def _token_spans(self, e: _Entry, index: int) -> list:
