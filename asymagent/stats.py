@@ -45,6 +45,8 @@ class StepStats:
     cached_tokens: int = 0  # verifier view tokens reused from its KV cache (not prefilled)
     recalls: int = 0  # removed text brought back into the verifier's view (CompressionConfig.max_recalls)
     recall_prefill_tokens: int = 0  # verifier tokens prefilled for recalls (also in verifier_prefill_tokens)
+    recall_votes: int = 0  # the drafter's votes asked at a margin hesitation (CompressionConfig.recall_vote)
+    recall_vetoes: int = 0  # ... of them that kept the step on the compressed view (no escalation)
     finish_reason: str = ""  # "stop" | "length" | "tool_calls" | "cancelled"
 
     def to_dict(self) -> dict:
@@ -62,7 +64,7 @@ class StepStats:
 _SUMMED = (
     "wall_s", "ttft_s", "prefill_s", "decode_s", "new_tokens", "drafted", "accepted",
     "verifier_prefill_tokens", "drafter_prefill_tokens", "verifier_flops", "rounds", "lookup_rounds",
-    "forced_tokens", "rewrites", "recalls", "recall_prefill_tokens",
+    "forced_tokens", "rewrites", "recalls", "recall_prefill_tokens", "recall_votes", "recall_vetoes",
 )
 
 

@@ -209,3 +209,92 @@ def test_margin_watch_reads_the_recorders_top_two(smollm_tokenizer):
     guarded = RecallWatch(injected, [1, 2, 3], [1, 3], evidence="margin")
     guarded.recorder = watch.recorder
     assert not guarded([5, 6], 0)
+
+
+def test_margin_watch_asks_the_drafters_vote_between_emitted_and_runner_up():
+    """With a vote, a hesitation escalates only where the vote's score is above vote_min; the
+    vote is asked with both views' prefixes and (emitted token, the best other of the top two),
+    and every vote asked is kept (position, score)."""
+    from types import SimpleNamespace
+
+    from asymagent.context.recall import RecallWatch
+
+    views = SimpleNamespace(message_spans=lambda: [], original_text=lambda i: "")
+    asked = []
+
+    def vote(full, compressed, a, b):
+        asked.append((list(full), list(compressed), a, b))
+        return 0.4 if len(asked) == 1 else 2.0
+
+    recorder = SimpleNamespace(entries=[SimpleNamespace(top=[(5, -0.6), (7, -0.9)]),
+                                        SimpleNamespace(top=[(8, -0.6), (6, -0.7)])])
+    watch = RecallWatch(views, [1, 2, 3], [1, 3], evidence="margin", margin=0.5, vote=vote, vote_min=1.0)
+    watch.recorder = recorder
+    assert watch([5, 6], 0) and watch.position == 1 and watch.escalate
+    # position 0: vetoed (0.4 <= 1.0); position 1: the emitted 6 is the runner-up, so b is 8
+    assert asked == [([1, 2, 3], [1, 3], 5, 7), ([1, 2, 3, 5], [1, 3, 5], 6, 8)]
+    assert watch.votes == [(0, 0.4), (1, 2.0)]
+    never = RecallWatch(views, [1, 2, 3], [1, 3], evidence="margin", margin=0.5,
+                        vote=lambda *a: -1.0, vote_min=0.0)
+    never.recorder = recorder
+    assert not never([5, 6], 0) and never.position is None and len(never.votes) == 2
+
+
+def _vote_engine(engine, **config):
+    return Engine(verifier=engine.verifier, drafter=engine.drafter, tokenizer=engine.tokenizer,
+                  spec=SpecConfig(k=2), compression=CompressionConfig(
+                      max_recalls=1, recall_evidence="margin", recall_margin=100.0, **config))
+
+
+def test_margin_vote_vetoes_keep_asyms_output_and_assents_give_fulls(engine):
+    """Every position hesitates (margin 100 nats). A vote that can never pass (vote_min 1e9)
+    keeps the step on the compressed view: asym's own output, every vote counted as a veto; one
+    that always passes (vote_min -1e9) escalates at the first token: full's output. The vote's
+    drafter tokens are counted in the step's drafter prefill; same output on a second run."""
+    messages = agent_conversation(1, seed=2)[:4]  # the last output is cut
+    plain = engine.chat(messages, tools=TOOLS, mode="asym", max_new_tokens=8, cache_key="vote-plain")
+    full = engine.chat(messages, tools=TOOLS, mode="full", max_new_tokens=8, cache_key="vote-full")
+    for kind in ("full", "delta"):
+        veto = _vote_engine(engine, recall_vote=kind, recall_vote_min=1e9)
+        r = veto.chat(messages, tools=TOOLS, mode="asym", max_new_tokens=8, cache_key=f"veto-{kind}")
+        assert r.token_ids == plain.token_ids and r.stats.recalls == 0
+        assert r.stats.recall_votes == len(r.token_ids) == r.stats.recall_vetoes
+        assert r.stats.drafter_prefill_tokens > plain.stats.drafter_prefill_tokens
+        again = veto.chat(messages, tools=TOOLS, mode="asym", max_new_tokens=8, cache_key=f"veto2-{kind}")
+        assert again.token_ids == r.token_ids
+        assent = _vote_engine(engine, recall_vote=kind, recall_vote_min=-1e9)
+        a = assent.chat(messages, tools=TOOLS, mode="asym", max_new_tokens=8, cache_key=f"assent-{kind}")
+        assert a.token_ids == full.token_ids and a.stats.recalls == 1
+        assert a.stats.recall_votes == 1 and a.stats.recall_vetoes == 0
+
+
+def test_drafter_vote_scores_are_the_drafters_log_prob_differences(engine):
+    """drafter_vote_fn: "full" is log p_F(b) - log p_F(a) of a fresh drafter forward over the full
+    ids; "delta" subtracts the same on the compressed ids; a later vote on a longer prefix feeds
+    only the tokens its caches lack."""
+    import torch
+
+    from asymagent.chat.session import drafter_vote_fn
+
+    full_ids = list(range(100, 160))
+    compressed_ids = full_ids[:10] + full_ids[40:]
+
+    def fresh(ids):
+        with torch.inference_mode():
+            logits = engine.drafter(input_ids=torch.tensor([ids])).logits[0, -1].float()
+        return torch.log_softmax(logits, dim=-1)
+
+    counter = [0]
+    vote = drafter_vote_fn(engine, "vote-fn", counter, "delta")
+    a, b = 7, 11
+    lf, lc = fresh(full_ids), fresh(compressed_ids)
+    want = float(lf[b] - lf[a]) - float(lc[b] - lc[a])
+    assert vote(full_ids, compressed_ids, a, b) == pytest.approx(want, abs=2e-3)
+    assert counter[0] == len(full_ids) + len(compressed_ids)
+    longer_f, longer_c = full_ids + [5, 6], compressed_ids + [5, 6]
+    vote(longer_f, longer_c, a, b)
+    assert counter[0] == len(full_ids) + len(compressed_ids) + 4  # only the two new tokens of each
+    only_full = drafter_vote_fn(engine, "vote-fn-full", [0], "full")
+    assert only_full(full_ids, compressed_ids, a, b) == pytest.approx(float(lf[b] - lf[a]), abs=2e-3)
+    with pytest.raises(ValueError, match="recall_vote"):
+        drafter_vote_fn(engine, "x", [0], "sometimes")

@@ -81,6 +81,42 @@ def drafter_logprob_fn(engine, cache_key: str, counter: list) -> Callable[[list]
     return logprob_fn
 
 
+def drafter_vote_fn(engine, cache_key: str, counter: list, kind: str) -> Callable[[list, list, int, int], float]:
+    """vote(full_ids, compressed_ids, a, b) -> how far the full history moves the drafter model
+    from token a toward token b at the position after the ids (nats; the margin escalation's vote,
+    asymagent/context/recall.py): kind "full": log p_F(b) - log p_F(a) on the full view; "delta":
+    that minus the same on the compressed view (what the removed text changes). The drafter's
+    caches of both views ("drafter_full", "drafter_compressed") keep their common prefix with the
+    ids: only what they lack is fed, and a later step's prefill reuses it. `counter[0]` is
+    increased by the tokens fed (the step's drafter prefill)."""
+    if engine.drafter is None:
+        raise ValueError("recall_vote needs a drafter model (it reads the full history); this engine "
+                         "has none: set recall_vote='none' or load a drafter")
+    if kind not in ("full", "delta"):
+        raise ValueError(f"recall_vote must be 'none', 'full' or 'delta', got {kind!r}")
+    session = engine.caches.session(cache_key)
+
+    def next_logprobs(role: str, ids: list) -> torch.Tensor:
+        cache = session.get(role)
+        cache.reuse_prefix(ids)
+        fed = ids[len(cache):]  # at least the last token: its output scores the next position
+        counter[0] += len(fed)
+        cache.prefill(fed[:-1], desc=f"vote {role}")
+        hidden = cache.forward_hidden(fed[-1:])  # [1, H]
+        return torch.log_softmax(engine.head.full_logits(hidden)[0].float(), dim=-1)  # [V]
+
+    @torch.inference_mode()
+    def vote(full_ids: list, compressed_ids: list, a: int, b: int) -> float:
+        lp = next_logprobs("drafter_full", full_ids)
+        score = float(lp[b] - lp[a])
+        if kind == "delta":
+            lc = next_logprobs("drafter_compressed", compressed_ids)
+            score -= float(lc[b] - lc[a])
+        return score
+
+    return vote
+
+
 def drafter_attention_fn(engine, cache_key: str, counter: list, *, lookahead: int = 0,
                          pool: str = "mean", drafted: list | None = None) -> Callable[[list], list]:
     """attention_fn(full_ids) -> [len(full_ids)] the attention the drafter's last ATTENTION_ROWS
@@ -263,10 +299,15 @@ def recall_step(engine, turn: ChatTurn, request: GenerationRequest,
         passes[0] += 1
         return decode(compressed_ids, interrupt, full)
 
+    config = views.config
+    vote = None  # the drafter's vote on a margin escalation (CompressionConfig.recall_vote)
+    if config.recall_evidence == "margin" and config.recall_vote != "none":
+        vote = drafter_vote_fn(engine, request.cache_key, turn.drafter_tokens, config.recall_vote)
     return recall_loop(views, turn.full_ids, turn.compressed_ids, again,
-                       evidence=views.config.recall_evidence, min_len=engine.spec.copy_min_len,
-                       scope=views.config.recall_scope, max_tokens=views.config.recall_max_tokens,
-                       margin=views.config.recall_margin, limit=getattr(engine, "max_positions", 0))
+                       evidence=config.recall_evidence, min_len=engine.spec.copy_min_len,
+                       scope=config.recall_scope, max_tokens=config.recall_max_tokens,
+                       margin=config.recall_margin, limit=getattr(engine, "max_positions", 0),
+                       vote=vote, vote_min=config.recall_vote_min)
 
 
 def chat_result(engine, turn: ChatTurn, result: GenerationResult) -> ChatResult:

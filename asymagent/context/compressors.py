@@ -281,6 +281,20 @@ PRESETS: dict = {
                           "max_recalls": 1, "recall_evidence": "margin", "recall_margin": 0.5},
     "query_keep_margin_02": {"compressors": [{"type": "tool_output", "query_keep_tokens": 96}],
                              "max_recalls": 1, "recall_evidence": "margin", "recall_margin": 0.2},
+    # the default view, escalated where the verifier hesitates (margin), and where the drafter that
+    # reads the full history says the removed text matters there (the vote: docs/views.md, "The
+    # drafter's vote")
+    "id_keep_margin": {"compressors": [{"type": "tool_output", "query_keep_tokens": 96, "id_keep_tokens": 64,
+                                        "min_gap": 24}],
+                       "max_recalls": 1, "recall_evidence": "margin", "recall_margin": 0.5},
+    "id_keep_margin_vote": {"compressors": [{"type": "tool_output", "query_keep_tokens": 96, "id_keep_tokens": 64,
+                                             "min_gap": 24}],
+                            "max_recalls": 1, "recall_evidence": "margin", "recall_margin": 0.5,
+                            "recall_vote": "delta"},
+    "id_keep_margin_vote_full": {"compressors": [{"type": "tool_output", "query_keep_tokens": 96,
+                                                  "id_keep_tokens": 64, "min_gap": 24}],
+                                 "max_recalls": 1, "recall_evidence": "margin", "recall_margin": 0.5,
+                                 "recall_vote": "full"},
     "query_keep_pt_recall_any": {"compressors": [{"type": "tool_output", "query_keep_tokens": 96,
                                                   "query_keep_rank": "per_token"}],
                                  "max_recalls": 2, "recall_evidence": "copy_any"},
@@ -314,6 +328,14 @@ class CompressionConfig(BaseModel):
     # again on the full view, in mode spec; context/recall.py)
     recall_evidence: Literal["copy", "copy_any", "copy_any_length", "margin"] = "copy"
     recall_margin: float = Field(0.5, gt=0.0)
+    # the drafter's vote on a margin escalation (context/recall.py): where the verifier hesitates
+    # between its top token a and runner-up b, the drafter model (which reads the full history)
+    # scores both; "full": escalate only if, on the full view, it ranks b above a by more than
+    # recall_vote_min nats; "delta": only if the removed text moves it toward b by more than
+    # that, i.e. [log p_F(b) - log p_F(a)] - [log p_C(b) - log p_C(a)] > recall_vote_min (its
+    # two views part there); "none": every hesitation escalates
+    recall_vote: Literal["none", "full", "delta"] = "none"
+    recall_vote_min: float = 0.0
     # what a recall restores: every tool output the evidence points into, or the latest of them
     # (the cheapest re-prefill; another recall may bring back an older one)
     recall_scope: Literal["all", "latest"] = "all"

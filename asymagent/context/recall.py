@@ -24,6 +24,13 @@ view's copy evidence (asymagent/decoding/copy_delta.py) at that output position:
   compressed tool output spells out a tool call (the full view would hand it to the verifier:
   on the injection_call attack set, dev seeds, escalating took asym's attack success from 0 to
   2/12, full's 7/12). Nor while the full view is longer than `limit` (the verifier cannot read it).
+  With a `vote` (CompressionConfig.recall_vote), a hesitation escalates only when the drafter
+  model, which reads the full history, says the removed text matters there: between the
+  verifier's emitted token a and its runner-up b, `vote(full_prefix, compressed_prefix, a, b)`
+  scores how far the full view moves the drafter toward b (session.py `drafter_vote_fn`: on the
+  full view alone, or as the difference of its two views); at most `vote_min` nats and the
+  hesitation is the verifier's own (the same on both views), so the step goes on. The drafter's
+  caches of both views are kept across steps (only what they lack is fed, when a vote is asked).
 
 When it fires and the tool outputs holding the copy sources (`scope="all"`), or the latest of
 them only (`scope="latest"`: the cheapest re-prefill, which starts at the first restored message;
@@ -79,7 +86,7 @@ class RecallWatch:
 
     def __init__(self, views, full_ids: list, compressed_ids: list, *, evidence: str = "copy",
                  min_len: int = 3, scope: str = "all", max_tokens: int = 0, margin: float = 0.5,
-                 limit: int = 0) -> None:
+                 limit: int = 0, vote: Callable | None = None, vote_min: float = 0.0) -> None:
         if scope not in SCOPES:
             raise ValueError(f"recall scope must be one of {SCOPES}, got {scope!r}")
         if evidence not in EVIDENCE:
@@ -98,6 +105,9 @@ class RecallWatch:
         # position to generate in is skipped, and margin never escalates to a full view longer
         # than it (the verifier cannot read it: the engine's ContextLengthError)
         self.limit = limit
+        # margin: the drafter's vote at a hesitation (module docstring); None: every one escalates
+        self.vote, self.vote_min = vote, vote_min
+        self.votes: list = []  # (output position, the vote's score) of every vote asked
         self.full, self.compressed = list(full_ids), list(compressed_ids)
         self.position: int | None = None  # output position where it fired
         self.restored: list = []  # message indices brought back
@@ -136,10 +146,21 @@ class RecallWatch:
         for t in range(self.checked, min(len(generated), len(entries))):
             self.checked = t + 1
             top = entries[t].top
-            if len(top) >= 2 and top[0][1] - top[1][1] < self.margin:
+            if len(top) >= 2 and top[0][1] - top[1][1] < self.margin and self._voted(generated, t, top):
                 self.position, self.escalate = t, True
                 return True
         return False
+
+    def _voted(self, generated: list, t: int, top: list) -> bool:
+        """Whether the drafter's vote (if any) lets the hesitation at output position t escalate:
+        between the emitted token and the best other of the verifier's top two."""
+        if self.vote is None:
+            return True
+        emitted = generated[t]
+        other = top[1][0] if top[0][0] == emitted else top[0][0]
+        score = self.vote(self.full + generated[:t], self.compressed + generated[:t], emitted, other)
+        self.votes.append((t, score))
+        return score > self.vote_min
 
     def _removed_call(self) -> bool:
         """A compressed tool output spells out a tool call: the full view would hand it to the
@@ -184,18 +205,27 @@ class RecallWatch:
 
 def recall_loop(views, full_ids: list, compressed_ids: list, decode: Callable, *,
                 evidence: str = "copy", min_len: int = 3, scope: str = "all", max_tokens: int = 0,
-                margin: float = 0.5, limit: int = 0):
+                margin: float = 0.5, limit: int = 0, vote: Callable | None = None,
+                vote_min: float = 0.0):
     """The step's final result after up to `views.config.max_recalls` recalls.
 
     `decode(compressed_ids, interrupt, full=False)` decodes the step on a verifier view (same full
     view); `interrupt` is a RecallWatch, or None for the last allowed pass; `full=True`: on the
-    full view, lossless (after a margin escalation; that pass is the last)."""
+    full view, lossless (after a margin escalation; that pass is the last). `vote`, `vote_min`:
+    the drafter's vote on a margin escalation (RecallWatch); the result's StepStats count the
+    votes asked (`recall_votes`) and those that let the step go on (`recall_vetoes`)."""
     recalls, before, escalated = 0, None, False
+    votes = vetoes = 0  # the drafter's votes asked, and those that let the step go on
     while True:
         watch = RecallWatch(views, full_ids, compressed_ids, evidence=evidence, min_len=min_len,
-                            scope=scope, max_tokens=max_tokens, margin=margin, limit=limit) \
+                            scope=scope, max_tokens=max_tokens, margin=margin, limit=limit,
+                            vote=vote, vote_min=vote_min) \
             if recalls < views.config.max_recalls else None
         result = decode(compressed_ids, watch, full=escalated)
+        if watch is not None:
+            votes += len(watch.votes)
+            vetoes += sum(1 for _, score in watch.votes if score <= vote_min)
+        result.stats.recall_votes, result.stats.recall_vetoes = votes, vetoes
         if before is not None:
             s = result.stats
             s.recalls = before.recalls + 1
