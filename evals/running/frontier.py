@@ -207,6 +207,9 @@ class Record:
     recall_prefill_tokens: int
     text: str
     prefill_s: float = 0.0  # StepStats.prefill_s: the call's time until every cache is prefilled
+    drafter_prefill_tokens: int = 0  # StepStats: the drafter model's tokens fed (views, votes)
+    recall_votes: int = 0  # StepStats: the drafter's votes at margin hesitations (recall_vote)
+    recall_vetoes: int = 0  # ... that kept the step on the compressed view
 
 
 def run_conversation(engine, conv: Conversation, policies: list, *, max_new_tokens: int,
@@ -278,7 +281,8 @@ def _run_step(engine, conv: Conversation, n: int, step: Step, order: list, keys:
                           s.full_context_tokens, s.compression_ratio, s.rewrites,
                           int(getattr(s, "recalls", 0) or 0), int(getattr(s, "recall_prefill_tokens", 0) or 0),
                           r.text if not r.tool_calls else json.dumps(r.tool_calls[0].get("function", {})),
-                          s.prefill_s))
+                          s.prefill_s, int(s.drafter_prefill_tokens), int(getattr(s, "recall_votes", 0)),
+                          int(getattr(s, "recall_vetoes", 0))))
         if bar is not None:
             bar.update(1)
     return refused
