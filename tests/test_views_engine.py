@@ -298,3 +298,24 @@ def test_drafter_vote_scores_are_the_drafters_log_prob_differences(engine):
     assert only_full(full_ids, compressed_ids, a, b) == pytest.approx(float(lf[b] - lf[a]), abs=2e-3)
     with pytest.raises(ValueError, match="recall_vote"):
         drafter_vote_fn(engine, "x", [0], "sometimes")
+
+
+def test_margin_escalations_full_pass_is_offered_the_first_pass_as_drafts(engine, monkeypatch):
+    """The escalated pass (mode spec on the full view) gets the interrupted pass's tokens as
+    copied drafts (GenerationRequest.draft_hint); its output is still mode full's."""
+    messages = agent_conversation(1, seed=2)[:4]
+    e = _vote_engine(engine)  # margin 100 nats, no vote: escalates at its first check
+    passes = []
+    inner = e._generate
+
+    def spy(prompt_ids, compressed_ids, request, constraint=None, interrupt=None):
+        result = inner(prompt_ids, compressed_ids, request, constraint=constraint, interrupt=interrupt)
+        passes.append((request.mode, tuple(request.draft_hint), list(result.token_ids)))
+        return result
+
+    monkeypatch.setattr(e, "_generate", spy)
+    r = e.chat(messages, tools=TOOLS, mode="asym", max_new_tokens=8, cache_key="hint")
+    full = engine.chat(messages, tools=TOOLS, mode="full", max_new_tokens=8, cache_key="hint-full")
+    assert [p[0] for p in passes] == ["asym", "spec"] and r.stats.recalls == 1
+    assert passes[1][1] == tuple(passes[0][2]) and len(passes[0][2]) >= 1
+    assert r.token_ids == full.token_ids

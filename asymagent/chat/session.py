@@ -227,6 +227,10 @@ class ChatTurn:
     parallel_tool_calls: bool | None = None  # the request's (False: at most one call kept)
     tool_names: list | None = None  # the offered tools' names (a call must name one); None: any
     lookahead: list = field(default_factory=list)  # the drafter's look-ahead (attention keep)
+    # the tokens of the turn's last recall pass: a margin escalation's full-view pass (mode spec,
+    # lossless) is offered them as copied drafts, so the output before the hesitation, where the
+    # two views agree, is verified in long rounds instead of decoded again token by token
+    last_pass: list = field(default_factory=list)
 
 
 def _views_of(engine, request: GenerationRequest, counter: list, drafted: list | None = None) -> tuple:
@@ -297,7 +301,9 @@ def recall_step(engine, turn: ChatTurn, request: GenerationRequest,
         if passes[0] and turn.constraint is not None:
             turn.constraint.reset()  # the turn is decoded again from its first token
         passes[0] += 1
-        return decode(compressed_ids, interrupt, full)
+        result = decode(compressed_ids, interrupt, full)
+        turn.last_pass = list(result.token_ids)
+        return result
 
     config = views.config
     vote = None  # the drafter's vote on a margin escalation (CompressionConfig.recall_vote)
