@@ -189,3 +189,99 @@ def test_look_ahead_drafts_change_speed_only_greedy_asym_is_the_same_without_the
     for hinted, plain in zip(*runs):
         assert hinted.token_ids == plain.token_ids
         assert hinted.stats.verifier_context_tokens == plain.stats.verifier_context_tokens
+
+
+def _hot_scores(views, pair, word: str) -> list:
+    """Per-position scores over the full view: 1.0 on the tokens of the rows holding `word`
+    (found through the tokenizer's decode of each position), a small share elsewhere."""
+    tok = views.chat_format.tokenizer
+    ids = pair.full_ids
+    text = [tok.decode([t]) for t in ids]
+    hot = set()
+    for i in range(len(ids)):
+        if word.startswith(text[i].strip()) and text[i].strip() and \
+                word in "".join(text[i:i + 4]).replace(" ", ""):
+            hot.update(range(i, i + 4))
+    return [1.0 if i in hot else 1e-4 for i in range(len(ids))]
+
+
+def test_readmit_at_brings_the_read_cut_row_back_at_the_newest_message_append_stably(smollm_tokenizer):
+    """ContextViews.readmit_at (re-admission at a hesitation): the cut row the scores point at
+    joins the block at the end of the newest message; everything before that message keeps its
+    tokens (the verifier re-prefills the newest message only); asked again, nothing new comes
+    back; the next build counts no rewrite and keeps the block."""
+    from asymagent.context.views import ContextViews
+
+    config = CompressionConfig(readmit_tokens=64, readmit_ratio=20.0, recall_evidence="margin_readmit")
+    assert not config.reads_attention()  # read at the hesitation, not at each step's start
+    views = ContextViews(smollm_tokenizer, config)
+    messages = _agent_history(2)
+    pair = views.build(messages)
+    assert "component-e -> team Heron" not in smollm_tokenizer.decode(pair.compressed_ids)
+    spans = views.message_spans()
+    before = list(pair.compressed_ids[:spans[-1].compressed[0]])
+    scores = _hot_scores(views, pair, "component-e")
+    hit = views.readmit_at(scores + [0.0] * 5)  # positions past the full view are ignored
+    assert hit and all(messages[i]["role"] == "tool" for i in hit)
+    after = views.compressed_ids()
+    text = smollm_tokenizer.decode(after)
+    assert attention_keep.READMIT_HEADER in text and "component-e -> team Heron" in text
+    assert after[:len(before)] == before and len(after) > len(pair.compressed_ids)
+    assert views.readmit_at(scores) == []  # already shown
+    again = views.build(messages)
+    assert again.rewrites == 0 and again.compressed_ids == after
+    with pytest.raises(ValueError, match="score"):
+        views.readmit_at(scores[:10])
+
+
+def test_margin_readmit_watch_asks_at_hesitations_and_fires_when_rows_come_back():
+    from types import SimpleNamespace
+
+    from asymagent.context.recall import MAX_READMIT_ASKS, RecallWatch
+
+    views = SimpleNamespace(message_spans=lambda: [], original_text=lambda i: "")
+    asked = []
+
+    def readmit(prefix):
+        asked.append(list(prefix))
+        return [3] if len(asked) == 2 else []
+
+    recorder = SimpleNamespace(entries=[SimpleNamespace(top=[(5, -0.1), (7, -3.0)]),   # sure
+                                        SimpleNamespace(top=[(6, -0.6), (8, -0.9)]),   # hesitates
+                                        SimpleNamespace(top=[(9, -0.6), (4, -0.7)])])  # hesitates
+    watch = RecallWatch(views, [1, 2], [1], evidence="margin_readmit", margin=0.5, readmit=readmit)
+    assert watch.needs_logprobs
+    watch.recorder = recorder
+    assert watch([5, 6, 9], 0) and watch.position == 2 and watch.restored == [3] and not watch.escalate
+    assert asked == [[1, 2, 5], [1, 2, 5, 6]]
+    tired = RecallWatch(views, [1, 2], [1], evidence="margin_readmit", margin=10.0, readmit=lambda p: [])
+    tired.recorder = SimpleNamespace(entries=[SimpleNamespace(top=[(1, -0.1), (2, -0.2)])] * 9)
+    assert not tired(list(range(9)), 0) and tired.asks == MAX_READMIT_ASKS
+
+
+def test_margin_readmit_through_the_engine_re_decodes_on_the_grown_view(smollm_tokenizer):
+    """A chat turn under margin_readmit (every position hesitates: margin 100 nats; every cut row
+    passes: ratio 1e-9): the drafter's attention brings rows back, the step is decoded again on
+    the grown view (one recall, a longer verifier view than plain asym's, the newest message
+    re-prefilled only), and the same request gives the same tokens."""
+    from asymagent import Engine
+    from asymagent.spec_config import SpecConfig
+    from conftest import make_tiny_llama
+
+    tokenizer = smollm_tokenizer
+    verifier = make_tiny_llama(vocab_size=49152, layers=2, hidden=64, seed=0, max_positions=8192)
+    drafter = make_tiny_llama(vocab_size=49152, layers=1, hidden=64, seed=1, max_positions=8192)
+    config = CompressionConfig(max_recalls=1, recall_evidence="margin_readmit", recall_margin=100.0,
+                               readmit_tokens=64, readmit_ratio=1e-9)
+    e = Engine(verifier=verifier, drafter=drafter, tokenizer=tokenizer, spec=SpecConfig(k=2),
+               compression=config)
+    plain = Engine(verifier=verifier, drafter=drafter, tokenizer=tokenizer, spec=SpecConfig(k=2))
+    messages = _agent_history(2)
+    p = plain.chat(messages, mode="asym", max_new_tokens=6, cache_key="p")
+    r = e.chat(messages, mode="asym", max_new_tokens=6, cache_key="r")
+    assert r.stats.recalls == 1 and r.stats.verifier_context_tokens > p.stats.verifier_context_tokens
+    assert r.stats.drafter_prefill_tokens >= r.stats.full_context_tokens  # the drafter read it all
+    assert 0 < r.stats.recall_prefill_tokens < r.stats.verifier_context_tokens  # the newest message only
+    again = Engine(verifier=verifier, drafter=drafter, tokenizer=tokenizer, spec=SpecConfig(k=2),
+                   compression=config).chat(messages, mode="asym", max_new_tokens=6, cache_key="r2")
+    assert again.token_ids == r.token_ids

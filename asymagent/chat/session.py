@@ -309,11 +309,21 @@ def recall_step(engine, turn: ChatTurn, request: GenerationRequest,
     vote = None  # the drafter's vote on a margin escalation (CompressionConfig.recall_vote)
     if config.recall_evidence == "margin" and config.recall_vote != "none":
         vote = drafter_vote_fn(engine, request.cache_key, turn.drafter_tokens, config.recall_vote)
+    readmit = None  # re-admission at a hesitation: the drafter's attention at that token
+    if config.recall_evidence == "margin_readmit":
+        if engine.drafter is None:
+            raise ValueError("recall_evidence 'margin_readmit' reads the drafter model's attention; "
+                             "this engine has none")
+        attention = drafter_attention_fn(engine, request.cache_key, turn.drafter_tokens,
+                                         pool=config.attention_pool)
+
+        def readmit(prefix_ids: list) -> list:
+            return views.readmit_at(attention(prefix_ids))
     return recall_loop(views, turn.full_ids, turn.compressed_ids, again,
                        evidence=config.recall_evidence, min_len=engine.spec.copy_min_len,
                        scope=config.recall_scope, max_tokens=config.recall_max_tokens,
                        margin=config.recall_margin, limit=getattr(engine, "max_positions", 0),
-                       vote=vote, vote_min=config.recall_vote_min)
+                       vote=vote, vote_min=config.recall_vote_min, readmit=readmit)
 
 
 def chat_result(engine, turn: ChatTurn, result: GenerationResult) -> ChatResult:

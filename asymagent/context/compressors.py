@@ -295,6 +295,11 @@ PRESETS: dict = {
                                                   "id_keep_tokens": 64, "min_gap": 24}],
                                  "max_recalls": 1, "recall_evidence": "margin", "recall_margin": 0.5,
                                  "recall_vote": "full"},
+    # ... and where it hesitates, the cut rows the drafter reads at that token come back (96 tokens)
+    "id_keep_margin_readmit": {"compressors": [{"type": "tool_output", "query_keep_tokens": 96,
+                                                "id_keep_tokens": 64, "min_gap": 24}],
+                               "max_recalls": 2, "recall_evidence": "margin_readmit", "recall_margin": 0.5,
+                               "readmit_tokens": 96, "attention_pool": "max"},
     "query_keep_pt_recall_any": {"compressors": [{"type": "tool_output", "query_keep_tokens": 96,
                                                   "query_keep_rank": "per_token"}],
                                  "max_recalls": 2, "recall_evidence": "copy_any"},
@@ -326,7 +331,10 @@ class CompressionConfig(BaseModel):
     # suffix length whose continuations differ between the views)
     # ... or "margin" (the verifier's top-2 gap under recall_margin nats: the step is decoded
     # again on the full view, in mode spec; context/recall.py)
-    recall_evidence: Literal["copy", "copy_any", "copy_any_length", "margin"] = "copy"
+    # ... or "margin_readmit" (at such a hesitation, the cut rows the drafter's attention there
+    # reads come back as the newest message's block, within readmit_tokens, and the step is
+    # decoded again on that view; context/recall.py)
+    recall_evidence: Literal["copy", "copy_any", "copy_any_length", "margin", "margin_readmit"] = "copy"
     recall_margin: float = Field(0.5, gt=0.0)
     # the drafter's vote on a margin escalation (context/recall.py): where the verifier hesitates
     # between its top token a and runner-up b, the drafter model (which reads the full history)
@@ -354,8 +362,10 @@ class CompressionConfig(BaseModel):
     attention_pool: Literal["mean", "max"] = "mean"
 
     def reads_attention(self) -> bool:
-        """Whether the drafter's attention is read (attention keep or re-admission)."""
-        return self.readmit_tokens > 0 or any(
+        """Whether the drafter's attention is read at each step's start (attention keep, or
+        re-admission there; with recall_evidence "margin_readmit" it is read at the verifier's
+        hesitations instead, context/recall.py)."""
+        return (self.readmit_tokens > 0 and self.recall_evidence != "margin_readmit") or any(
             getattr(c, "attention_keep_tokens", 0) > 0 for c in self.compressors)
 
     @field_validator("compressors", mode="before")

@@ -31,6 +31,14 @@ view's copy evidence (asymagent/decoding/copy_delta.py) at that output position:
   full view alone, or as the difference of its two views); at most `vote_min` nats and the
   hesitation is the verifier's own (the same on both views), so the step goes on. The drafter's
   caches of both views are kept across steps (only what they lack is fed, when a vote is asked).
+- `evidence="margin_readmit"`: at such a hesitation the drafter's attention there (its rows up to
+  the token the verifier hesitates on, over the full view and the output so far) scores the rows
+  the view cut; those it reads at `readmit_ratio` x the uniform share come back, within
+  `readmit_tokens`, as the marked block at the end of the newest message
+  (`ContextViews.readmit_at`, `readmit(full_prefix) -> message indices`), and the step is decoded
+  again from its first token on that view: the verifier re-prefills only the newest message, not
+  the full view. A hesitation where no cut row passes goes on (nothing escalates). Rows that spell
+  out a tool call never come back (attention_keep.py).
 
 When it fires and the tool outputs holding the copy sources (`scope="all"`), or the latest of
 them only (`scope="latest"`: the cheapest re-prefill, which starts at the first restored message;
@@ -60,8 +68,9 @@ from typing import Callable
 from asymagent.context.query_keep import has_call_format
 from asymagent.decoding.copy_delta import copy_sources, copy_sources_any_length, recall_sources
 
-EVIDENCE = ("copy", "copy_any", "copy_any_length", "margin")
+EVIDENCE = ("copy", "copy_any", "copy_any_length", "margin", "margin_readmit")
 SCOPES = ("all", "latest")  # restore every tool output the evidence points into, or the latest one
+MAX_READMIT_ASKS = 4  # margin_readmit: hesitations a pass asks the drafter's attention about
 _SUMMED = ("wall_s", "prefill_s", "decode_s", "verifier_prefill_tokens", "drafter_prefill_tokens",
            "verifier_flops")
 
@@ -75,7 +84,7 @@ def evidence_sources(evidence: str, full: list, compressed: list, emitted: int, 
         return copy_sources(full, compressed, min_len=min_len)[0]
     if evidence == "copy_any_length":
         return copy_sources_any_length(full, compressed, min_len=min_len)[0]
-    if evidence == "margin":
+    if evidence in ("margin", "margin_readmit"):
         raise ValueError("margin evidence has no copy sources (RecallWatch reads the verifier's log-probs)")
     raise ValueError(f"recall evidence must be one of {EVIDENCE}, got {evidence!r}")
 
@@ -86,7 +95,8 @@ class RecallWatch:
 
     def __init__(self, views, full_ids: list, compressed_ids: list, *, evidence: str = "copy",
                  min_len: int = 3, scope: str = "all", max_tokens: int = 0, margin: float = 0.5,
-                 limit: int = 0, vote: Callable | None = None, vote_min: float = 0.0) -> None:
+                 limit: int = 0, vote: Callable | None = None, vote_min: float = 0.0,
+                 readmit: Callable | None = None) -> None:
         if scope not in SCOPES:
             raise ValueError(f"recall scope must be one of {SCOPES}, got {scope!r}")
         if evidence not in EVIDENCE:
@@ -95,7 +105,8 @@ class RecallWatch:
         self.margin = margin  # evidence "margin": top-2 log-prob gap (nats) under which to escalate
         # evidence "margin" reads the verifier's top-2 log-probs of each emitted token: the decode
         # function gives it a LogprobRecorder(top=2) here (None: it never fires)
-        self.needs_logprobs = evidence == "margin"
+        self.needs_logprobs = evidence in ("margin", "margin_readmit")
+        self.readmit = readmit  # margin_readmit: full-prefix ids -> message indices brought back
         self.recorder = None
         self.escalate = False  # fired on margin: decode the step again on the full view
         self.checked = 0  # output positions already checked (margin)
@@ -108,6 +119,7 @@ class RecallWatch:
         # margin: the drafter's vote at a hesitation (module docstring); None: every one escalates
         self.vote, self.vote_min = vote, vote_min
         self.votes: list = []  # (output position, the vote's score) of every vote asked
+        self.asks = 0  # margin_readmit: the drafter's attention asked this pass
         self.full, self.compressed = list(full_ids), list(compressed_ids)
         self.position: int | None = None  # output position where it fired
         self.restored: list = []  # message indices brought back
@@ -116,6 +128,8 @@ class RecallWatch:
         """Check the output positions start..len(generated)-1 (tokens new since the last call)."""
         if self.evidence == "margin":
             return self._margin(generated)
+        if self.evidence == "margin_readmit":
+            return self._margin_readmit(generated)
         for t in range(start, len(generated)):
             src = evidence_sources(self.evidence, self.full + generated[:t],
                                    self.compressed + generated[:t], generated[t], min_len=self.min_len)
@@ -148,6 +162,24 @@ class RecallWatch:
             top = entries[t].top
             if len(top) >= 2 and top[0][1] - top[1][1] < self.margin and self._voted(generated, t, top):
                 self.position, self.escalate = t, True
+                return True
+        return False
+
+    def _margin_readmit(self, generated: list) -> bool:
+        """Fire at the first hesitation (top-2 gap under `margin`) where the drafter's attention
+        brings cut rows back (module docstring); at most MAX_READMIT_ASKS asks a pass."""
+        if self.recorder is None or self.readmit is None or self.full == self.compressed:
+            return False
+        entries = self.recorder.entries
+        for t in range(self.checked, min(len(generated), len(entries))):
+            self.checked = t + 1
+            top = entries[t].top
+            if len(top) < 2 or top[0][1] - top[1][1] >= self.margin or self.asks >= MAX_READMIT_ASKS:
+                continue
+            self.asks += 1
+            hit = self.readmit(self.full + generated[:t])
+            if hit:
+                self.position, self.restored = t, hit
                 return True
         return False
 
@@ -206,7 +238,7 @@ class RecallWatch:
 def recall_loop(views, full_ids: list, compressed_ids: list, decode: Callable, *,
                 evidence: str = "copy", min_len: int = 3, scope: str = "all", max_tokens: int = 0,
                 margin: float = 0.5, limit: int = 0, vote: Callable | None = None,
-                vote_min: float = 0.0):
+                vote_min: float = 0.0, readmit: Callable | None = None):
     """The step's final result after up to `views.config.max_recalls` recalls.
 
     `decode(compressed_ids, interrupt, full=False)` decodes the step on a verifier view (same full
@@ -219,7 +251,7 @@ def recall_loop(views, full_ids: list, compressed_ids: list, decode: Callable, *
     while True:
         watch = RecallWatch(views, full_ids, compressed_ids, evidence=evidence, min_len=min_len,
                             scope=scope, max_tokens=max_tokens, margin=margin, limit=limit,
-                            vote=vote, vote_min=vote_min) \
+                            vote=vote, vote_min=vote_min, readmit=readmit) \
             if recalls < views.config.max_recalls else None
         result = decode(compressed_ids, watch, full=escalated)
         if watch is not None:

@@ -105,6 +105,7 @@ class _Entry:
     attention: tuple = ()  # (char start, char end, score) per content token, at entry (tool outputs)
     token_spans: list | None = None  # [(segment token index, char start, char end)] of the content
     readmit: str = ""  # cut rows of earlier outputs brought back at its entry (attention_keep.py)
+    readmit_rows: list = field(default_factory=list)  # ... those rows, in the block's order
 
 
 def _key(obj) -> str:
@@ -345,24 +346,63 @@ class ContextViews:
         scores = list(attention_fn(full_ids))
         if len(scores) != len(full_ids):
             raise ValueError(f"attention_fn returned {len(scores)} scores for {len(full_ids)} tokens")
-        new, candidates = {id(e) for e in todo}, []
+        new = {id(e) for e in todo}
         for i, e in enumerate(self.entries):
-            if e.role != "tool":
-                continue
-            base = offsets[id(e)]
-            scored = tuple((s, t, scores[base + j]) for j, s, t in self._token_spans(e, i))
-            if id(e) in new:
-                e.attention = scored
-            elif self.config.readmit_tokens and e.compressed_text != e.original:
-                shown = e.compressed_text + "".join(x.readmit for x in self.entries)
-                for s, t, v in attention_keep.row_scores(e.original, list(scored)):
-                    if e.original[s:t].strip() not in shown:
-                        candidates.append((v, (i, s), e.original[s:t]))
+            if id(e) in new and e.role == "tool":
+                e.attention = self._scored(i, e, scores, offsets)
+        candidates = self._cut_rows(scores, offsets, skip=new) if self.config.readmit_tokens else []
         target = next((e for e in reversed(todo) if e.role != "system"), None)
         rows = attention_keep.readmit(candidates, len(full_ids), self.config.readmit_ratio,
                                       self.config.readmit_tokens, self.counter.count)
         if target is not None and rows:
-            target.readmit = attention_keep.render_block([text for _, _, text in sorted(rows, key=lambda r: r[1])])
+            target.readmit_rows = [text for _, _, text in sorted(rows, key=lambda r: r[1])]
+            target.readmit = attention_keep.render_block(target.readmit_rows)
+
+    def _scored(self, i: int, e: _Entry, scores: list, offsets: dict) -> tuple:
+        """(char start, char end, score) of entry i's content tokens, from per-position scores."""
+        base = offsets[id(e)]
+        return tuple((s, t, scores[base + j]) for j, s, t in self._token_spans(e, i))
+
+    def _cut_rows(self, scores: list, offsets: dict, skip=frozenset()) -> list:
+        """[(score, (message index, char start), row text)] of every row the view cuts from a tool
+        output (entries in `skip` aside) and shows nowhere, scored by its largest token score."""
+        blocks = "".join(x.readmit for x in self.entries)
+        out = []
+        for i, e in enumerate(self.entries):
+            if e.role != "tool" or id(e) in skip or e.restored or e.compressed_text == e.original:
+                continue
+            shown = e.compressed_text + blocks
+            for s, t, v in attention_keep.row_scores(e.original, list(self._scored(i, e, scores, offsets))):
+                if e.original[s:t].strip() not in shown:
+                    out.append((v, (i, s), e.original[s:t]))
+        return out
+
+    def readmit_at(self, scores: list) -> list:
+        """Re-admission during decoding (context/recall.py, evidence "margin_readmit"): the cut
+        rows that per-position `scores` over the last `build`'s full view (the drafter's attention
+        at the token the verifier hesitates on; positions past the view are ignored) reach at
+        `readmit_ratio` x the uniform share, best first within `readmit_tokens`, join the block at
+        the end of the newest message. That message is the verifier's cache's tail, so only it is
+        re-prefilled; the block stays (append-stable). Returns the indices of the rows' messages
+        ([]: nothing new)."""
+        full_ids, offsets = self._full_ids_with_offsets()
+        scores = list(scores)[:len(full_ids)]
+        if len(scores) < len(full_ids) or not self.entries:
+            raise ValueError(f"readmit_at needs a score for each of the {len(full_ids)} full-view tokens")
+        target = next((e for e in reversed(self.entries) if e.role != "system"), None)
+        if target is None:
+            return []
+        budget = self.config.readmit_tokens - sum(self.counter.count(r.strip()) + 1 for r in target.readmit_rows)
+        rows = attention_keep.readmit(self._cut_rows(scores, offsets), len(full_ids),
+                                      self.config.readmit_ratio, budget, self.counter.count)
+        if not rows:
+            return []
+        target.readmit_rows = target.readmit_rows + [text for _, _, text in sorted(rows, key=lambda r: r[1])]
+        target.readmit = attention_keep.render_block(target.readmit_rows)
+        target.state = None  # compressed again with its block
+        self._refresh(None)
+        self._last_body = self._compressed_body()
+        return sorted({key[0] for _, key, _ in rows})
 
     def _first_system(self) -> bool:
         return bool(self.entries) and self.entries[0].role == "system"
