@@ -321,7 +321,11 @@ def check_args(args) -> None:
 
 def main(args) -> int:
     cfg = config_from_args(args)
-    if cfg.objective == "fusion":
+    if cfg.kind == "feature":  # an EAGLE-3 feature head (training/feature_train.py)
+        from asymagent.training import feature_train
+
+        feature_train.run(cfg)
+    elif cfg.objective == "fusion":
         from asymagent.training import fusion_train
         from asymagent.traces import TraceMismatchError
 
