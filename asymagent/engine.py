@@ -491,7 +491,8 @@ class Engine:
         t_start = time.perf_counter()
         plan = plan_request(mode, self.spec, request.sampling.temperature,
                             two_views=compressed != prompt,
-                            full_fits=self._fits(prompt), feature=self.feature is not None)
+                            full_fits=self._fits(prompt),
+                            feature=self.feature is not None and self.spec.feature_head)
         run = self._prefill(plan, request, (prompt, compressed),
                             constraint if constraint is not None else request.constraint)
         run.stats.prefill_s = time.perf_counter() - t_start

@@ -236,3 +236,38 @@ def test_tokens_alone_equal_tokens_in_company():
     with ThreadPoolExecutor(len(reqs)) as pool:
         together = list(pool.map(run, reqs))
     assert together == alone
+
+
+def test_acceptance_is_reported_per_draft_source(trained_pair):
+    """StepStats.by_source, RunStats totals and /metrics (vLLM's counters with a source label)."""
+    from asymagent.stats import RunStats
+    from asymagent.integrations.server.metrics import ServerMetrics
+
+    verifier, head = trained_pair
+    spec = SpecConfig(k=4, lookup_ngram=3, draft_model=False, adaptive_k=False)
+    engine = _engine(verifier, head, spec=spec)
+    run, metrics = RunStats(), ServerMetrics("tiny")
+    for i, p in enumerate(_prompts(3, seed=6)):
+        r = engine.generate(p + p[:12], mode="spec", max_new_tokens=24, cache_key=f"m{i}")
+        s = r.stats
+        assert sum(d["rounds"] for d in s.by_source.values()) == s.rounds
+        assert sum(d["accepted"] for d in s.by_source.values()) == s.accepted
+        for name, d in s.by_source.items():
+            assert d["rounds"] == s.draft_source[name]
+            k = spec.k if name == "feature" else spec.lookup_k
+            assert 1.0 <= d["mean_accepted_len"] <= k + 1
+            assert len(d["acceptance_by_position"]) <= k
+            assert d["accepted_by_position"][0] <= d["reached_by_position"][0] == d["rounds"]
+            assert sum(d["accepted_by_position"]) == d["accepted"]
+        run.add(s)
+        metrics.observe(s, e2e_s=1.0, ttft_s=0.1, queue_s=0.0, finish_reason="length")
+    pooled = run.totals()["by_source"]
+    assert pooled["feature"]["rounds"] == sum(st.by_source.get("feature", {}).get("rounds", 0) for st in run.steps)
+    text = metrics.exposition().decode()
+    accepted = pooled["feature"]["accepted_by_position"][0]
+    assert (f'spec_decode_num_accepted_tokens_per_pos_by_source_total{{model_name="tiny",position="0",'
+            f'source="feature"}} {float(accepted)}') in text
+    # the feature head off per request (a mode label's override): copies only
+    engine.spec.feature_head = False
+    r = engine.generate(_prompts(1, seed=7)[0], mode="spec", max_new_tokens=12, cache_key="off")
+    assert "feature" not in r.stats.draft_source
