@@ -304,7 +304,12 @@ def check_args(args) -> None:
     cfg = config_from_args(args)
     cfg.validate()
     parse_mix(cfg.data_mix)
-    check_model_source(cfg.verifier)
+    if cfg.kind == "feature":  # a feature head may name a pair's verifier ("pair:NAME")
+        from asymagent.modeling.pairs import check_model_source as check_pair_source
+
+        check_pair_source(cfg.verifier)
+    else:
+        check_model_source(cfg.verifier)
     if cfg.init_from and not Path(cfg.init_from).expanduser().exists():
         raise FileNotFoundError(f"--init-from: no such file: {cfg.init_from}")
     missing = [t for t in cfg.traces if not Path(t).expanduser().exists()]

@@ -55,10 +55,21 @@ def teacher_forward(model, ids: list, layers: tuple, topk: int) -> TeacherSeq:
                       top_lp=top_lp.cpu())
 
 
-def agent_sequences(tokenizer, n: int, seed: int, max_len: int) -> list:
-    """`n` rendered agent episodes of the training domains (truncated to `max_len` tokens)."""
+def agent_sequences(tokenizer, seed: int, max_len: int):
+    """Rendered agent episodes of the training domains (truncated to `max_len` tokens), made
+    lazily: an endless iterator (the caller stops at its token count or deadline)."""
     rng = random.Random(seed * 7717 + 3)
-    return [render_messages(tokenizer, episode(rng.choice(TRAIN_DOMAINS), rng))[:max_len] for _ in range(n)]
+    while True:
+        yield render_messages(tokenizer, episode(rng.choice(TRAIN_DOMAINS), rng))[:max_len]
+
+
+def interleave(first: list, rest):
+    """`first`'s items and `rest`'s alternately (then `rest` alone): every source reaches the
+    teacher early whatever the budget cuts."""
+    for item in first:
+        yield item
+        yield next(rest)
+    yield from rest
 
 
 def trace_sequences(tokenizer, paths: list, max_len: int) -> list:
@@ -75,9 +86,10 @@ def trace_sequences(tokenizer, paths: list, max_len: int) -> list:
     return out
 
 
-def collect(model, seqs: list, layers: tuple, topk: int, max_tokens: int, deadline: float,
+def collect(model, seqs, layers: tuple, topk: int, max_tokens: int, deadline: float,
             bar=None) -> TeacherSet:
-    """Teacher rows of `seqs` in order until `max_tokens` tokens or `deadline` (time.monotonic())."""
+    """Teacher rows of `seqs` (any iterable) in order until `max_tokens` tokens or `deadline`
+    (time.monotonic())."""
     out = TeacherSet()
     for ids in seqs:
         if out.tokens >= max_tokens or time.monotonic() > deadline:

@@ -29,7 +29,7 @@ import torch
 from asymagent.decoding.feature_head import FeatureHead, FeatureHeadConfig, head_logits, save_head
 from asymagent.kv.feature_capture import default_layers
 from asymagent.training.config import TrainConfig
-from asymagent.training.feature_data import TeacherSet, agent_sequences, collect, trace_sequences
+from asymagent.training.feature_data import TeacherSet, agent_sequences, collect, interleave, trace_sequences
 
 STEP_WEIGHT = 0.8  # loss weight of chain step j: STEP_WEIGHT ** j
 
@@ -115,11 +115,10 @@ def teacher_data(verifier, tokenizer, cfg: TrainConfig, layers: tuple, deadline:
         self_deadline = min(deadline, time.monotonic() + cfg.self_minutes * 60)
         seqs += generate_self_turns(verifier, tokenizer, prompts, cfg.self_max_new, batch_size=4,
                                     deadline=self_deadline, progress=not cfg.no_progress)
-    n_agent = max(cfg.feature_tokens // max(cfg.seq_len // 2, 1), 8)
-    seqs += agent_sequences(tokenizer, n_agent, cfg.seed, cfg.seq_len + 1)
     random.Random(cfg.seed).shuffle(seqs)
+    stream = interleave(seqs, agent_sequences(tokenizer, cfg.seed, cfg.seq_len + 1))
     bar = tqdm(total=cfg.feature_tokens, desc="teacher forwards", unit="tok", disable=cfg.no_progress)
-    data = collect(verifier, seqs, layers, cfg.feature_topk, cfg.feature_tokens, deadline, bar)
+    data = collect(verifier, stream, layers, cfg.feature_topk, cfg.feature_tokens, deadline, bar)
     bar.close()
     log(f"teacher: {data.tokens} tokens in {data.seconds:.0f} s ({data.s_per_1k():.2f} s per 1k tokens)")
     return data
@@ -130,6 +129,9 @@ def train_loop(head, verifier, train: list, weight, to_draft, cfg: TrainConfig, 
     from tqdm.auto import tqdm
 
     embed = verifier.get_input_embeddings()
+    # a bf16 verifier (the engine's CPU dtype): the head's matmuls in bf16 under autocast (AMX),
+    # float32 master weights, AdamW state and softmax
+    amp = embed.weight.dtype == torch.bfloat16
     opt = torch.optim.AdamW([p for p in head.parameters()], lr=cfg.lr, weight_decay=0.0)
     rng = random.Random(cfg.seed)
     t0 = time.monotonic()
@@ -149,7 +151,8 @@ def train_loop(head, verifier, train: list, weight, to_draft, cfg: TrainConfig, 
         agree = [0.0] * cfg.ttt_steps
         for _ in range(cfg.batch_size):
             rows = window(rng.choice(train), cfg.seq_len, rng)
-            loss, a = step_losses(head, embed, weight, to_draft, rows, cfg.ttt_steps)
+            with torch.autocast("cpu", dtype=torch.bfloat16, enabled=amp):
+                loss, a = step_losses(head, embed, weight, to_draft, rows, cfg.ttt_steps)
             (loss / cfg.batch_size).backward()
             agree = [x + y / cfg.batch_size for x, y in zip(agree, a)]
             tokens += len(rows[0]) - 1
@@ -178,7 +181,10 @@ def run(cfg: TrainConfig, loaded=None) -> dict:
     t0 = time.monotonic()
     out = Path(cfg.out)
     out.mkdir(parents=True, exist_ok=True)
-    loaded = loaded if loaded is not None else load_model(cfg.verifier)
+    if loaded is None:  # the verifier in the dtype the engine serves it in (its features' bits)
+        from asymagent.modeling.pairs import verifier_path
+
+        loaded = load_model(verifier_path(cfg.verifier), dtype="auto")
     verifier, tokenizer = loaded.model.eval(), loaded.tokenizer
     for p in verifier.parameters():
         p.requires_grad_(False)
