@@ -271,3 +271,23 @@ def test_acceptance_is_reported_per_draft_source(trained_pair):
     engine.spec.feature_head = False
     r = engine.generate(_prompts(1, seed=7)[0], mode="spec", max_new_tokens=12, cache_key="off")
     assert "feature" not in r.stats.draft_source
+
+
+def test_asym_with_the_head_says_what_asym_says_without_it(trained_pair):
+    """Mode asym: the head reads the verifier's features over the compressed view (its cache);
+    greedy tokens are the same with the head as with copies only."""
+    verifier, head = trained_pair
+    spec = SpecConfig(k=4, lookup_ngram=3, draft_model=False, adaptive_k=False)
+    engine = _engine(verifier, head, spec=spec)
+    plain = _engine(verifier, head, spec=SpecConfig(k=4, lookup_ngram=3, draft_model=False,
+                                                    adaptive_k=False, feature_head=False))
+    used = 0
+    for i, p in enumerate(_prompts(3, length=40, seed=12)):
+        compressed = p[:10] + p[-12:]
+        kw = dict(mode="asym", max_new_tokens=20, compressed_prompt_ids=compressed)
+        a = engine.generate(p, cache_key=f"a{i}", **kw)
+        b = plain.generate(p, cache_key=f"b{i}", **kw)
+        assert a.token_ids == b.token_ids
+        assert "feature" not in b.stats.draft_source
+        used += a.stats.draft_source.get("feature", 0)
+    assert used > 0
