@@ -225,17 +225,25 @@ def test_tokens_alone_equal_tokens_in_company():
     reqs = [dict(prompt_ids=p, mode="spec", max_new_tokens=14, cache_key=f"k{i}")
             for i, p in enumerate(_prompts(6, length=20 + 0, seed=8))]
     alone_engine = _engine(verifier, head)
-    alone = [alone_engine.generate(**r).token_ids for r in reqs]
+
+    def outcome(r) -> tuple:  # the tokens and what the head drafted (its features in company:
+        s = r.stats           # batched forwards capture them, kv/batched_forward.py)
+        return r.token_ids, s.by_source.get("feature", {}).get("drafted"), s.by_source.get("feature", {}).get("accepted")
+
+    alone = [outcome(alone_engine.generate(**r)) for r in reqs]
     engine = _engine(verifier, head, max_num_seqs=6)
+    seen: list = []
+    engine.scheduler.batcher.observers.append(lambda sequences, rows: seen.append(sequences))
     barrier = threading.Barrier(len(reqs))
 
     def run(r):
         barrier.wait()
-        return engine.generate(**r).token_ids
+        return outcome(engine.generate(**r))
 
     with ThreadPoolExecutor(len(reqs)) as pool:
         together = list(pool.map(run, reqs))
     assert together == alone
+    assert max(seen) > 1, "no forward batched several sequences"
 
 
 def test_acceptance_is_reported_per_draft_source(trained_pair):
