@@ -509,6 +509,7 @@ class Engine:
         cache = session.get(role)
         if self.feature is not None and role.startswith("verifier") and cache.capture is None:
             cache.capture = self.feature.new_capture()  # from its first forward on
+            cache.crop(0)  # filled before the head was on: its positions were never captured
         ids = view.ids()
         # a static cache is sized once for the request: the view, the new tokens, the drafts
         cache.reserve(len(ids) + max_new_tokens + 2

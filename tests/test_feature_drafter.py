@@ -299,3 +299,14 @@ def test_asym_with_the_head_says_what_asym_says_without_it(trained_pair):
         assert "feature" not in b.stats.draft_source
         used += a.stats.draft_source.get("feature", 0)
     assert used > 0
+
+
+def test_a_head_switched_on_later_drafts_in_an_old_session(trained_pair):
+    verifier, head = trained_pair
+    engine = Engine(verifier=verifier, drafter=_drafter(verifier), spec=_spec())
+    p = _prompts(1, seed=13)[0]
+    first = engine.generate(p, mode="spec", max_new_tokens=8, cache_key="old").token_ids
+    engine.use_feature_head(FeatureRuntime(head, engine.verifier))
+    r = engine.generate(p + first, mode="spec", max_new_tokens=12, cache_key="old")
+    assert r.stats.draft_source.get("feature", 0) > 0
+    assert r.token_ids == Engine(verifier=verifier).generate(p + first, mode="full", max_new_tokens=12).token_ids
