@@ -180,8 +180,9 @@ class ModelCache:
             logits = lean.logits(self._inputs(ids), self.cache, keep)[0, -keep:].float()  # [keep, V]
         else:
             capture = self.capture is not None
+            extra = {"output_hidden_states": True} if capture else {}  # as before without one
             out = self.model(input_ids=self._inputs(ids), cache=self.cache, use_cache=True,
-                             logits_to_keep=keep, output_hidden_states=capture)
+                             logits_to_keep=keep, **extra)
             if capture:
                 self._record(out.hidden_states)
             logits = out.logits[0, -keep:].float()  # [keep, V]
@@ -199,8 +200,9 @@ class ModelCache:
             hidden = lean.hidden(self._inputs(ids), self.cache)[0]  # [T, H]
         else:
             capture = self.capture is not None
+            extra = {"output_hidden_states": True} if capture else {}
             out = decoder_of(self.model)(input_ids=self._inputs(ids), cache=self.cache,
-                                         use_cache=True, output_hidden_states=capture)
+                                         use_cache=True, **extra)
             if capture:
                 self._record(out.hidden_states)
             hidden = out.last_hidden_state[0]  # [T, H]
