@@ -227,6 +227,23 @@ class Engine:
         self.suffix_store = suffix_store if suffix_store is not None else SuffixStore()
         # what the chat layer keeps per conversation (views, log-probs), alive with its caches
         self.conversations = ConversationStore()
+        # the EAGLE-3 feature head (asymagent/decoding/feature_drafter.py), or None: off
+        self.feature = None
+
+    def use_feature_head(self, head) -> None:
+        """Draft with a feature head where no copy is found: a `train-drafter --kind feature`
+        .safetensors path or a FeatureRuntime; None turns it off. The verifier's caches then
+        capture its low/mid/high-layer features (the same logits bit for bit); dynamic caches
+        only (not the static-cache / CUDA-graph path)."""
+        if head is None:
+            self.feature = None
+            return
+        if any(role.startswith("verifier") for role in self.static_roles):
+            raise ValueError("the feature head reads the verifier's dynamic cache; static KV caches "
+                             "(CUDA graphs, compile) do not capture features")
+        from asymagent.decoding.feature_drafter import FeatureRuntime
+
+        self.feature = head if isinstance(head, FeatureRuntime) else FeatureRuntime.load(str(head), self.verifier)
 
     def set_batching(self, max_num_seqs: int, max_num_batched_tokens: int = MAX_ROWS) -> None:
         """Let up to `max_num_seqs` requests decode at once (the constructor's keywords of the same
@@ -474,7 +491,8 @@ class Engine:
         t_start = time.perf_counter()
         plan = plan_request(mode, self.spec, request.sampling.temperature,
                             two_views=compressed != prompt,
-                            full_fits=self._fits(prompt))
+                            full_fits=self._fits(prompt),
+                            feature=self.feature is not None and self.spec.feature_head)
         run = self._prefill(plan, request, (prompt, compressed),
                             constraint if constraint is not None else request.constraint)
         run.stats.prefill_s = time.perf_counter() - t_start
@@ -489,6 +507,9 @@ class Engine:
         """(the role's cache on `view`, the tokens it keeps): sized for the request, cropped to
         the longest common prefix with the view; nothing fed yet."""
         cache = session.get(role)
+        if self.feature is not None and role.startswith("verifier") and cache.capture is None:
+            cache.capture = self.feature.new_capture()  # from its first forward on
+            cache.crop(0)  # filled before the head was on: its positions were never captured
         ids = view.ids()
         # a static cache is sized once for the request: the view, the new tokens, the drafts
         cache.reserve(len(ids) + max_new_tokens + 2
@@ -541,7 +562,8 @@ class Engine:
                 stats.drafter_prefill_tokens += tokens
             catch_up = _DeferredPrefill(drafter, stats) if defer else None
             drafting = Drafting(drafters=self._drafters(plan, full_view, drafter, sampling, noise,
-                                                        constraint, catch_up, request.draft_hint),
+                                                        constraint, catch_up, request.draft_hint,
+                                                        verifier=verifier),
                                 drafter=drafter, base=base, head=self.head, fused=plan.mode.fused,
                                 rows=plan.drafter_rows)
         copy = CopyDelta(full_view, ver_view, self.spec.copy_weight, min_len=self.spec.copy_min_len,
@@ -568,8 +590,10 @@ class Engine:
                            escalate=escalate)
 
     def _drafters(self, plan: RequestPlan, full_view: View, drafter: ViewCache,
-                  sampling, noise: KeyedNoise, constraint, catch_up=None, hint=()) -> list:
-        """The plan's drafters in order: copied drafts (suffix or lookup), then the model."""
+                  sampling, noise: KeyedNoise, constraint, catch_up=None, hint=(),
+                  verifier: ViewCache | None = None) -> list:
+        """The plan's drafters in order: copied drafts (suffix or lookup), the feature head on
+        `verifier`'s features (Engine.use_feature_head), then the model."""
         sp, out = self.spec, []
         for name in plan.drafters:
             if name == "suffix":
@@ -580,6 +604,10 @@ class Engine:
                                          min_match=min(2, sp.lookup_ngram), hint=hint))
             elif name == "lookup":
                 out.append(LookupDrafter(full_view, sp.lookup_ngram, constraint))
+            elif name == "feature":
+                from asymagent.decoding.feature_drafter import FeatureDrafter
+
+                out.append(FeatureDrafter(self.feature, verifier, constraint))
             else:
                 out.append(ModelDrafter(drafter, self.head, bonus_row=plan.drafter_rows,
                                         temperature=sampling.temperature, noise=noise,

@@ -130,6 +130,9 @@ class SpecConfig:
     # steps (long contexts, short outputs) a 0.5B LM drafter reads ~1/3 of a 1.5B verifier's bytes
     # per token of the full view (docs/pair.md). beta > 0 or cda still run it for their rows.
     draft_model: bool = True
+    # the engine's EAGLE-3 feature head (Engine.use_feature_head) drafts the rounds that find no
+    # copy; False: not asked (an engine without one ignores it). Lossless like every draft source.
+    feature_head: bool = True
 
     @classmethod
     def paper(cls, **overrides) -> "SpecConfig":
@@ -174,7 +177,7 @@ class SpecConfig:
             raise ValueError(f"SpecConfig.lookup_ngram must be an integer >= 0, got {self.lookup_ngram!r}")
         if not isinstance(self.lookup_k, int) or self.lookup_k < 1:
             raise ValueError(f"SpecConfig.lookup_k must be an integer >= 1, got {self.lookup_k!r}")
-        for name in ("adaptive_k", "fuse_bonus", "draft_model"):  # a string "False" would be truthy
+        for name in ("adaptive_k", "fuse_bonus", "draft_model", "feature_head"):  # a string "False" would be truthy
             if not isinstance(getattr(self, name), bool):
                 raise ValueError(f"SpecConfig.{name} must be True or False, got {getattr(self, name)!r}")
         if self.suffix_factor <= 0 or not (0.0 <= self.suffix_min_prob <= 1.0) or self.suffix_max_depth < 2:

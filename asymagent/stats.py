@@ -38,6 +38,10 @@ class StepStats:
     # verifier steps}; jump-forward tokens are in forced_tokens (asymagent/decoding/adaptive_k.py
     # DraftChoice picks the source per step)
     draft_source: dict = field(default_factory=dict)
+    # per draft source (issue 56): {"suffix" | "lookup" | "model" | "feature": {rounds, drafted,
+    # accepted, emitted, mean_accepted_len, acceptance_by_position, reached_by_position,
+    # accepted_by_position, draft_s}} over the speculative rounds that source drafted
+    by_source: dict = field(default_factory=dict)
     k: int = 0  # K used (last round's, with adaptive_k)
     mean_jsd: float = 0.0  # mean JSD(p_aug || p_base) over verify positions (asym)
     forced_tokens: int = 0  # tokens the constraint alone determined (jump-forward; docs/engine.md)
@@ -59,6 +63,28 @@ class StepStats:
     def from_dict(cls, data: dict) -> "StepStats":
         names = {f.name for f in fields(cls)}
         return cls(**{k: v for k, v in data.items() if k in names})
+
+
+def pooled_by_source(steps: list) -> dict:
+    """StepStats.by_source pooled over `steps`: counts summed, rates recomputed from them."""
+    pooled: dict = {}
+    for s in steps:
+        for name, d in (getattr(s, "by_source", None) or {}).items():
+            p = pooled.setdefault(name, {"rounds": 0, "drafted": 0, "accepted": 0, "emitted": 0,
+                                         "draft_s": 0.0, "reached_by_position": [],
+                                         "accepted_by_position": []})
+            for key in ("rounds", "drafted", "accepted", "emitted", "draft_s"):
+                p[key] += d.get(key, 0)
+            for key in ("reached_by_position", "accepted_by_position"):
+                for i, n in enumerate(d.get(key, [])):
+                    while len(p[key]) <= i:
+                        p[key].append(0)
+                    p[key][i] += n
+    for p in pooled.values():
+        p["mean_accepted_len"] = p["emitted"] / p["rounds"] if p["rounds"] else 0.0
+        p["acceptance_by_position"] = [a / r if r else 0.0 for a, r in
+                                       zip(p["accepted_by_position"], p["reached_by_position"])]
+    return pooled
 
 
 _SUMMED = (
@@ -94,6 +120,7 @@ class RunStats:
             for name, count in (s.draft_source or {}).items():
                 sources[name] = sources.get(name, 0) + count
         out["draft_source"] = sources
+        out["by_source"] = pooled_by_source(self.steps)
         return out
 
     def acceptance_by_position(self) -> list:

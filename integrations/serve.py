@@ -35,6 +35,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="a directory/.gguf/HF id/.safetensors drafter, or 'layers:N' for an "
                              "untrained drafter made of the verifier's first N layers (unset: the "
                              "shipped drafter of the embedded verifier)")
+    parser.add_argument("--feature-head", default=None, metavar="PATH",
+                        help="an EAGLE-3 feature head for the verifier (`asymagent train-drafter "
+                             "--kind feature`): rounds that find no copy draft with it")
     parser.add_argument("--pair", default=None, metavar="NAME",
                         help="a named verifier + drafter pair instead of --verifier/--drafter: "
                              "'qwen2.5-coder' (Qwen2.5-Coder 1.5B + 0.5B; `make setup-pair` "

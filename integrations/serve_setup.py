@@ -10,6 +10,8 @@ builds the Engine from --verifier/--drafter/--config/--dtype/--device (integrati
 
 from __future__ import annotations
 
+from pathlib import Path
+
 from asymagent.config_file import read_config  # noqa: F401  (the --config file; also used below)
 
 
@@ -65,6 +67,9 @@ def check_args(args) -> None:
             raise ValueError(f"the model is given twice: {model!r} and --model {args.verifier!r}")
         args.verifier = model
     use_pair(args)
+    head = getattr(args, "feature_head", None)
+    if head is not None and not Path(head).expanduser().is_file():
+        raise FileNotFoundError(f"--feature-head: no such file: {head}")
     if not 0 <= args.port <= 65535:
         raise ValueError(f"--port must be in 0..65535, got {args.port}")
     for flag, value, low in (("--max-queue", args.max_queue, 1), ("--max-tokens", args.max_tokens or 1, 1),
@@ -163,6 +168,8 @@ def load_engine(args):
                          device=device, max_sessions=args.max_sessions,
                          max_num_seqs=getattr(args, "max_num_seqs", None) or 1,
                          max_num_batched_tokens=getattr(args, "max_num_batched_tokens", None) or 32)
+    if getattr(args, "feature_head", None):
+        engine.use_feature_head(args.feature_head)
     if getattr(args, "suffix_store", None):
         from asymagent.decoding.suffix_store import SuffixStore
 

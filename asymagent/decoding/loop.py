@@ -144,6 +144,7 @@ def _step(decoder: Decoder, plan: RequestPlan, choice: DraftChoice, speculating:
         k, copy_k = min(k, share), min(copy_k, share)
     budgets = {"suffix": copy_k, "lookup": copy_k}
     budgets = choice.budgets(k, budgets) if tune else {**budgets, "model": k}
+    budgets["feature"] = budgets["model"]  # the feature head drafts the model's K (plan.py)
     probe = tune and speculating and choice.want_probe()
     if not speculating or probe or max(budgets.values()) < 1:
         # asym fuses plain steps too (with the bonus row's beta), so a token never depends on

@@ -106,10 +106,11 @@ def _drafters(spec: SpecConfig, mode: Mode, temperature: float, reasons: dict) -
 
 
 def plan_request(mode: Mode, spec: SpecConfig, temperature: float, *, two_views: bool,
-                 full_fits: bool = True) -> RequestPlan:
+                 full_fits: bool = True, feature: bool = False) -> RequestPlan:
     """The plan of a request in `mode` (`two_views`: the compressed view differs from the full;
     `full_fits`: the full view is within the model's context limit, so the verifier could read
-    it; in asym it may be longer, read only by the drafter and the copy structures)."""
+    it; in asym it may be longer, read only by the drafter and the copy structures; `feature`:
+    the engine has a feature head, asked after the copied drafts, before the drafter model)."""
     reasons: dict = {}
     # A mode's verifier always reads the same cache: in an agent loop step 0 often has nothing to
     # compress (compressed == full), and switching caches at step 1 would re-prefill the whole
@@ -122,6 +123,10 @@ def plan_request(mode: Mode, spec: SpecConfig, temperature: float, *, two_views:
         return RequestPlan(mode=mode, spec=spec, temperature=temperature, verifier_role=role,
                            reasons=reasons, plain_beta=plain_beta)
     drafters, store = _drafters(spec, mode, temperature, reasons)
+    if feature:  # the feature head where no copy is found (decoding/feature_drafter.py)
+        copies = tuple(d for d in drafters if d != "model")
+        drafters = copies + ("feature",) + tuple(d for d in drafters if d == "model")
+        reasons["drafters"] += "; the feature head where no copy is found"
     # the drafter on the compressed view serves delta-fusion (beta), cda's base row and
     # escalation's JSD; with none of them its prefill and per-round base pass are skipped
     needs_base = spec.beta > 0 or spec.acceptance == "cda" or spec.escalate_jsd is not None

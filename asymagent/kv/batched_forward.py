@@ -44,6 +44,7 @@ import torch
 import torch.nn.functional as F
 
 from asymagent.kv.attention import DecodeAttention, decode_attention, gqa_sdpa_forward
+from asymagent.kv.feature_capture import capture_of
 from asymagent.kv.growing_cache import GrowingLayer
 from asymagent.kv.lean_forward import FAMILIES, LeanForward, lean_of, rms_norm, rope
 from asymagent.modeling import packed_linear
@@ -193,8 +194,16 @@ def forward_many(calls: list) -> list:
         lo += c.rows
     cos_all = torch.cat(cos, dim=1).unsqueeze(1)  # [1, 1, R, D]
     sin_all = torch.cat(sin, dim=1).unsqueeze(1)  # [1, 1, R, D]
+    captures = [capture_of(c.cache) for c in calls]  # EAGLE-3 features (kv/feature_capture.py)
+    parts: list = [[] for _ in calls]
     for i, lay in enumerate(lean.layers):
         x = _layer(lean, lay, i, x, seqs, cos_all, sin_all)
+        for cap, got, s in zip(captures, parts, seqs):
+            if cap is not None and i in cap.layer_set:
+                got.append(x[0, s.lo:s.hi])  # [T, H] this sequence's rows (a reference)
+    for cap, got, s in zip(captures, parts, seqs):
+        if cap is not None:
+            cap.record(s.start, got)
     return _outputs(lean, x, calls, seqs)
 
 

@@ -26,6 +26,7 @@ from dataclasses import dataclass, field
 
 import torch
 
+from asymagent.kv.feature_capture import CAPTURE_ATTR
 from asymagent.kv.growing_cache import croppable_to
 from asymagent.kv.lean_forward import lean_of
 
@@ -82,6 +83,9 @@ class ModelCache:
     cache: object = None  # DynamicCache (a GrowingCache if GROWING_KV) or StaticKV, made on first use
     tokens: list = field(default_factory=list)  # ids whose K/V are cached
     static: object = None  # StaticKVOptions: keep K/V in a StaticKV (the CUDA-graph decode path)
+    # a FeatureCapture (asymagent/kv/feature_capture.py): every dynamic-cache forward hands it the
+    # outputs of its layers (EAGLE-3 features for a feature drafter); None: nothing captured
+    capture: object = None
 
     def __len__(self) -> int:
         return len(self.tokens)
@@ -151,19 +155,36 @@ class ModelCache:
     def _inputs(self, ids: list) -> torch.Tensor:
         return torch.tensor([ids], dtype=torch.long, device=self.device)  # [1, T]
 
+    def _ready(self) -> None:
+        """Make the cache on first use; hand it the FeatureCapture (if any) for this forward."""
+        if self.cache is None:
+            self.cache = self._new_cache()
+        if self.capture is not None and self.static is None:
+            setattr(self.cache, CAPTURE_ATTR, self.capture)
+
+    def _record(self, hidden_states) -> None:
+        """transformers' forward (capture on): its per-layer outputs to the FeatureCapture
+        (hidden_states[i + 1] is layer i's output; the last is after the final norm and is
+        never a captured layer, feature_capture.default_layers)."""
+        cap = self.capture
+        cap.record(len(self.tokens), [hidden_states[i + 1][0] for i in cap.layers])
+
     @torch.inference_mode()
     def forward_logits(self, ids: list, keep: int) -> torch.Tensor:
         """Feed `ids`; return the logits of the last `keep` positions, [keep, V] (float32)."""
-        if self.cache is None:
-            self.cache = self._new_cache()
+        self._ready()
         lean = None if self.static is not None else lean_of(self.model)
         if self.static is not None:
             logits = self.cache.run(ids, head=True)[-keep:]  # [keep, V] float32
         elif lean is not None:  # the same bits without transformers' per-call Python
             logits = lean.logits(self._inputs(ids), self.cache, keep)[0, -keep:].float()  # [keep, V]
         else:
+            capture = self.capture is not None
+            extra = {"output_hidden_states": True} if capture else {}  # as before without one
             out = self.model(input_ids=self._inputs(ids), cache=self.cache, use_cache=True,
-                             logits_to_keep=keep)
+                             logits_to_keep=keep, **extra)
+            if capture:
+                self._record(out.hidden_states)
             logits = out.logits[0, -keep:].float()  # [keep, V]
         self.tokens.extend(ids)
         return logits
@@ -171,16 +192,19 @@ class ModelCache:
     @torch.inference_mode()
     def forward_hidden(self, ids: list) -> torch.Tensor:
         """Feed `ids` through the decoder body only; final hidden states [T, H] (no head)."""
-        if self.cache is None:
-            self.cache = self._new_cache()
+        self._ready()
         lean = None if self.static is not None else lean_of(self.model)
         if self.static is not None:
             hidden = self.cache.run(ids, head=False)  # [T, H]
         elif lean is not None:
             hidden = lean.hidden(self._inputs(ids), self.cache)[0]  # [T, H]
         else:
+            capture = self.capture is not None
+            extra = {"output_hidden_states": True} if capture else {}
             out = decoder_of(self.model)(input_ids=self._inputs(ids), cache=self.cache,
-                                         use_cache=True)
+                                         use_cache=True, **extra)
+            if capture:
+                self._record(out.hidden_states)
             hidden = out.last_hidden_state[0]  # [T, H]
         self.tokens.extend(ids)
         return hidden

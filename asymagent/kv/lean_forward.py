@@ -47,7 +47,8 @@ StaticKV / CUDA-graph path, asymagent/kv/static_cache.py, is separate). Used by
 `ModelCache.forward_logits/forward_hidden` (asymagent/kv/cache.py) when attached; the model's own
 `forward` is untouched, and a model (or its body) with forward hooks registered, or global forward
 hooks, is run through it so that the hooks see every forward (hooks on inner modules, layers or
-projections, are not called by LeanForward: detach it, or set the switch below, to use those). `ASYMAGENT_LEAN_FORWARD=0` turns it off. The fused packed weights replace
+projections, are not called by LeanForward: detach it, or set the switch below, to use those). `ASYMAGENT_LEAN_FORWARD=0` turns it off. A FeatureCapture on the cache
+(asymagent/kv/feature_capture.py) receives the outputs of its layers (references, no op changed). The fused packed weights replace
 the per-layer packed copies of q/k/v/gate/up (those are dropped; a transformers forward re-makes
 them on first use), so memory stays as with packed linears alone; a weight changed in place (its
 version counter moves) is re-fused on the next forward.
@@ -64,6 +65,7 @@ import torch
 import torch.nn.functional as F
 
 from asymagent.kv.attention import DecodeAttention, decode_attention, gqa_sdpa_forward
+from asymagent.kv.feature_capture import capture_of
 from asymagent.kv.growing_cache import GrowingLayer
 from asymagent.modeling import packed_linear
 from asymagent.modeling.packed_linear import FloorLinear, PackedLinear
@@ -337,7 +339,11 @@ class LeanForward:
         packed = (self.fused and x.dtype == torch.bfloat16 and x.device.type == "cpu"
                   and packed_linear.enabled())
         direct = self._direct(attention, packed, cos, sin_signed, mask, x)
+        capture = capture_of(cache)  # EAGLE-3 features (asymagent/kv/feature_capture.py), or None
+        parts = [] if capture is not None else None
         for i, lay in enumerate(self.layers):
+            if parts is not None and i > 0 and i - 1 in capture.layer_set:
+                parts.append(x[0])  # layer i-1's output [T, H] (a reference: no op changes)
             if direct is not None:
                 out = self._direct_step(i, lay, x, cache, direct)
                 if out is not None:
@@ -365,6 +371,10 @@ class LeanForward:
             else:
                 act = F.silu(lay.gate.forward(h)) * lay.up.forward(h)
             x = x + lay.down.forward(act)
+        if parts is not None:
+            if len(self.layers) - 1 in capture.layer_set:
+                parts.append(x[0])
+            capture.record(past, parts)
         return x
 
     def _direct(self, attention, packed: bool, cos: torch.Tensor, sin_signed: torch.Tensor,

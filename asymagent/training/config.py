@@ -12,6 +12,7 @@ from pathlib import Path
 
 
 FUSION_GROUP = "fusion objective (--objective fusion, training/fusion_train.py)"
+FEATURE_GROUP = "feature head (--kind feature, training/feature_train.py)"
 
 
 def knob(default, help: str | None = None, *, flag: bool = True, group: str | None = None,
@@ -106,7 +107,26 @@ class TrainConfig:
     compression: str = knob("", "CompressionConfig file for the compressed view (default: the "
                                 "engine's)", group=FUSION_GROUP)
 
+    kind: str = knob("model", "model: a drafter model (--objective distill|fusion); feature: an "
+                              "EAGLE-3 feature head on the verifier's own features",
+                     group=FEATURE_GROUP, choices=("model", "feature"))
+    budget_min: float = knob(0.0, "wall-clock budget of the whole run in minutes, teacher forwards "
+                                  "included (0: --max-minutes)", group=FEATURE_GROUP)
+    teacher_share: float = knob(0.4, "most of the budget the teacher forwards may take", group=FEATURE_GROUP)
+    feature_tokens: int = knob(120000, "teacher tokens to collect (features + top-k targets)",
+                               group=FEATURE_GROUP)
+    feature_vocab: int = knob(32768, "draft vocabulary of the head (its LM head rows; 0: the full "
+                                     "vocabulary)", group=FEATURE_GROUP)
+    feature_topk: int = knob(8, "top-k of the verifier's distribution kept as the target", group=FEATURE_GROUP)
+    feature_intermediate: int = knob(0, "MLP width of the head's layer (0: the verifier's)", group=FEATURE_GROUP)
+    ttt_steps: int = knob(3, "training-time test: chain steps fed the head's own outputs", group=FEATURE_GROUP)
+
     def validate(self) -> None:
+        if self.kind == "feature":
+            if self.ttt_steps < 1 or self.feature_topk < 1 or self.feature_tokens < 16:
+                raise ValueError("--ttt-steps and --feature-topk must be >= 1, --feature-tokens >= 16")
+            if self.budget_min < 0 or not 0.0 < self.teacher_share < 1.0:
+                raise ValueError("--budget-min must be >= 0 and --teacher-share in (0, 1)")
         if self.layers < 1:
             raise ValueError(f"--layers must be >= 1, got {self.layers}")
         if self.draft_vocab < 1:

@@ -304,7 +304,12 @@ def check_args(args) -> None:
     cfg = config_from_args(args)
     cfg.validate()
     parse_mix(cfg.data_mix)
-    check_model_source(cfg.verifier)
+    if cfg.kind == "feature":  # a feature head may name a pair's verifier ("pair:NAME")
+        from asymagent.modeling.pairs import check_model_source as check_pair_source
+
+        check_pair_source(cfg.verifier)
+    else:
+        check_model_source(cfg.verifier)
     if cfg.init_from and not Path(cfg.init_from).expanduser().exists():
         raise FileNotFoundError(f"--init-from: no such file: {cfg.init_from}")
     missing = [t for t in cfg.traces if not Path(t).expanduser().exists()]
@@ -321,7 +326,11 @@ def check_args(args) -> None:
 
 def main(args) -> int:
     cfg = config_from_args(args)
-    if cfg.objective == "fusion":
+    if cfg.kind == "feature":  # an EAGLE-3 feature head (training/feature_train.py)
+        from asymagent.training import feature_train
+
+        feature_train.run(cfg)
+    elif cfg.objective == "fusion":
         from asymagent.training import fusion_train
         from asymagent.traces import TraceMismatchError
 

@@ -17,7 +17,9 @@ per repeat, so no mode copies another's output. Default `--tool-choice auto`
 JSON (docs/architecture.md §6): {"verifier", "drafter", "workload": {...}, "settings": {...},
 "modes": {name: {wall_s, per_step_s, output_tokens, verifier_prefill_tokens, verifier_flops,
 fidelity_vs_full, speedup_vs_full, speedup_vs_full_ci95, wall_s_spread, flops_vs_full,
-[acceptance_rate, mean_accepted_len, acceptance_by_position, draft_source]}}, "pairs": {...}}.
+[acceptance_rate, mean_accepted_len, acceptance_by_position, draft_source, by_source]}},
+"pairs": {...}}; `by_source` holds per draft source (suffix, lookup, model, feature) the rounds,
+mean accepted length and acceptance by position (RunStats.totals).
 """
 
 from __future__ import annotations
@@ -56,6 +58,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="a named verifier + drafter pair (as --verifier pair:NAME): 'qwen2.5-coder' "
                         "(`make setup-pair`; docs/pair.md)")
     p.add_argument("--drafter", default=None, help="drafter .safetensors (default: the shipped one)")
+    p.add_argument("--feature-head", metavar="PATH", default=None,
+                   help="an EAGLE-3 feature head (`train-drafter --kind feature`) for the verifier: "
+                        "spec/asym rounds without a copy draft with it (a mode label may turn it off: "
+                        "spec:feature_head=false)")
     p.add_argument("--compression", metavar="FILE", default=None,
                    help="CompressionConfig YAML/JSON for the verifier's view (default: tool_output 64/32)")
     p.add_argument("--dtype", default="auto",
@@ -319,6 +325,7 @@ def _summarize(modes: list, times: dict, first: dict, n: int) -> dict:
                 d["mean_accepted_len"] = tot["mean_accepted_len"]
                 d["acceptance_by_position"] = run.acceptance_by_position()
                 d["draft_source"] = tot["draft_source"]
+                d["by_source"] = tot["by_source"]  # per draft source (StepStats.by_source)
         out[m] = d
     for m, d in out.items():
         d["speedup_vs_full"] = out["full"]["wall_s"] / d["wall_s"] if d["wall_s"] else 0.0
@@ -392,6 +399,8 @@ def main(args) -> int:
     setup = build_engine(args.verifier, args.drafter, compression=compression, dtype=args.dtype,
                          compile=args.compile)
     setup.announce("bench")
+    if getattr(args, "feature_head", None):
+        setup.engine.use_feature_head(args.feature_head)
     engines = {}  # 'mode@dtype' labels: the same pair in another dtype
     for dtype in sorted({d for d in (split_dtype(m)[1] for m in modes) if d is not None}):
         engines[dtype] = build_engine(args.verifier, args.drafter, compression=compression,

@@ -10,6 +10,9 @@ Speculation counters follow vLLM's definitions:
   num_accepted_tokens   draft tokens accepted,
   num_accepted_tokens_per_pos{position}  accepted drafts at draft position i (0-based).
 Extension: draft_source_steps{source}  decode steps by drafter (StepStats.draft_source).
+Per draft source (issue 56; StepStats.by_source), the same counters with a `source` label
+(suffix, lookup, model, feature): spec_decode_num_drafts_by_source, ..._num_draft_tokens_by_source,
+..._num_accepted_tokens_by_source, ..._num_accepted_tokens_per_pos_by_source{source, position}.
 """
 
 from __future__ import annotations
@@ -61,6 +64,16 @@ class ServerMetrics:
         self.num_accepted_per_pos = Counter(p + "spec_decode_num_accepted_tokens_per_pos",
                                             "Accepted draft tokens by draft position.",
                                             lbl + ["position"], registry=r)
+        by = lbl + ["source"]
+        self.src_drafts = Counter(p + "spec_decode_num_drafts_by_source", "Speculative rounds "
+                                  "by draft source.", by, registry=r)
+        self.src_draft_tokens = Counter(p + "spec_decode_num_draft_tokens_by_source",
+                                        "Draft tokens proposed, by draft source.", by, registry=r)
+        self.src_accepted = Counter(p + "spec_decode_num_accepted_tokens_by_source",
+                                    "Draft tokens accepted, by draft source.", by, registry=r)
+        self.src_accepted_per_pos = Counter(p + "spec_decode_num_accepted_tokens_per_pos_by_source",
+                                            "Accepted draft tokens by draft source and position.",
+                                            by + ["position"], registry=r)
         self.ttft = Histogram(p + "time_to_first_token_seconds", "Time to first token "
                               "(request received -> first token), seconds.", lbl,
                               buckets=_LATENCY_BUCKETS, registry=r)
@@ -134,6 +147,12 @@ class ServerMetrics:
                 self.num_accepted_per_pos.labels(m, str(pos)).inc(count)
         for source, count in (getattr(stats, "draft_source", None) or {}).items():
             self.draft_source.labels(m, source).inc(count)
+        for source, d in (getattr(stats, "by_source", None) or {}).items():
+            self.src_drafts.labels(m, source).inc(d.get("rounds", 0))
+            self.src_draft_tokens.labels(m, source).inc(d.get("drafted", 0))
+            self.src_accepted.labels(m, source).inc(d.get("accepted", 0))
+            for pos, count in enumerate(d.get("accepted_by_position", [])):
+                self.src_accepted_per_pos.labels(m, source, str(pos)).inc(count)
         self.e2e.labels(m).observe(e2e_s)
         self.queue_time.labels(m).observe(queue_s)
         if ttft_s is not None:
