@@ -30,6 +30,10 @@ TIME = {"type": "function", "function": {
 CALL = '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris"}}\n</tool_call>'
 ECHO = ("<tools>\n" + json.dumps(WEATHER) + "\n</tools>\n"
         '{{"name": "get_weather", "arguments": {"city": "Paris"}}}')
+# what the pair wrote under auto (2026-12-07, `serve --pair qwen2.5-coder`): its call in a tag of its own
+PAIR_JSON = ('<json>\n{\n  "name": "get_weather",\n  "arguments": {\n    "city": "Paris"\n  }\n}\n'
+             '</json>')
+JSON_WRAPPED = '<json>\n{"name": "get_weather", "arguments": {"city": "Paris"}}\n</json>'
 ANSWER, SORRY = "It is 18 C and sunny in Paris.", "Sorry, the weather service failed."
 QUESTION = [{"role": "user", "content": "What's the weather in Paris? Answer in one sentence."}]
 CALL_SYNTAX = ("<tool_call>", "</tool_call>", "<tools>", "</tools>", '{"name"', '{{"')
@@ -128,6 +132,35 @@ def test_a_definition_is_never_a_call():
     assert parse_output("<tool_call>\n\n</tool_call>Done.", names).content == "Done."
     other = parse_output('{"name": "get_wind", "arguments": {}}', names)
     assert not other.tool_calls and "get_wind" in other.invalid_tool_calls[0]["error"]
+
+
+PARIS = [("get_weather", {"city": "Paris"})]
+WRAPPED = [  # (model text, content, calls): wrappers around or beside a call are no content
+    (PAIR_JSON, "", PARIS),
+    (JSON_WRAPPED, "", PARIS),
+    ('<json>{"name": "get_weather", "arguments": {"city": "Paris"}}</json>', "", PARIS),
+    ('<json>\n\n</json>\n' + CALL, "", PARIS),
+    (CALL + "\n<json>\n\n</json>", "", PARIS),
+    ('<result type="call">\n' + CALL + '\n</result>', "", PARIS),
+    ("```json\n\n```\n" + CALL, "", PARIS),
+    ("```json\n" + JSON_WRAPPED + "\n```", "", PARIS),
+    ("Let me check.\n<json>\n" + CALL + "\n</json>\nDone.", "Let me check.\n\nDone.", PARIS),
+    ("The answer is <b>42</b>\n" + CALL, "The answer is <b>42</b>", PARIS),
+    ("```py\nx = 1\n```\n" + CALL, "```py\nx = 1\n```", PARIS),
+    ("<json>\n\n</json>", "", []),  # nothing but a wrapper: no content
+    ("```\n```", "", []),
+    ("Use <br></br> here.", "Use <br></br> here.", []),  # away from a call: content
+    ("A <i>\n</i> B", "A <i>\n</i> B", []),
+]
+
+
+@pytest.mark.parametrize("text, content, calls", WRAPPED)
+def test_wrappers_around_a_call_are_no_content(text, content, calls):
+    out = parse_output(text, ["get_weather"])
+    assert out.content == content and not out.invalid_tool_calls
+    assert [(c["function"]["name"], json.loads(c["function"]["arguments"]))
+            for c in out.tool_calls] == calls
+    assert parse_output("<b></b>").content == "<b></b>"  # without tools the text is the text
 
 
 # ------------------------------------------------------------------------------ the engine
@@ -252,6 +285,20 @@ def test_server_auto_call_then_answer_streamed_equals_plain(client, tools):
     assert calls_of(r3.choices[0].message) == [("get_weather", {"city": "Paris"})]
 
 
+@pytest.mark.parametrize("parallel", [True, False])
+def test_server_a_call_in_a_tag_of_its_own(client, qwen_tok, monkeypatch, parallel):
+    """The pair's `<json>` wrapper around its call (on one tiny model): the call, no content,
+    streamed == non-streamed, no delta holding the wrapper; with parallel_tool_calls false
+    the turn ends after the call (`</json>` never written) and `<json>` is dropped the same."""
+    scripted(monkeypatch, qwen_tok, lambda prompt: JSON_WRAPPED)
+    kwargs = dict(model="asymagent", messages=QUESTION, tools=[WEATHER], tool_choice="auto",
+                  parallel_tool_calls=parallel)
+    message = client.chat.completions.create(**kwargs).choices[0].message
+    assert calls_of(message) == [("get_weather", {"city": "Paris"})] and not message.content
+    content, calls, deltas = streamed(client, **kwargs)
+    assert (content, calls) == ("", calls_of(message)) and deltas == []
+
+
 def test_responses_and_chat_render_the_same_prompt(client, qwen_tok):
     from asymagent.chat.chat_format import ChatFormat
     from asymagent.integrations.server.response_items import ResponseRequest
@@ -284,6 +331,9 @@ STREAM_CASES = [
     "<tools>\n\n</tools>",
     "Plain answer with <b>tags</b> and a {brace}.",
     "Two lines.\n{not json} here",
+    *[text for text, _, _ in WRAPPED],
+    "Sure <json>\n" + CALL,
+    "Weather:\n<json>\n" + JSON_WRAPPED[7:],
 ]
 
 
