@@ -33,6 +33,8 @@ ECHO = ("<tools>\n" + json.dumps(WEATHER) + "\n</tools>\n"
 # what the pair wrote under auto (2026-12-07, `serve --pair qwen2.5-coder`): its call in a tag of its own
 PAIR_JSON = ('<json>\n{\n  "name": "get_weather",\n  "arguments": {\n    "city": "Paris"\n  }\n}\n'
              '</json>')
+PRETTY_HELD = ('<json>\n{\n  "name": "get_weather",\n  "arguments": {"city": "Paris"}\n}\n'
+               '</json>')  # the pair's layout with its arguments compact, as the grammar holds it
 JSON_WRAPPED = '<json>\n{"name": "get_weather", "arguments": {"city": "Paris"}}\n</json>'
 ANSWER, SORRY = "It is 18 C and sunny in Paris.", "Sorry, the weather service failed."
 QUESTION = [{"role": "user", "content": "What's the weather in Paris? Answer in one sentence."}]
@@ -96,10 +98,34 @@ def test_auto_grammar_is_free_text_or_a_held_call(qwen_tok):
         != "ok"
     assert walk(c, qwen_tok, '<tool_call>\n{"name": "get_time", "arguments": {"tz": "PST"}}') != "ok"
     assert walk(c, qwen_tok, '{"name": "get_weather", "description": "x"}') != "ok"  # a definition
-    c.reset()
-    for t in qwen_tok.encode("<tool_call>", add_special_tokens=False):
+    c.reset()  # jump-forward: the object's layout is the model's, then the head is forced
+    for t in qwen_tok.encode('<tool_call>\n{"name"', add_special_tokens=False):
         c.advance(t)
-    assert qwen_tok.decode(c.forced_tokens()).startswith('\n{"name": "get')  # jump-forward
+    assert qwen_tok.decode(c.forced_tokens()).startswith(': "get')
+
+
+@pytest.mark.parametrize("tag", ["", "<json>\n", "<result>", "```json\n", "Sure. <call id=\"1\">\n"])
+@pytest.mark.parametrize("opening", ["", " ", "\n", "\n  ", "\n    ", "\n\t"])
+def test_a_call_opens_the_grammar_inside_any_tag_and_layout(qwen_tok, tag, opening):
+    """`{` + whitespace + `"name"` after any text or tag of the model's own starts a held call:
+    only a tool's name, only schema-valid (compact) arguments; the layout of the object's keys
+    follows its opening; code with braces stays free text."""
+    c = AutoToolConstraint(qwen_tok, [WEATHER, TIME], parallel=True)
+    head = tag + "{" + opening + '"name"'
+    between = opening or " "
+    call = head + ': "get_weather",' + between + '"arguments": {"city": "Paris"}' + \
+        ("\n}" if opening.startswith("\n") else " }" if opening else "}")
+    assert walk(c, qwen_tok, call) == "ok"
+    out = parse_output(call + ("\n</" + tag[1:tag.index(">")] + ">" if tag.startswith("<") else ""),
+                       ["get_weather", "get_time"])
+    assert [(t["function"]["name"], json.loads(t["function"]["arguments"])) for t in out.tool_calls] \
+        == [("get_weather", {"city": "Paris"})] and out.content in ("", "Sure.")
+    assert walk(c, qwen_tok, head + ': "get_wind"') != "ok"
+    assert walk(c, qwen_tok, head + ': "get_weather",' + between + '"arguments": {"type": "object"') \
+        != "ok"
+    assert walk(c, qwen_tok, head + ': "get_weather",' + between + '"arguments": {\n    "city"') \
+        != "ok"  # arguments compact, as json.dumps writes them
+    assert walk(c, qwen_tok, tag + "int f() {\n  return 1;\n}") == "ok"
 
 
 def test_parallel_and_the_bare_family(qwen_tok, smollm_tokenizer):
@@ -192,6 +218,27 @@ def test_the_scripted_call_is_held_and_identical_in_every_mode(engine, qwen_tok,
     sampled = [engine.chat(QUESTION, tools=tools, max_new_tokens=64, mode="spec", temperature=0.8,
                            seed=7, cache_key=f"seed-{i}-{len(tools)}").token_ids for i in range(2)]
     assert sampled[0] == sampled[1]  # same seed, same output
+
+
+def test_the_pairs_wrapped_pretty_call_is_held_in_every_mode(engine, qwen_tok, monkeypatch):
+    """The pair's layout (a call pretty-printed inside `<json>`, 2026-12-07) is decoded under the
+    grammar: scripted to call a tool that does not exist, the model can only name an offered one;
+    scripted to the held layout, the call comes out token-identical in every mode, no content."""
+    wind = PRETTY_HELD.replace("get_weather", "get_wind")
+    scripted(monkeypatch, qwen_tok, lambda prompt: wind)
+    out = engine.chat(QUESTION, tools=[WEATHER], max_new_tokens=40, mode="full", cache_key="wind")
+    raw = qwen_tok.decode(out.token_ids)
+    assert "get_wind" not in raw and raw.startswith('<json>\n{\n  "name": "get_weather"'), raw
+    scripted(monkeypatch, qwen_tok, lambda prompt: PRETTY_HELD)
+    runs = {}
+    for mode in ("full", "spec", "asym"):
+        out = engine.chat(QUESTION, tools=[WEATHER], max_new_tokens=64, mode=mode,
+                          parallel_tool_calls=True, cache_key=f"pretty-{mode}")
+        assert out.text == "" and [(c["function"]["name"], c["function"]["arguments"])
+                                   for c in out.tool_calls] == [("get_weather", '{"city": "Paris"}')]
+        runs[mode] = out.token_ids
+    assert runs["spec"] == runs["full"] == runs["asym"]
+    assert qwen_tok.decode(runs["full"]).startswith(PRETTY_HELD)
 
 
 def test_batched_auto_turns_are_the_turns_alone(qwen_tok, monkeypatch):
