@@ -286,8 +286,9 @@ def client(server, qwen_tok, monkeypatch):
     return OpenAI(base_url=server + "/v1", api_key="x")
 
 
-def streamed(client, **kwargs) -> tuple[str, list, list]:
-    """(content, tool calls as (name, arguments), every content delta) of a streamed request."""
+def streamed(client, raw: bool = False, **kwargs) -> tuple[str, list, list]:
+    """(content, tool calls as (name, arguments), every content delta) of a streamed request;
+    `raw`: the arguments as the string the deltas add up to (else parsed)."""
     content, deltas, calls = "", [], {}
     for chunk in client.chat.completions.create(stream=True, **kwargs):
         if not chunk.choices:
@@ -300,7 +301,7 @@ def streamed(client, **kwargs) -> tuple[str, list, list]:
             entry = calls.setdefault(tc.index, ["", ""])
             entry[0] += (tc.function.name or "") if tc.function else ""
             entry[1] += (tc.function.arguments or "") if tc.function else ""
-    return content, [(n, json.loads(a)) for n, a in calls.values()], deltas
+    return content, [(n, a if raw else json.loads(a)) for n, a in calls.values()], deltas
 
 
 def calls_of(message) -> list:
@@ -315,8 +316,9 @@ def test_server_auto_call_then_answer_streamed_equals_plain(client, tools):
     message = r.choices[0].message
     assert r.choices[0].finish_reason == "tool_calls" and not message.content
     assert calls_of(message) == [("get_weather", {"city": "Paris"})]
-    content, calls, deltas = streamed(client, messages=msgs, **kwargs)
-    assert (content or None, calls) == (message.content or None, calls_of(message))
+    content, calls, deltas = streamed(client, raw=True, messages=msgs, **kwargs)
+    assert (content or None, calls) == (message.content or None, [
+        (c.function.name, c.function.arguments) for c in message.tool_calls])  # exactly
     assert not any(s in d for d in deltas for s in CALL_SYNTAX)
     for result, reply in (("18 C, sunny", ANSWER), ("Error: the service is down", SORRY)):
         history = msgs + [message.model_dump(exclude_none=True),
@@ -332,18 +334,20 @@ def test_server_auto_call_then_answer_streamed_equals_plain(client, tools):
     assert calls_of(r3.choices[0].message) == [("get_weather", {"city": "Paris"})]
 
 
+@pytest.mark.parametrize("script", [JSON_WRAPPED, PRETTY_HELD], ids=["compact", "pretty"])
 @pytest.mark.parametrize("parallel", [True, False])
-def test_server_a_call_in_a_tag_of_its_own(client, qwen_tok, monkeypatch, parallel):
+def test_server_a_call_in_a_tag_of_its_own(client, qwen_tok, monkeypatch, parallel, script):
     """The pair's `<json>` wrapper around its call (on one tiny model): the call, no content,
     streamed == non-streamed, no delta holding the wrapper; with parallel_tool_calls false
     the turn ends after the call (`</json>` never written) and `<json>` is dropped the same."""
-    scripted(monkeypatch, qwen_tok, lambda prompt: JSON_WRAPPED)
+    scripted(monkeypatch, qwen_tok, lambda prompt: script)
     kwargs = dict(model="asymagent", messages=QUESTION, tools=[WEATHER], tool_choice="auto",
                   parallel_tool_calls=parallel)
     message = client.chat.completions.create(**kwargs).choices[0].message
     assert calls_of(message) == [("get_weather", {"city": "Paris"})] and not message.content
-    content, calls, deltas = streamed(client, **kwargs)
-    assert (content, calls) == ("", calls_of(message)) and deltas == []
+    content, calls, deltas = streamed(client, raw=True, **kwargs)
+    assert (content, calls) == ("", [(c.function.name, c.function.arguments)
+                                     for c in message.tool_calls]) and deltas == []
 
 
 def test_responses_and_chat_render_the_same_prompt(client, qwen_tok):
@@ -381,6 +385,8 @@ STREAM_CASES = [
     *[text for text, _, _ in WRAPPED],
     "Sure <json>\n" + CALL,
     "Weather:\n<json>\n" + JSON_WRAPPED[7:],
+    '{ "name": "get_weather",  "arguments" :{ "city" :"S\\u00e3o Paulo \\ud83d\\ude00 \\/ \\"x\\"" ,'
+    ' "days": 1.50e1, "ok": true, "n": null, "l": [ 1 , -0 ] } }',
 ]
 
 
@@ -409,8 +415,28 @@ def test_streamed_deltas_add_up_to_the_parsed_message(text, piece):
     assert "".join(content) == parsed.content
     if parsed.tool_calls:
         assert not any(sign in c for c in content for sign in CALL_SYNTAX)
-    assert [(n, json.loads(a)) for n, a in calls.values()] == \
-        [(c["function"]["name"], json.loads(c["function"]["arguments"])) for c in parsed.tool_calls]
+    # the arguments exactly as parsed (json.dumps' serialisation), whatever the model's layout
+    assert [(n, a) for n, a in calls.values()] == \
+        [(c["function"]["name"], c["function"]["arguments"]) for c in parsed.tool_calls]
+
+
+CANON_VALUES = [{"city": "Paris"}, {"a": [1, 2.5, -0.0, 1e20, True, None], "b": {"c": "é\n\"\\/"}},
+                {"emoji": "\U0001F600", "ctl": "\u0001\t", "big": 12345678901234567890, "e": []}]
+
+
+@pytest.mark.parametrize("value", CANON_VALUES)
+@pytest.mark.parametrize("layout", [dict(), dict(indent=2), dict(indent="\t", ensure_ascii=True),
+                                    dict(separators=(",", ":"), ensure_ascii=True)])
+def test_streamed_arguments_are_the_canonical_prefix(value, layout):
+    """Every prefix of the model's text of a value maps to a prefix of the parser's string
+    (json.dumps, ensure_ascii=False), and the whole text to all of it."""
+    from asymagent.integrations.server.json_canon import canonical_prefix
+
+    raw, want = json.dumps(value, **layout), json.dumps(value, ensure_ascii=False)
+    for n in range(len(raw) + 1):
+        assert want.startswith(canonical_prefix(raw[:n])), raw[:n]
+    assert canonical_prefix(raw) == want
+    assert canonical_prefix(raw + " ") == want
 
 
 @pytest.mark.slow

@@ -4,8 +4,10 @@ The model's raw text arrives in pieces (one per decoding round). While it does n
 tool call it is streamed as `delta.content`; once it does (it starts with `{` or `<tool_call>`,
 or later a `<tool_call>` tag, a line starting with `{` (after tags of its own too: `<json>{`),
 or an echo of the tool list `<tools>` appears: wherever the output parser may read a call or drop
-text), calls are streamed as `delta.tool_calls`: every entry has `index`; `id`, `type` and `function.name` come only in a
-call's first delta (with `arguments: ""`), then `function.arguments` string fragments follow. A
+text), calls are streamed as `delta.tool_calls`: every entry has `index`; `id`, `type` and
+`function.name` come only in a call's first delta (with `arguments: ""`), then `function.arguments` string fragments follow:
+the arguments as the output parser serialises them (`json.dumps(..., ensure_ascii=False)`, written
+as the model goes, integrations/server/json_canon.py), whatever whitespace the model wrote. A
 call is recognised by the chat format's shape `{"name": "...", "arguments": <json>}`
 (optionally inside `<tool_call>...</tool_call>`).
 
@@ -27,6 +29,7 @@ import re
 import uuid
 
 from asymagent.chat.call_wrappers import held_while_streaming
+from asymagent.integrations.server.json_canon import canonical_prefix
 
 TAG_OPEN, TAG_CLOSE = "<tool_call>", "</tool_call>"
 TOOLS_ECHO = "<tools>"  # the tool list echoed: the parser drops it, so it is never content
@@ -174,12 +177,15 @@ class DeltaStreamer:
         if not call.sent_args and sub[:1].isspace():  # the head regex may end before a space
             call.args_start += len(sub) - len(sub.lstrip())
             sub = sub.lstrip()
+        if sub.startswith('"'):
+            return []  # arguments as a JSON string: the parser decodes them; sent by finish()
         try:
-            _, end = _DECODER.raw_decode(sub)
+            value, end = _DECODER.raw_decode(sub)
             call.value_end = call.args_start + end
-            ready = sub[:end]
-        except json.JSONDecodeError:
-            ready = sub.rstrip().rstrip("}")  # trailing braces may close the outer object
+            # the parser's serialisation exactly (json_canon's docstring)
+            ready = json.dumps(value, ensure_ascii=False) if isinstance(value, dict) else ""
+        except json.JSONDecodeError:  # trailing braces may close the outer object
+            ready = canonical_prefix(sub.rstrip().rstrip("}"))
         return self._args_delta(call, ready)
 
     def _args_delta(self, call: _Call, ready: str) -> list[dict]:
