@@ -33,22 +33,25 @@ _AFTER = re.compile(rf"\A(?:\s+|{_EMPTY_PAIR}|{_EMPTY_FENCE}|</{_NAME}\s*>|```(?
 # what may still grow into an element of a run before a call (streaming): `<`, `<js`,
 # `<json attr`, `</`, `</js`, a backtick or two
 _PARTIAL = re.compile(rf"(?:<(?:{_NAME}(?:\s[^<>\n]*)?)?|</[\w:.-]*|`{{1,2}})\Z")
-_FENCE = re.compile(r"```")
 
 
-def _opens_a_block(text: str, at: int) -> bool:
+WINDOW = 512  # the streamer looks for a run in the text's last WINDOW characters (longer: sent)
+
+
+def _opens_a_block(text: str, at: int, fences_before: int = 0) -> bool:
     """True when the fence at `at` opens a code block: an even number of fences before it."""
-    return len(_FENCE.findall(text, 0, at)) % 2 == 0
+    return (fences_before + text.count("```", 0, at)) % 2 == 0
 
 
-def run_before_call(text: str) -> int:
-    """Where the trailing run of wrappers of `text` starts (len(text): there is none)."""
+def run_before_call(text: str, fences_before: int = 0) -> int:
+    """Where the trailing run of wrappers of `text` starts (len(text): there is none);
+    `fences_before`: the code fences in text that came before `text`."""
     end, start = len(text), 0
     while end:
         m = _BEFORE.search(text, start, end)
         if m is None or m.start() == end:
             break
-        if m.group(0).startswith("```") and not _opens_a_block(text, m.start()):
+        if m.group(0).startswith("```") and not _opens_a_block(text, m.start(), fences_before):
             start = m.start() + 1  # it closes a code block: content (a shorter match may not)
             continue
         end, start = m.start(), 0
@@ -83,10 +86,15 @@ def _trim_after(text: str) -> str:
 
 def held_while_streaming(text: str) -> int:
     """Where the suffix of streamed `text` that may yet be a wrapper before a call starts: a
-    run before a call, possibly ending in a partial tag or fence (len(text): none)."""
-    partial = _PARTIAL.search(text)
-    whole = run_before_call(text)  # "```" is an opener whole, and "``" + "`" a partial
-    return whole if partial is None else min(whole, run_before_call(text[: partial.start()]))
+    run before a call, possibly ending in a partial tag or fence (len(text): none). Only the
+    last WINDOW characters are looked at (each push reads them: linear in the answer)."""
+    base = max(0, len(text) - WINDOW)
+    tail, fences = text[base:], text.count("```", 0, base)
+    partial = _PARTIAL.search(tail)
+    whole = run_before_call(tail, fences)  # "```" is an opener whole, and "``" + "`" a partial
+    if partial is not None:
+        whole = min(whole, run_before_call(tail[: partial.start()], fences))
+    return base + whole
 
 
 def only_wrappers(text: str) -> bool:

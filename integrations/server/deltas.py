@@ -39,6 +39,7 @@ _CALL_SIGN = re.compile(r"<tool_call>|<tools>|</tools>|(?:^|\n)[ \t]*(?:<[A-Za-z
                         r"(?:\s[^<>\n]*)?>[ \t]*)*\{")
 _CALL_HEAD = re.compile(r'\{\s*"name"\s*:\s*"((?:[^"\\]|\\.)*)"\s*,\s*"arguments"\s*:\s*')
 _DECODER = json.JSONDecoder()
+SIGN_LOOKBACK = 600  # a call sign's leading tags and whitespace fit in this (linear streaming)
 
 
 def new_call_id() -> str:
@@ -80,6 +81,7 @@ class DeltaStreamer:
         self.content_end = 0  # text[:content_end] is content; tool calls start after it
         self.calls: list[_Call] = []
         self.scan = 0  # where the next call object may start (tools mode)
+        self.signs_seen = 0  # the text up to here holds no call sign (content mode)
 
     # -- streaming ----------------------------------------------------------------------------
     def push(self, piece: str) -> list[dict]:
@@ -105,7 +107,10 @@ class DeltaStreamer:
         self.scan = at
 
     def _content_step(self) -> list[dict]:
-        sign = _CALL_SIGN.search(self.text) if self.tools_enabled else None
+        sign = None
+        if self.tools_enabled:  # a sign ends in the new text: look back a line's worth only
+            sign = _CALL_SIGN.search(self.text, max(0, self.signs_seen - SIGN_LOOKBACK))
+            self.signs_seen = len(self.text)
         if sign is not None:  # from here on the parser may read calls: nothing more is content
             self._enter_tools(sign.start())
         body = self.text[: self.content_end] if self.mode == "tools" else self.text
