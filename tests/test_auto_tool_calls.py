@@ -348,6 +348,16 @@ def test_server_a_call_in_a_tag_of_its_own(client, qwen_tok, monkeypatch, parall
     content, calls, deltas = streamed(client, raw=True, **kwargs)
     assert (content, calls) == ("", [(c.function.name, c.function.arguments)
                                      for c in message.tool_calls]) and deltas == []
+    flat = {"type": "function", **WEATHER["function"]}
+    rkw = dict(model="asymagent", input=QUESTION[0]["content"], tools=[flat],
+               parallel_tool_calls=parallel)
+    resp = client.responses.create(**rkw)
+    assert [(o.type, getattr(o, "arguments", None)) for o in resp.output] == \
+        [("function_call", '{"city": "Paris"}')]  # no message item: the wrapper is no text
+    events = list(client.responses.create(stream=True, **rkw))
+    assert not [e for e in events if e.type == "response.output_text.delta"]
+    done = [e.item for e in events if e.type == "response.output_item.done"]
+    assert [(i.type, i.arguments) for i in done] == [("function_call", '{"city": "Paris"}')]
 
 
 def test_responses_and_chat_render_the_same_prompt(client, qwen_tok):
