@@ -6,8 +6,8 @@ out, `<json>\\n\\n</json>` is left. Such wrappers are removed where a call was t
 (asymagent/chat/output_parsing.py), and the streamer never sends them
 (integrations/server/deltas.py), with the same rules:
 - before a call: a trailing run of whitespace (kept in front of the first wrapper: the line
-  break between text and call stays, as without a wrapper), empty tag pairs (`<x>` then only whitespace then
-  `</x>`), opening tags (`<x>`, `<x attr="...">`) and code-fence openers ("```json"; a fence
+  break between text and call stays, as without a wrapper), empty tag pairs (`<x>` then only
+  whitespace then `</x>`), opening tags (`<x>`, `<x attr="...">`) and code-fence openers ("```json"; a fence
   that would close an open code block is kept);
 - after a call: a leading run of whitespace, empty tag pairs, closing tags (`</x>`) and closing
   fences ("```" not followed by a language);

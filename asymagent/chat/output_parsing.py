@@ -16,9 +16,9 @@ object naming no tool is no call either (an `invalid_tool_calls` entry). An empt
 a call of its own accord (`<json>\n{call}\n</json>`, an empty tag pair, a code fence: the rules
 are asymagent/chat/call_wrappers.py's, which the server's streamer shares); with tools offered a
 message of nothing but such wrappers has no content. A call object may follow a line's leading
-tags (`<json>{"name": ...}`), where the auto grammar holds it too. Malformed JSON that looks like a call stays in the
-content and adds an `invalid_tool_calls` entry in LangChain's shape (name, args, id, error), so nothing the
-model wrote is lost and no exception reaches the caller.
+tags (`<json>{"name": ...}`), where the auto grammar holds it too. Malformed JSON that looks like
+a call stays in the content and adds an `invalid_tool_calls` entry in LangChain's shape (name,
+args, id, error), so nothing the model wrote is lost and no exception reaches the caller.
 """
 
 from __future__ import annotations

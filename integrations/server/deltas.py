@@ -5,9 +5,10 @@ tool call it is streamed as `delta.content`; once it does (it starts with `{` or
 or later a `<tool_call>` tag, a line starting with `{` (after tags of its own too: `<json>{`),
 or an echo of the tool list `<tools>` appears: wherever the output parser may read a call or drop
 text), calls are streamed as `delta.tool_calls`: every entry has `index`; `id`, `type` and
-`function.name` come only in a call's first delta (with `arguments: ""`), then `function.arguments` string fragments follow:
-the arguments as the output parser serialises them (`json.dumps(..., ensure_ascii=False)`, written
-as the model goes, integrations/server/json_canon.py), whatever whitespace the model wrote. A
+`function.name` come only in a call's first delta (with `arguments: ""`), then
+`function.arguments` string fragments follow: the arguments as the output parser serialises them
+(`json.dumps(..., ensure_ascii=False)`, written as the model goes,
+integrations/server/json_canon.py), whatever whitespace the model wrote. A
 call is recognised by the chat format's shape `{"name": "...", "arguments": <json>}`
 (optionally inside `<tool_call>...</tool_call>`).
 
@@ -33,7 +34,7 @@ from asymagent.integrations.server.json_canon import canonical_prefix
 
 TAG_OPEN, TAG_CLOSE = "<tool_call>", "</tool_call>"
 TOOLS_ECHO = "<tools>"  # the tool list echoed: the parser drops it, so it is never content
-_TAG = re.compile(r"</?[A-Za-z][\w:.-]*(?:\s[^<>\n]*)?>")  # any tag: `<json>`, `</json>`, `<tool_call>`
+_TAG = re.compile(r"</?[A-Za-z][\w:.-]*(?:\s[^<>\n]*)?>")  # any tag: `<json>`, `</tool_call>`
 # a call may start here: a `{` at a line start, after a line's leading tags too (`<json>{"name"`)
 _CALL_SIGN = re.compile(r"<tool_call>|<tools>|</tools>|(?:^|\n)[ \t]*(?:<[A-Za-z][\w:.-]*"
                         r"(?:\s[^<>\n]*)?>[ \t]*)*\{")
