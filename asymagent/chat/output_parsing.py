@@ -147,7 +147,7 @@ def _parse_json_calls(chunk: str, out: ParsedOutput, keep: list, names=None) -> 
         doubled = _doubled_call(chunk, start)
         if doubled is not None:
             obj, end = doubled
-            keep.append(chunk[pos:start])
+            keep.append(chunk[pos:start] if chunk[pos:start].strip() else "")
             _add_call(obj, chunk[start:end], out, keep, names)
             pos = end
             continue
@@ -166,7 +166,7 @@ def _parse_json_calls(chunk: str, out: ParsedOutput, keep: list, names=None) -> 
                 calls = [_call_from_obj(o, names) for o in objs]
                 callish = all(isinstance(o, dict) and ("name" in o or "function" in o) for o in objs)
                 if objs and callish:
-                    keep.append(chunk[pos:start])
+                    keep.append(chunk[pos:start] if chunk[pos:start].strip() else "")
                     for (call, err), o in zip(calls, objs):
                         if call is not None:
                             out.tool_calls.append(call)
