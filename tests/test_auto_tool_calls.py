@@ -30,6 +30,12 @@ TIME = {"type": "function", "function": {
 CALL = '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris"}}\n</tool_call>'
 ECHO = ("<tools>\n" + json.dumps(WEATHER) + "\n</tools>\n"
         '{{"name": "get_weather", "arguments": {"city": "Paris"}}}')
+# what the pair wrote under auto (2026-12-07, `serve --pair qwen2.5-coder`): its call in a tag of its own
+PAIR_JSON = ('<json>\n{\n  "name": "get_weather",\n  "arguments": {\n    "city": "Paris"\n  }\n}\n'
+             '</json>')
+PRETTY_HELD = ('<json>\n{\n  "name": "get_weather",\n  "arguments": {"city": "Paris"}\n}\n'
+               '</json>')  # the pair's layout with its arguments compact, as the grammar holds it
+JSON_WRAPPED = '<json>\n{"name": "get_weather", "arguments": {"city": "Paris"}}\n</json>'
 ANSWER, SORRY = "It is 18 C and sunny in Paris.", "Sorry, the weather service failed."
 QUESTION = [{"role": "user", "content": "What's the weather in Paris? Answer in one sentence."}]
 CALL_SYNTAX = ("<tool_call>", "</tool_call>", "<tools>", "</tools>", '{"name"', '{{"')
@@ -92,10 +98,34 @@ def test_auto_grammar_is_free_text_or_a_held_call(qwen_tok):
         != "ok"
     assert walk(c, qwen_tok, '<tool_call>\n{"name": "get_time", "arguments": {"tz": "PST"}}') != "ok"
     assert walk(c, qwen_tok, '{"name": "get_weather", "description": "x"}') != "ok"  # a definition
-    c.reset()
-    for t in qwen_tok.encode("<tool_call>", add_special_tokens=False):
+    c.reset()  # jump-forward: the object's layout is the model's, then the head is forced
+    for t in qwen_tok.encode('<tool_call>\n{"name"', add_special_tokens=False):
         c.advance(t)
-    assert qwen_tok.decode(c.forced_tokens()).startswith('\n{"name": "get')  # jump-forward
+    assert qwen_tok.decode(c.forced_tokens()).startswith(': "get')
+
+
+@pytest.mark.parametrize("tag", ["", "<json>\n", "<result>", "```json\n", "Sure. <call id=\"1\">\n"])
+@pytest.mark.parametrize("opening", ["", " ", "\n", "\n  ", "\n    ", "\n\t"])
+def test_a_call_opens_the_grammar_inside_any_tag_and_layout(qwen_tok, tag, opening):
+    """`{` + whitespace + `"name"` after any text or tag of the model's own starts a held call:
+    only a tool's name, only schema-valid (compact) arguments; the layout of the object's keys
+    follows its opening; code with braces stays free text."""
+    c = AutoToolConstraint(qwen_tok, [WEATHER, TIME], parallel=True)
+    head = tag + "{" + opening + '"name"'
+    between = opening or " "
+    call = head + ': "get_weather",' + between + '"arguments": {"city": "Paris"}' + \
+        ("\n}" if opening.startswith("\n") else " }" if opening else "}")
+    assert walk(c, qwen_tok, call) == "ok"
+    out = parse_output(call + ("\n</" + tag[1:tag.index(">")] + ">" if tag.startswith("<") else ""),
+                       ["get_weather", "get_time"])
+    assert [(t["function"]["name"], json.loads(t["function"]["arguments"])) for t in out.tool_calls] \
+        == [("get_weather", {"city": "Paris"})] and out.content in ("", "Sure.")
+    assert walk(c, qwen_tok, head + ': "get_wind"') != "ok"
+    assert walk(c, qwen_tok, head + ': "get_weather",' + between + '"arguments": {"type": "object"') \
+        != "ok"
+    assert walk(c, qwen_tok, head + ': "get_weather",' + between + '"arguments": {\n    "city"') \
+        != "ok"  # arguments compact, as json.dumps writes them
+    assert walk(c, qwen_tok, tag + "int f() {\n  return 1;\n}") == "ok"
 
 
 def test_parallel_and_the_bare_family(qwen_tok, smollm_tokenizer):
@@ -130,6 +160,35 @@ def test_a_definition_is_never_a_call():
     assert not other.tool_calls and "get_wind" in other.invalid_tool_calls[0]["error"]
 
 
+PARIS = [("get_weather", {"city": "Paris"})]
+WRAPPED = [  # (model text, content, calls): wrappers around or beside a call are no content
+    (PAIR_JSON, "", PARIS),
+    (JSON_WRAPPED, "", PARIS),
+    ('<json>{"name": "get_weather", "arguments": {"city": "Paris"}}</json>', "", PARIS),
+    ('<json>\n\n</json>\n' + CALL, "", PARIS),
+    (CALL + "\n<json>\n\n</json>", "", PARIS),
+    ('<result type="call">\n' + CALL + '\n</result>', "", PARIS),
+    ("```json\n\n```\n" + CALL, "", PARIS),
+    ("```json\n" + JSON_WRAPPED + "\n```", "", PARIS),
+    ("Let me check.\n<json>\n" + CALL + "\n</json>\nDone.", "Let me check.\n\nDone.", PARIS),
+    ("The answer is <b>42</b>\n" + CALL, "The answer is <b>42</b>", PARIS),
+    ("```py\nx = 1\n```\n" + CALL, "```py\nx = 1\n```", PARIS),
+    ("<json>\n\n</json>", "", []),  # nothing but a wrapper: no content
+    ("```\n```", "", []),
+    ("Use <br></br> here.", "Use <br></br> here.", []),  # away from a call: content
+    ("A <i>\n</i> B", "A <i>\n</i> B", []),
+]
+
+
+@pytest.mark.parametrize("text, content, calls", WRAPPED)
+def test_wrappers_around_a_call_are_no_content(text, content, calls):
+    out = parse_output(text, ["get_weather"])
+    assert out.content == content and not out.invalid_tool_calls
+    assert [(c["function"]["name"], json.loads(c["function"]["arguments"]))
+            for c in out.tool_calls] == calls
+    assert parse_output("<b></b>").content == "<b></b>"  # without tools the text is the text
+
+
 # ------------------------------------------------------------------------------ the engine
 
 
@@ -159,6 +218,27 @@ def test_the_scripted_call_is_held_and_identical_in_every_mode(engine, qwen_tok,
     sampled = [engine.chat(QUESTION, tools=tools, max_new_tokens=64, mode="spec", temperature=0.8,
                            seed=7, cache_key=f"seed-{i}-{len(tools)}").token_ids for i in range(2)]
     assert sampled[0] == sampled[1]  # same seed, same output
+
+
+def test_the_pairs_wrapped_pretty_call_is_held_in_every_mode(engine, qwen_tok, monkeypatch):
+    """The pair's layout (a call pretty-printed inside `<json>`, 2026-12-07) is decoded under the
+    grammar: scripted to call a tool that does not exist, the model can only name an offered one;
+    scripted to the held layout, the call comes out token-identical in every mode, no content."""
+    wind = PRETTY_HELD.replace("get_weather", "get_wind")
+    scripted(monkeypatch, qwen_tok, lambda prompt: wind)
+    out = engine.chat(QUESTION, tools=[WEATHER], max_new_tokens=40, mode="full", cache_key="wind")
+    raw = qwen_tok.decode(out.token_ids)
+    assert "get_wind" not in raw and raw.startswith('<json>\n{\n  "name": "get_weather"'), raw
+    scripted(monkeypatch, qwen_tok, lambda prompt: PRETTY_HELD)
+    runs = {}
+    for mode in ("full", "spec", "asym"):
+        out = engine.chat(QUESTION, tools=[WEATHER], max_new_tokens=64, mode=mode,
+                          parallel_tool_calls=True, cache_key=f"pretty-{mode}")
+        assert out.text == "" and [(c["function"]["name"], c["function"]["arguments"])
+                                   for c in out.tool_calls] == [("get_weather", '{"city": "Paris"}')]
+        runs[mode] = out.token_ids
+    assert runs["spec"] == runs["full"] == runs["asym"]
+    assert qwen_tok.decode(runs["full"]).startswith(PRETTY_HELD)
 
 
 def test_batched_auto_turns_are_the_turns_alone(qwen_tok, monkeypatch):
@@ -206,8 +286,9 @@ def client(server, qwen_tok, monkeypatch):
     return OpenAI(base_url=server + "/v1", api_key="x")
 
 
-def streamed(client, **kwargs) -> tuple[str, list, list]:
-    """(content, tool calls as (name, arguments), every content delta) of a streamed request."""
+def streamed(client, raw: bool = False, **kwargs) -> tuple[str, list, list]:
+    """(content, tool calls as (name, arguments), every content delta) of a streamed request;
+    `raw`: the arguments as the string the deltas add up to (else parsed)."""
     content, deltas, calls = "", [], {}
     for chunk in client.chat.completions.create(stream=True, **kwargs):
         if not chunk.choices:
@@ -220,7 +301,7 @@ def streamed(client, **kwargs) -> tuple[str, list, list]:
             entry = calls.setdefault(tc.index, ["", ""])
             entry[0] += (tc.function.name or "") if tc.function else ""
             entry[1] += (tc.function.arguments or "") if tc.function else ""
-    return content, [(n, json.loads(a)) for n, a in calls.values()], deltas
+    return content, [(n, a if raw else json.loads(a)) for n, a in calls.values()], deltas
 
 
 def calls_of(message) -> list:
@@ -235,8 +316,9 @@ def test_server_auto_call_then_answer_streamed_equals_plain(client, tools):
     message = r.choices[0].message
     assert r.choices[0].finish_reason == "tool_calls" and not message.content
     assert calls_of(message) == [("get_weather", {"city": "Paris"})]
-    content, calls, deltas = streamed(client, messages=msgs, **kwargs)
-    assert (content or None, calls) == (message.content or None, calls_of(message))
+    content, calls, deltas = streamed(client, raw=True, messages=msgs, **kwargs)
+    assert (content or None, calls) == (message.content or None, [
+        (c.function.name, c.function.arguments) for c in message.tool_calls])  # exactly
     assert not any(s in d for d in deltas for s in CALL_SYNTAX)
     for result, reply in (("18 C, sunny", ANSWER), ("Error: the service is down", SORRY)):
         history = msgs + [message.model_dump(exclude_none=True),
@@ -250,6 +332,32 @@ def test_server_auto_call_then_answer_streamed_equals_plain(client, tools):
                        {"role": "user", "content": "And now? Try again."}]
     r3 = client.chat.completions.create(messages=turn2, **kwargs)
     assert calls_of(r3.choices[0].message) == [("get_weather", {"city": "Paris"})]
+
+
+@pytest.mark.parametrize("script", [JSON_WRAPPED, PRETTY_HELD], ids=["compact", "pretty"])
+@pytest.mark.parametrize("parallel", [True, False])
+def test_server_a_call_in_a_tag_of_its_own(client, qwen_tok, monkeypatch, parallel, script):
+    """The pair's `<json>` wrapper around its call (on one tiny model): the call, no content,
+    streamed == non-streamed, no delta holding the wrapper; with parallel_tool_calls false
+    the turn ends after the call (`</json>` never written) and `<json>` is dropped the same."""
+    scripted(monkeypatch, qwen_tok, lambda prompt: script)
+    kwargs = dict(model="asymagent", messages=QUESTION, tools=[WEATHER], tool_choice="auto",
+                  parallel_tool_calls=parallel)
+    message = client.chat.completions.create(**kwargs).choices[0].message
+    assert calls_of(message) == [("get_weather", {"city": "Paris"})] and not message.content
+    content, calls, deltas = streamed(client, raw=True, **kwargs)
+    assert (content, calls) == ("", [(c.function.name, c.function.arguments)
+                                     for c in message.tool_calls]) and deltas == []
+    flat = {"type": "function", **WEATHER["function"]}
+    rkw = dict(model="asymagent", input=QUESTION[0]["content"], tools=[flat],
+               parallel_tool_calls=parallel)
+    resp = client.responses.create(**rkw)
+    assert [(o.type, getattr(o, "arguments", None)) for o in resp.output] == \
+        [("function_call", '{"city": "Paris"}')]  # no message item: the wrapper is no text
+    events = list(client.responses.create(stream=True, **rkw))
+    assert not [e for e in events if e.type == "response.output_text.delta"]
+    done = [e.item for e in events if e.type == "response.output_item.done"]
+    assert [(i.type, i.arguments) for i in done] == [("function_call", '{"city": "Paris"}')]
 
 
 def test_responses_and_chat_render_the_same_prompt(client, qwen_tok):
@@ -284,6 +392,11 @@ STREAM_CASES = [
     "<tools>\n\n</tools>",
     "Plain answer with <b>tags</b> and a {brace}.",
     "Two lines.\n{not json} here",
+    *[text for text, _, _ in WRAPPED],
+    "Sure <json>\n" + CALL,
+    "Weather:\n<json>\n" + JSON_WRAPPED[7:],
+    '{ "name": "get_weather",  "arguments" :{ "city" :"S\\u00e3o Paulo \\ud83d\\ude00 \\/ \\"x\\"" ,'
+    ' "days": 1.50e1, "ok": true, "n": null, "l": [ 1 , -0 ] } }',
 ]
 
 
@@ -312,8 +425,28 @@ def test_streamed_deltas_add_up_to_the_parsed_message(text, piece):
     assert "".join(content) == parsed.content
     if parsed.tool_calls:
         assert not any(sign in c for c in content for sign in CALL_SYNTAX)
-    assert [(n, json.loads(a)) for n, a in calls.values()] == \
-        [(c["function"]["name"], json.loads(c["function"]["arguments"])) for c in parsed.tool_calls]
+    # the arguments exactly as parsed (json.dumps' serialisation), whatever the model's layout
+    assert [(n, a) for n, a in calls.values()] == \
+        [(c["function"]["name"], c["function"]["arguments"]) for c in parsed.tool_calls]
+
+
+CANON_VALUES = [{"city": "Paris"}, {"a": [1, 2.5, -0.0, 1e20, True, None], "b": {"c": "é\n\"\\/"}},
+                {"emoji": "\U0001F600", "ctl": "\u0001\t", "big": 12345678901234567890, "e": []}]
+
+
+@pytest.mark.parametrize("value", CANON_VALUES)
+@pytest.mark.parametrize("layout", [dict(), dict(indent=2), dict(indent="\t", ensure_ascii=True),
+                                    dict(separators=(",", ":"), ensure_ascii=True)])
+def test_streamed_arguments_are_the_canonical_prefix(value, layout):
+    """Every prefix of the model's text of a value maps to a prefix of the parser's string
+    (json.dumps, ensure_ascii=False), and the whole text to all of it."""
+    from asymagent.integrations.server.json_canon import canonical_prefix
+
+    raw, want = json.dumps(value, **layout), json.dumps(value, ensure_ascii=False)
+    for n in range(len(raw) + 1):
+        assert want.startswith(canonical_prefix(raw[:n])), raw[:n]
+    assert canonical_prefix(raw) == want
+    assert canonical_prefix(raw + " ") == want
 
 
 @pytest.mark.slow

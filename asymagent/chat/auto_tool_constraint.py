@@ -6,8 +6,12 @@ The markers (asymagent/context/rendering.py writes calls the same way):
 - templates that take `tools` (Hermes style, Qwen2.5/Qwen3): `<tool_call>\\n{"name": ...,
   "arguments": ...}\\n</tool_call>`; a bare call object `{"name"` is held the same way;
 - templates that ignore `tools` (the embedded SmolLM2): the bare object `{"name": ...}`.
+A call object opens the grammar wherever it starts, in free text or inside a tag the model opened
+of its own accord (`<json>\\n{"name"`), compact or pretty-printed: `{` then no whitespace, a
+space, or a line break with no, 2 or 4 spaces or a tab of indent, then `"name"` (OPENINGS; the
+object then keeps that layout for its keys and may close with `}`, ` }` or `\\n}`).
 Once the marker is written, the name must be one of the tools and the arguments valid against
-that tool's parameters schema, written as json.dumps writes them (the forced grammar's form,
+that tool's parameters schema, written compact as json.dumps writes them (the forced grammar's form,
 asymagent/chat/tool_constraint.py), so the text parses back to exactly one call. What the family
 never writes in an answer cannot start in the free text: an echo of the tool list (`<tools>`), a
 tool response (`<tool_response>`), a stray `</tool_call>`, a call doubled in braces (`{{"`).
@@ -28,6 +32,12 @@ from asymagent.chat.tool_constraint import selected_tools
 
 HERMES_OPEN, HERMES_CLOSE = "<tool_call>\n", "\n</tool_call>"
 BARE_TRIGGER = '{"name"'
+# the whitespace a call object may open with, `{` + W + `"name"`: compact (json.dumps), one
+# space, and pretty-printed with no, 2, 4 spaces or a tab of indent. The reference pair writes
+# its calls pretty-printed inside a tag of its own (`<json>\n{\n  "name": ...`, 2026-12-07): with
+# `{"name"` alone as the trigger such a call was never held
+OPENINGS = ("", " ", "\n", "\n  ", "\n    ", "\n\t")
+CLOSINGS = ["}", " }", "\n}"]  # how the call object may close (its arguments are compact)
 DOUBLED = ('{{"', '{{ "')  # a call doubled in braces (Qwen2.5's template shows calls so)
 # prefixes, not whole tags: on the reference pair the 1.5B, kept from `<tools>`, wrote `<tools/>`
 # over and over (2026-12-07, `serve --pair`): any `<tools...` / `<tool_response...` is refused
@@ -35,15 +45,18 @@ HERMES_EXCLUDES = ("<tools", "</tools", "<tool_response", "</tool_response", "</
                    *DOUBLED)
 
 
-def call_head(name: str) -> str:
-    """What a call to `name` starts with, up to its arguments (json.dumps' separators)."""
-    return '{"name": ' + json.dumps(name, ensure_ascii=False) + ', "arguments": '
+def call_head(name: str, opening: str = "") -> str:
+    """What a call to `name` starts with, up to its arguments: json.dumps' separators, or with
+    the whitespace `opening` after `{` and between the keys (a pretty-printed object)."""
+    between = opening or " "
+    return "{" + opening + '"name": ' + json.dumps(name, ensure_ascii=False) + "," + between + \
+        '"arguments": '
 
 
 def auto_tool_structure(functions: list[dict], hermes: bool, parallel: bool) -> dict:
     """xgrammar structural tag (JSON-able): free text with triggered call tags, one tag per tool
     and form (Hermes block, bare object), arguments under the tool's parameters grammar."""
-    tags, triggers = [], [BARE_TRIGGER]
+    tags, triggers = [], ["{" + w + '"name"' for w in OPENINGS]
     forms = [("", "")]
     if hermes:
         forms.insert(0, (HERMES_OPEN, HERMES_CLOSE))
@@ -51,8 +64,10 @@ def auto_tool_structure(functions: list[dict], hermes: bool, parallel: bool) -> 
     for f in functions:
         args = str(json_schema_grammar(f["parameters"]))
         for before, after in forms:
-            tags.append({"type": "tag", "begin": before + call_head(f["name"]),
-                         "content": {"type": "grammar", "grammar": args}, "end": "}" + after})
+            for opening in OPENINGS:
+                tags.append({"type": "tag", "begin": before + call_head(f["name"], opening),
+                             "content": {"type": "grammar", "grammar": args},
+                             "end": [close + after for close in CLOSINGS]})
     return {"type": "structural_tag", "format": {
         "type": "triggered_tags", "triggers": triggers, "tags": tags, "at_least_one": False,
         "stop_after_first": not parallel,

@@ -12,9 +12,13 @@ what Qwen2.5's template shows the model) is dropped whole, wrapper and all, and 
 arguments (or parameters) are a JSON Schema, or that carries a definition's `description` or
 `strict`, is dropped as an echoed definition. Given the offered tools' names (`tool_names`), an
 object naming no tool is no call either (an `invalid_tool_calls` entry). An empty
-`<tool_call></tool_call>` wrapper is dropped. Malformed JSON that looks like a call stays in the
-content and adds an `invalid_tool_calls` entry in LangChain's shape (name, args, id, error), so nothing the
-model wrote is lost and no exception reaches the caller.
+`<tool_call></tool_call>` wrapper is dropped, and so are the wrappers a model puts around or beside
+a call of its own accord (`<json>\n{call}\n</json>`, an empty tag pair, a code fence: the rules
+are asymagent/chat/call_wrappers.py's, which the server's streamer shares); with tools offered a
+message of nothing but such wrappers has no content. A call object may follow a line's leading
+tags (`<json>{"name": ...}`), where the auto grammar holds it too. Malformed JSON that looks like
+a call stays in the content and adds an `invalid_tool_calls` entry in LangChain's shape (name,
+args, id, error), so nothing the model wrote is lost and no exception reaches the caller.
 """
 
 from __future__ import annotations
@@ -23,6 +27,8 @@ import json
 import re
 import uuid
 from dataclasses import dataclass, field
+
+from asymagent.chat.call_wrappers import join_around_calls
 
 
 @dataclass
@@ -43,9 +49,8 @@ _TOOL_CALL_BLOCK = re.compile(r"<tool_call>(.*?)(?:</tool_call>|$)", re.S)
 _LOOKS_LIKE_CALL = re.compile(r'^\s*\{\{?\s*"(?:name|function)"\s*:', re.S)
 _CALL_KEYS = ({"name", "arguments"}, {"name", "parameters"})  # what a doubled call object holds
 _DECODER = json.JSONDecoder()
-# what a model wraps its calls in and leaves behind once they are taken out: Qwen2.5-Coder writes
-# "```json\n<tool_call>...</tool_call>\n```" (the fence alone is no content of the turn)
-_ONLY_FENCES = re.compile(r"^(?:\s*```[\w+.-]*)*\s*$")
+_AT_CALL = None  # in the kept text: where a call (or a dropped definition) was taken out
+_LEADING_TAGS = re.compile(r"(?:<[A-Za-z][\w:.-]*(?:\s[^<>\n]*)?>[ \t]*)+")  # `<json>{"name"...`
 _TOOLS_ECHO = re.compile(r"<tools>.*?(?:</tools>|$)|</tools>", re.S)  # the tool list, echoed
 _DEFINITION_KEYS = {"description", "strict"}  # what a tool definition holds and a call never
 DEFINITION = "an echoed tool definition"  # _call_from_obj's error for one: dropped, not invalid
@@ -98,9 +103,11 @@ def _add_call(obj: dict, raw: str, out: ParsedOutput, keep: list, names=None) ->
     call, err = _call_from_obj(obj, names)
     if call is not None:
         out.tool_calls.append(call)
-    elif err != DEFINITION:
+    if err != DEFINITION and call is None:
         out.invalid_tool_calls.append(_invalid(raw, err))
         keep.append(raw)
+    else:
+        keep.append(_AT_CALL)
 
 
 def _invalid(raw: str, error: str) -> dict:
@@ -134,9 +141,13 @@ def _parse_json_calls(chunk: str, out: ParsedOutput, keep: list, names=None) -> 
         line_end = len(chunk) if line_end < 0 else line_end + 1
         stripped = chunk[pos:line_end].lstrip()
         start = pos + (line_end - pos - len(stripped))
+        tags = _LEADING_TAGS.match(chunk, start, line_end)  # a call inside a tag of the model's
+        if tags is not None and chunk.startswith("{", tags.end()):
+            stripped, start = chunk[tags.end():line_end], tags.end()
         doubled = _doubled_call(chunk, start)
         if doubled is not None:
             obj, end = doubled
+            keep.append(chunk[pos:start] if chunk[pos:start].strip() else "")
             _add_call(obj, chunk[start:end], out, keep, names)
             pos = end
             continue
@@ -155,6 +166,7 @@ def _parse_json_calls(chunk: str, out: ParsedOutput, keep: list, names=None) -> 
                 calls = [_call_from_obj(o, names) for o in objs]
                 callish = all(isinstance(o, dict) and ("name" in o or "function" in o) for o in objs)
                 if objs and callish:
+                    keep.append(chunk[pos:start] if chunk[pos:start].strip() else "")
                     for (call, err), o in zip(calls, objs):
                         if call is not None:
                             out.tool_calls.append(call)
@@ -162,6 +174,8 @@ def _parse_json_calls(chunk: str, out: ParsedOutput, keep: list, names=None) -> 
                             raw = chunk[start:end] if len(objs) == 1 else json.dumps(o)
                             out.invalid_tool_calls.append(_invalid(raw, err))
                             keep.append(raw)
+                            continue
+                        keep.append(_AT_CALL)
                     pos = end
                     continue
         keep.append(chunk[pos:line_end])
@@ -176,7 +190,8 @@ def _parse_hermes_blocks(text: str, out: ParsedOutput, keep: list, names=None) -
         last = match.end()
         inner = match.group(1).strip()
         if not inner:
-            continue  # an empty wrapper: nothing of the turn
+            keep.append(_AT_CALL)  # an empty wrapper: nothing of the turn
+            continue
         doubled = _doubled_call(inner, 0)
         if doubled is not None and not inner[doubled[1]:].strip():
             inner = inner[1:doubled[1] - 1]  # a doubled call inside the tags
@@ -193,7 +208,22 @@ def _parse_hermes_blocks(text: str, out: ParsedOutput, keep: list, names=None) -
             elif err != DEFINITION:
                 out.invalid_tool_calls.append(_invalid(inner, err))
                 keep.append(match.group(0))
+                continue
+            keep.append(_AT_CALL)
     keep.append(text[last:])
+
+
+def content_of(keep: list) -> str:
+    """The message content: the kept text, split where calls were taken out, with each call's
+    wrappers (asymagent/chat/call_wrappers.py) removed, stripped."""
+    segments, current = [], []
+    for piece in keep:
+        if piece is _AT_CALL:
+            segments.append("".join(current))
+            current = []
+        else:
+            current.append(piece)
+    return join_around_calls(segments + ["".join(current)]).strip()
 
 
 def parse_output(text, tool_names: list | None = None) -> ParsedOutput:
@@ -212,9 +242,8 @@ def parse_output(text, tool_names: list | None = None) -> ParsedOutput:
             _parse_hermes_blocks(text, out, keep, names)
         else:
             _parse_json_calls(text, out, keep, names)
-        out.content = "".join(keep).strip()
-        if out.tool_calls and _ONLY_FENCES.match(out.content):
-            out.content = ""
+        out.content = content_of(keep) if names is not None or out.tool_calls else \
+            "".join(k for k in keep if k is not _AT_CALL).strip()
         return out
     except Exception as exc:  # pragma: no cover - belt and braces: parsing must never raise
         return ParsedOutput(content=str(text), invalid_tool_calls=[

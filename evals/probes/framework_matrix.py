@@ -3,6 +3,8 @@
     asymagent serve --port 8000 &
     python -m asymagent.evals.probes.framework_matrix --url http://127.0.0.1:8000 [--model asymagent]
 
+    python -m asymagent.evals.probes.framework_matrix --url http://127.0.0.1:8000 --auto
+
 Each framework is used as its docs show for an OpenAI-compatible server, unmodified: the
 official `openai` client, pydantic-ai (`OpenAIChatModel` / `OpenAIResponsesModel`), the
 openai-agents SDK (a model given by name with the default client pointed at the server, which
@@ -13,6 +15,14 @@ framework's call returns its own result type without an error: a forced tool cal
 framework can force one, and a plain answer. It prints a markdown table framework x path x
 works (a framework that is not installed: "not installed"). Talks HTTP only (127.0.0.1), so it
 imports nothing of the server.
+
+`--auto`: issue 57's matrix under `tool_choice` "auto" instead (the runners the tests use on a
+tiny model, tests/test_auto_tool_frameworks.py): each framework's DEFAULT agent (openai-agents on
+Responses and Chat Completions, LangChain `create_agent` on both APIs, pydantic-ai, litellm's
+completion loop) with one tool `get_weather(city)` (and with a second tool, `get_time(tz)`),
+asked "What's the weather in Paris? Answer in one sentence.", then a second user turn; plus the
+openai client streamed vs not. A row meets the target when the agent called get_weather once
+per user turn with {"city": "Paris"} and both answers carry the tool's result ("18 C").
 """
 
 from __future__ import annotations
@@ -209,6 +219,205 @@ def instructor_responses(url: str, model: str) -> str:
     return _instructor(url, model, responses=True)
 
 
+# -------------------------------------------------------------------------------- under auto
+
+AUTO_QUESTION = "What's the weather in Paris? Answer in one sentence."
+AUTO_AGAIN = "And now? Try again."
+AUTO_RESULT = "18 C, sunny"
+AUTO_MAX_TOKENS = 64
+
+
+def auto_tools(calls: list, two: bool, raises: bool) -> list:
+    """Plain Python tools: get_weather (records its city; raises when asked) and get_time."""
+    def get_weather(city: str) -> str:
+        """Current weather in a city."""
+        calls.append(city)
+        if raises:
+            raise RuntimeError("the weather service is down")
+        return AUTO_RESULT
+
+    def get_time(tz: str) -> str:
+        """Local time in a time zone."""
+        calls.append(tz)
+        return "12:00"
+
+    return [get_weather, get_time] if two else [get_weather]
+
+
+def auto_openai_agents(url: str, model: str, fns: list, responses: bool) -> list[str]:
+    """openai-agents' default agent (tool errors go back to the model, its default), 2 turns."""
+    from agents import (Agent, ModelSettings, OpenAIChatCompletionsModel, OpenAIResponsesModel,
+                        Runner, function_tool, set_tracing_disabled)
+    from openai import AsyncOpenAI
+
+    set_tracing_disabled(True)
+    client = AsyncOpenAI(base_url=url + "/v1", api_key="unused", max_retries=0)
+    kind = OpenAIResponsesModel if responses else OpenAIChatCompletionsModel
+    agent = Agent(name="weather", instructions="Be brief.", model=kind(model=model,
+                  openai_client=client), tools=[function_tool(f) for f in fns],
+                  model_settings=ModelSettings(max_tokens=AUTO_MAX_TOKENS))
+
+    async def two_turns():  # one event loop: the client's connections belong to it
+        first = await Runner.run(agent, AUTO_QUESTION, max_turns=4)
+        again = first.to_input_list() + [{"role": "user", "content": AUTO_AGAIN}]
+        second = await Runner.run(agent, again, max_turns=4)
+        return [str(first.final_output), str(second.final_output)]
+
+    return asyncio.run(two_turns())
+
+
+def auto_langchain(url: str, model: str, fns: list, responses: bool) -> list[str]:
+    """LangChain's `create_agent` with ChatOpenAI (Chat Completions or Responses), 2 turns."""
+    from langchain.agents import create_agent
+    from langchain_core.tools import tool
+    from langchain_openai import ChatOpenAI
+
+    llm = ChatOpenAI(base_url=url + "/v1", api_key="unused", model=model, max_retries=0,
+                     max_tokens=AUTO_MAX_TOKENS, use_responses_api=responses)
+    agent = create_agent(llm, tools=[tool(f) for f in fns])
+    state = agent.invoke({"messages": [{"role": "user", "content": AUTO_QUESTION}]},
+                         {"recursion_limit": 8})
+    first = state["messages"][-1].text
+    state = agent.invoke({"messages": state["messages"] + [
+        {"role": "user", "content": AUTO_AGAIN}]}, {"recursion_limit": 8})
+    return [first, state["messages"][-1].text]
+
+
+def auto_pydantic_ai(url: str, model: str, fns: list) -> list[str]:
+    """pydantic-ai's Agent on OpenAIChatModel, 2 turns."""
+    from pydantic_ai import Agent
+    from pydantic_ai.models.openai import OpenAIChatModel
+    from pydantic_ai.providers.openai import OpenAIProvider
+
+    llm = OpenAIChatModel(model, provider=OpenAIProvider(base_url=url + "/v1", api_key="unused"))
+    agent = Agent(llm, tools=fns)
+    first = agent.run_sync(AUTO_QUESTION, model_settings={"max_tokens": AUTO_MAX_TOKENS})
+    second = agent.run_sync(AUTO_AGAIN, message_history=first.all_messages(),
+                            model_settings={"max_tokens": AUTO_MAX_TOKENS})
+    return [first.output, second.output]
+
+
+def auto_litellm(url: str, model: str, fns: list) -> list[str]:
+    """litellm.completion in the usual tool loop (at most 3 model calls per user turn), 2 turns."""
+    os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")  # no network at import
+    import litellm as ll
+    from pydantic import TypeAdapter
+
+    tools = [{"type": "function", "function": {
+        "name": f.__name__, "description": f.__doc__,
+        "parameters": TypeAdapter(f).json_schema()}} for f in fns]
+    messages, answers = [{"role": "user", "content": AUTO_QUESTION}], []
+    for _ in range(2):
+        for _ in range(3):
+            r = ll.completion(model=f"openai/{model}", api_base=url + "/v1", api_key="unused",
+                              messages=messages, tools=tools, max_tokens=AUTO_MAX_TOKENS)
+            msg = r.choices[0].message
+            messages.append(msg.model_dump(exclude_none=True))
+            if not msg.tool_calls:
+                break
+            for call in msg.tool_calls:
+                fn = {f.__name__: f for f in fns}[call.function.name]
+                messages.append({"role": "tool", "tool_call_id": call.id,
+                                 "content": fn(**json.loads(call.function.arguments))})
+        answers.append(msg.content)
+        messages.append({"role": "user", "content": AUTO_AGAIN})
+    return answers
+
+
+# framework/path -> (the module that must be importable, runner(url, model, fns) -> 2 answers)
+AUTO_FRAMEWORKS = {
+    "openai-agents/responses": ("agents", lambda u, m, f: auto_openai_agents(u, m, f, True)),
+    "openai-agents/chat": ("agents", lambda u, m, f: auto_openai_agents(u, m, f, False)),
+    "langchain/chat": ("langchain_openai", lambda u, m, f: auto_langchain(u, m, f, False)),
+    "langchain/responses": ("langchain_openai", lambda u, m, f: auto_langchain(u, m, f, True)),
+    "pydantic-ai/chat": ("pydantic_ai", auto_pydantic_ai),
+    "litellm/chat": ("litellm", auto_litellm),
+}
+
+
+def auto_row(framework: str, url: str, model: str, two: bool) -> dict:
+    """One framework's default agent under auto: {"framework", "tools", "calls", "answers",
+    "met", "detail", "seconds"}; met: get_weather(Paris) once per user turn and the tool's
+    result in both answers."""
+    module, run = AUTO_FRAMEWORKS[framework]
+    row = {"framework": framework, "tools": 2 if two else 1, "calls": [], "answers": [],
+           "met": None, "detail": "not installed", "seconds": 0.0}
+    if not installed(module):
+        return row
+    os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
+    start = time.monotonic()
+    try:
+        row["answers"] = [str(a) for a in run(url, model, auto_tools(row["calls"], two, False))]
+        row["detail"] = ""
+    except Exception as exc:  # the row says why it failed
+        row["detail"] = traceback.format_exception_only(type(exc), exc)[-1].strip()[:160]
+    row["met"] = row["calls"] == ["Paris", "Paris"] and len(row["answers"]) == 2 and \
+        all("18" in a for a in row["answers"])
+    row["seconds"] = round(time.monotonic() - start, 1)
+    return row
+
+
+def auto_stream_row(url: str, model: str) -> dict:
+    """The openai client, one tool, streamed and not: the same content and calls (arguments as
+    strings), and no content delta holding call syntax."""
+    from openai import OpenAI
+
+    client = OpenAI(base_url=url + "/v1", api_key="unused", max_retries=0)
+    tool = {"type": "function", "function": {
+        "name": "get_weather", "description": "Current weather in a city.",
+        "parameters": {"type": "object", "properties": {"city": {"type": "string"}},
+                       "required": ["city"]}}}
+    kwargs = dict(model=model, messages=[{"role": "user", "content": AUTO_QUESTION}],
+                  tools=[tool], tool_choice="auto", max_tokens=AUTO_MAX_TOKENS, temperature=0.0)
+    msg = client.chat.completions.create(**kwargs).choices[0].message
+    plain = (msg.content or "", [(c.function.name, c.function.arguments)
+                                 for c in msg.tool_calls or []])
+    content, deltas, calls = "", [], {}
+    for chunk in client.chat.completions.create(stream=True, **kwargs):
+        d = chunk.choices[0].delta if chunk.choices else None
+        if d is None:
+            continue
+        if d.content:
+            deltas.append(d.content)
+            content += d.content
+        for tc in d.tool_calls or []:
+            entry = calls.setdefault(tc.index, ["", ""])
+            entry[0] += (tc.function.name or "") if tc.function else ""
+            entry[1] += (tc.function.arguments or "") if tc.function else ""
+    stream = (content, [tuple(v) for v in calls.values()])
+    syntax = [d for d in deltas if any(s in d for s in ("<tool_call>", "<tools>", '{"name"', "</"))]
+    return {"framework": "openai client stream", "tools": 1, "plain": plain, "stream": stream,
+            "met": stream == plain and not syntax and plain[1] == [
+                ("get_weather", '{"city": "Paris"}')],
+            "detail": f"content deltas with call syntax: {syntax}" if syntax else ""}
+
+
+def auto_table(rows: list[dict]) -> str:
+    mark = {True: "yes", False: "**no**", None: "not installed"}
+    lines = ["| framework / path | tools | met | get_weather calls | answers (turn 1; turn 2) |",
+             "|---|---|---|---|---|"]
+    for r in rows:
+        answers = "; ".join(repr(a)[:90] for a in r.get("answers", [])) or r.get("detail", "")
+        if "plain" in r:
+            answers = f"plain {r['plain']!r}, streamed {r['stream']!r} {r['detail']}"[:300]
+        lines.append(f"| {r['framework']} | {r['tools']} | {mark[r['met']]} | "
+                     f"{r.get('calls', '')} | {answers.replace('|', '/')} |")
+    return "\n".join(lines)
+
+
+def auto_main(url: str, model: str, json_path) -> int:
+    rows = [auto_stream_row(url, model)]
+    print(f"openai client stream: {rows[0]['met']}", flush=True)
+    for two in (False, True):
+        for framework in AUTO_FRAMEWORKS:
+            rows.append(auto_row(framework, url, model, two))
+            r = rows[-1]
+            print(f"{framework:26s} tools={r['tools']} met={r['met']} calls={r['calls']} "
+                  f"({r['seconds']} s) {r['answers']} {r['detail']}", flush=True)
+    print(auto_table(rows))
+    return finish(rows, json_path, indent=1, status=0)
+
+
 # framework -> (the module that must be importable, {path: check})
 FRAMEWORKS = {
     "openai": ("openai", {"chat": openai_chat, "responses": openai_responses}),
@@ -256,10 +465,14 @@ def main(argv: list | None = None) -> int:
     p = parser(__doc__, "framework_matrix", json_help="also write the rows as JSON to this file")
     p.add_argument("--url", default="http://127.0.0.1:8000", help="the server (loopback)")
     p.add_argument("--model", default="asymagent", help="the served model name")
+    p.add_argument("--auto", action="store_true",
+                   help="issue 57's matrix under tool_choice auto (default agents) instead")
     args = p.parse_args(argv)
     host = args.url.split("://", 1)[-1].split("/")[0].rsplit(":", 1)[0]
     if host not in ("127.0.0.1", "localhost", "[::1]"):
         p.error(f"--url must be a loopback address, got {args.url}")
+    if args.auto:
+        return auto_main(args.url.rstrip("/"), args.model, args.json)
     rows = []
     for framework, (_, checks) in FRAMEWORKS.items():
         for path in checks:

@@ -2,17 +2,21 @@
 
 The model's raw text arrives in pieces (one per decoding round). While it does not look like a
 tool call it is streamed as `delta.content`; once it does (it starts with `{` or `<tool_call>`,
-or later a `<tool_call>` tag, a line starting with `{`, or an echo of the tool list `<tools>`
-appears: wherever the output parser may read a call or drop text), calls are streamed as
-`delta.tool_calls`: every entry has `index`; `id`, `type` and `function.name` come only in a
-call's first delta (with `arguments: ""`), then `function.arguments` string fragments follow. A
+or later a `<tool_call>` tag, a line starting with `{` (after tags of its own too: `<json>{`),
+or an echo of the tool list `<tools>` appears: wherever the output parser may read a call or drop
+text), calls are streamed as `delta.tool_calls`: every entry has `index`; `id`, `type` and
+`function.name` come only in a call's first delta (with `arguments: ""`), then
+`function.arguments` string fragments follow: the arguments as the output parser serialises them
+(`json.dumps(..., ensure_ascii=False)`, written as the model goes,
+integrations/server/json_canon.py), whatever whitespace the model wrote. A
 call is recognised by the chat format's shape `{"name": "...", "arguments": <json>}`
 (optionally inside `<tool_call>...</tool_call>`).
 
 Held back while streaming, released by `finish(result)`: trailing whitespace and any suffix
 that could start a stop sequence or a `<tool_call>` tag (so a stop string the engine later
-trims is never sent) or a `<tools>` echo, a code fence that may precede a call (the parser
-drops it with the call), and trailing `}` of arguments (they may close the outer object). At the
+trims is never sent) or a `<tools>` echo, any run of wrappers a call may yet follow (opening
+tags, empty tag pairs, code fences: asymagent/chat/call_wrappers.py, the parser drops them with
+the call), and trailing `}` of arguments (they may close the outer object). At the
 end the engine's `ChatResult` is authoritative: the rest of `result.text` and of each parsed
 call's arguments is sent, and calls never recognised while streaming are sent whole. What was
 sent cannot be retracted: if the model starts a call shape and then writes malformed JSON, the
@@ -25,13 +29,18 @@ import json
 import re
 import uuid
 
+from asymagent.chat.call_wrappers import held_while_streaming
+from asymagent.integrations.server.json_canon import canonical_prefix
+
 TAG_OPEN, TAG_CLOSE = "<tool_call>", "</tool_call>"
 TOOLS_ECHO = "<tools>"  # the tool list echoed: the parser drops it, so it is never content
-# output_parsing's fences (no content before a call), and what may still grow into one
-_ONLY_FENCES = re.compile(r"^(?:\s*`{1,3}[\w+.-]*)*\s*$")
-_CALL_SIGN = re.compile(r"<tool_call>|<tools>|</tools>|(?:^|\n)[ \t]*\{")
+_TAG = re.compile(r"</?[A-Za-z][\w:.-]*(?:\s[^<>\n]*)?>")  # any tag: `<json>`, `</tool_call>`
+# a call may start here: a `{` at a line start, after a line's leading tags too (`<json>{"name"`)
+_CALL_SIGN = re.compile(r"<tool_call>|<tools>|</tools>|(?:^|\n)[ \t]*(?:<[A-Za-z][\w:.-]*"
+                        r"(?:\s[^<>\n]*)?>[ \t]*)*\{")
 _CALL_HEAD = re.compile(r'\{\s*"name"\s*:\s*"((?:[^"\\]|\\.)*)"\s*,\s*"arguments"\s*:\s*')
 _DECODER = json.JSONDecoder()
+SIGN_LOOKBACK = 600  # a call sign's leading tags and whitespace fit in this (linear streaming)
 
 
 def new_call_id() -> str:
@@ -73,6 +82,7 @@ class DeltaStreamer:
         self.content_end = 0  # text[:content_end] is content; tool calls start after it
         self.calls: list[_Call] = []
         self.scan = 0  # where the next call object may start (tools mode)
+        self.signs_seen = 0  # the text up to here holds no call sign (content mode)
 
     # -- streaming ----------------------------------------------------------------------------
     def push(self, piece: str) -> list[dict]:
@@ -98,7 +108,10 @@ class DeltaStreamer:
         self.scan = at
 
     def _content_step(self) -> list[dict]:
-        sign = _CALL_SIGN.search(self.text) if self.tools_enabled else None
+        sign = None
+        if self.tools_enabled:  # a sign ends in the new text: look back a line's worth only
+            sign = _CALL_SIGN.search(self.text, max(0, self.signs_seen - SIGN_LOOKBACK))
+            self.signs_seen = len(self.text)
         if sign is not None:  # from here on the parser may read calls: nothing more is content
             self._enter_tools(sign.start())
         body = self.text[: self.content_end] if self.mode == "tools" else self.text
@@ -108,10 +121,10 @@ class DeltaStreamer:
         if self.mode == "content":
             needles = self.stop + ([TAG_OPEN, TOOLS_ECHO] if self.tools_enabled else [])
             body = body[: len(body) - _held_suffix(body, needles)]
+        if self.tools_enabled:  # wrappers a call may yet follow (the parser drops them with it)
+            body = body[: held_while_streaming(body)]
         # with tools the parsed content is stripped (a completion's leading space is its text)
         body = body.strip() if self.tools_enabled else body.rstrip()
-        if self.tools_enabled and _ONLY_FENCES.match(body):
-            return []  # a fence before a call is dropped with it (output_parsing)
         if len(body) > len(self.content_sent) and body.startswith(self.content_sent):
             delta, self.content_sent = body[len(self.content_sent):], body
             return [{"content": delta}]
@@ -145,12 +158,11 @@ class DeltaStreamer:
         """Position of the next `{` after whitespace and tags, or None if not there yet."""
         text = self.text
         while pos < len(text):
+            tag = _TAG.match(text, pos)
             if text[pos].isspace():
                 pos += 1
-            elif text.startswith(TAG_OPEN, pos):
-                pos += len(TAG_OPEN)
-            elif text.startswith(TAG_CLOSE, pos):
-                pos += len(TAG_CLOSE)
+            elif tag is not None:
+                pos = tag.end()
             elif text[pos] == "{":
                 return pos
             else:
@@ -171,12 +183,15 @@ class DeltaStreamer:
         if not call.sent_args and sub[:1].isspace():  # the head regex may end before a space
             call.args_start += len(sub) - len(sub.lstrip())
             sub = sub.lstrip()
+        if sub.startswith('"'):
+            return []  # arguments as a JSON string: the parser decodes them; sent by finish()
         try:
-            _, end = _DECODER.raw_decode(sub)
+            value, end = _DECODER.raw_decode(sub)
             call.value_end = call.args_start + end
-            ready = sub[:end]
-        except json.JSONDecodeError:
-            ready = sub.rstrip().rstrip("}")  # trailing braces may close the outer object
+            # the parser's serialisation exactly (json_canon's docstring)
+            ready = json.dumps(value, ensure_ascii=False) if isinstance(value, dict) else ""
+        except json.JSONDecodeError:  # trailing braces may close the outer object
+            ready = canonical_prefix(sub.rstrip().rstrip("}"))
         return self._args_delta(call, ready)
 
     def _args_delta(self, call: _Call, ready: str) -> list[dict]:
