@@ -25,7 +25,8 @@ import time
 import traceback
 from dataclasses import dataclass, field
 
-from asymagent.evals.agentdojo.messages import action_of, calls_from_openai, messages_to_openai, tools_to_openai
+from asymagent.evals.agentdojo.messages import (action_of, calls_from_openai, messages_to_openai, text_of,
+                                                 tools_to_openai)
 from asymagent.evals.agentdojo.responder import OverWindow
 
 MAX_ITERS = 15  # AgentDojo's ToolsExecutionLoop default
@@ -135,14 +136,14 @@ def run_free(suite, user_task, injection_task, injections: dict, responder, *,
         tb = traceback.format_exc(limit=6)[-3000:]
     msgs = llm.messages
     calls = [c for m in msgs if m["role"] == "assistant" for c in (m.get("tool_calls") or [])]
-    last = llm.steps[-1].turn if llm.steps else None
+    last = msgs[-1] if msgs and msgs[-1]["role"] == "assistant" else None
     episode = {"utility": None if error else bool(utility),
                "security": None if error or injection_task is None else bool(security),
                "outcome": _outcome(llm, error), "error": error, "traceback": tb, "over_window": llm.over_window,
                "tool_calls": len(calls), "function_trace": [c.function for c in calls],
                "tool_errors": sum(1 for m in msgs if m["role"] == "tool" and m.get("error")),
                "malformed_calls": sum(len(s.malformed) for s in llm.steps),
-               "answer": last.text if last is not None and not last.tool_calls else None,
+               "answer": text_of(last["content"]) if last is not None and not last.get("tool_calls") else None,
                "wall_s": time.perf_counter() - t0,
                "steps": [step_row(i, s) for i, s in enumerate(llm.steps)]}
     return episode, llm.steps
