@@ -141,8 +141,8 @@ def check_args(args) -> None:
                          "or pass --no-fidelity")
 
 
-def main(args) -> int:
-    from asymagent.evals.running.cli import log_path
+def main(args, jsonl: str | None = None) -> int:
+    """The verb (evals/running/cli.py hands it the episode log path, `log_path`)."""
     from asymagent.evals.running.engine_setup import EngineSpec
 
     check_args(args)
@@ -153,7 +153,7 @@ def main(args) -> int:
         compression = CompressionConfig.from_file(args.compression).model_dump(mode="json")
     spec = EngineSpec(args.verifier, args.drafter, compression, dtype=args.dtype)
     result = evaluate_dojo(spec, plan_of(args), keys_of(args), ray=args.ray is not None, address=args.ray or None,
-                           workers=args.workers, worker_cpus=args.worker_cpus, jsonl=log_path(args),
+                           workers=args.workers, worker_cpus=args.worker_cpus, jsonl=jsonl,
                            resume=args.resume, progress=not args.quiet)
     from asymagent.evals.agentdojo.report import markdown, write_report
 

@@ -284,7 +284,7 @@ def main(args) -> int:
     if args.suite == "agentdojo":
         from asymagent.evals.agentdojo.run import main as agentdojo_main
 
-        return agentdojo_main(args)
+        return agentdojo_main(args, jsonl=log_path(args))
     if args.suite == "fusion":
         from asymagent.evals.running import fusion
 
