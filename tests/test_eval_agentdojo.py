@@ -186,6 +186,7 @@ def test_episode_keys_and_flags_are_checked_before_any_model_loads():
                     "slack/user_task_0/none", "slack/user_task_0/important_instructions/injection_task_1",
                     "slack/user_task_2/none", "slack/user_task_2/important_instructions/injection_task_1"]
     assert len(episode_keys(["travel"], ["none"], max_user_tasks=5)) == 5
+    assert episode_keys(["slack"], ["dos"], user_tasks="1") == ["slack/user_task_1/dos/injection_task_1"]
     p = argparse.ArgumentParser()
     cli.add_arguments(p)
     for argv, message in [(["agentdojo", "--attacks", "nope"], "unknown attacks"),

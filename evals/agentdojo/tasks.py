@@ -96,9 +96,17 @@ def episode_keys(suites: list, attacks: list, *, user_tasks: str | None = None, 
             for attack in attacks:
                 if attack == NO_ATTACK:
                     keys.append(str(EpisodeKey(name, user)))
-                else:
-                    keys += [str(EpisodeKey(name, user, attack, inj)) for inj in injections]
+                else:  # a denial-of-service attack runs with one injection task, as AgentDojo runs it
+                    keys += [str(EpisodeKey(name, user, attack, inj))
+                             for inj in (injections[:1] if is_dos(attack) else injections)]
     return keys
+
+
+def is_dos(attack: str) -> bool:
+    """AgentDojo's denial-of-service attacks: scored attacked when the user task fails."""
+    from agentdojo.attacks.attack_registry import ATTACKS
+
+    return attack != NO_ATTACK and bool(getattr(ATTACKS[attack], "is_dos_attack", False))
 
 
 def load_episode(key: str, version: str = BENCHMARK_VERSION, pipeline_name: str = "local") -> tuple:
