@@ -205,3 +205,46 @@ def test_episode_keys_and_flags_are_checked_before_any_model_loads():
 
     assert plan_of(args).labels == ("full", "asym", "asym:acceptance=cda,strict_prefix=16@id_keep_192")
     assert plan_of(args).max_new_tokens == 256
+
+
+def test_messages_convert_as_agentdojo_openai_client_does():
+    """Calls without an id (AgentDojo's ground truth writes none) get call_<n> and their results
+    follow them; a failed tool's message is its error; tools are the runtime's JSON schemas."""
+    from agentdojo.functions_runtime import FunctionCall, FunctionsRuntime
+    from agentdojo.types import text_content_block_from_string as block
+
+    from asymagent.evals.agentdojo.messages import calls_from_openai, messages_to_openai, tools_to_openai
+
+    a = FunctionCall(function="get_balance", args={})
+    b = FunctionCall(function="send_money", args={"recipient": "x", "amount": 1.0})
+    msgs = [{"role": "system", "content": [block("sys")]}, {"role": "user", "content": [block("task")]},
+            {"role": "assistant", "content": [block("")], "tool_calls": [a, b]},
+            {"role": "tool", "content": [block("1810.0")], "tool_call": a, "tool_call_id": None, "error": None},
+            {"role": "tool", "content": [block("")], "tool_call": b, "tool_call_id": None, "error": "ValueError: no"}]
+    out = messages_to_openai(msgs)
+    assert [m["role"] for m in out] == ["system", "user", "assistant", "tool", "tool"]
+    assert [c["id"] for c in out[2]["tool_calls"]] == ["call_0", "call_1"]
+    assert json.loads(out[2]["tool_calls"][1]["function"]["arguments"]) == {"recipient": "x", "amount": 1.0}
+    assert [(m["tool_call_id"], m["content"]) for m in out[3:]] == [("call_0", "1810.0"), ("call_1", "ValueError: no")]
+    tools = tools_to_openai(FunctionsRuntime(get_suite("banking").tools))
+    assert {t["function"]["name"] for t in tools} >= {"get_balance", "send_money"}
+    assert all(t["function"]["parameters"]["type"] == "object" for t in tools)
+    parsed = calls_from_openai([openai_call(0, "get_balance", {}), openai_call(1, "send_money", "[1, 2]"),
+                                {"id": "c", "function": {"name": "", "arguments": "{}"}}])
+    assert [c.function for c in parsed.calls] == ["get_balance"] and len(parsed.malformed) == 2
+
+
+def test_every_suites_tools_compile_into_the_engines_call_grammar():
+    """tool_choice="auto" builds a call grammar from the tools; each suite's tool schemas (as
+    AgentDojo's OpenAI client sends them) compile, so no suite fails on its schemas alone."""
+    from agentdojo.functions_runtime import FunctionsRuntime
+
+    from asymagent.chat.auto_tool_constraint import AutoToolConstraint
+    from asymagent.evals.agentdojo.messages import tools_to_openai
+    from asymagent.evals.agentdojo.tasks import SUITES
+    from asymagent.modeling.loading import load_default_verifier
+
+    tok = load_default_verifier().tokenizer
+    for name in SUITES:
+        tools = tools_to_openai(FunctionsRuntime(get_suite(name).tools))
+        assert len(AutoToolConstraint(tok, tools, hermes=True).tool_names) == len(tools) >= 11, name
