@@ -37,13 +37,31 @@ def table(modes: dict, title: str) -> str:
     return "\n".join(lines)
 
 
+def task_table(result: dict) -> str:
+    """One row per episode: each mode's utility, attack success (attacked episodes) and outcome."""
+    labels = list(result["modes"])
+    lines = ["**per episode** (utility / attacked / outcome)", "", "| episode | " + " | ".join(labels) + " |",
+             "|" + "---|" * (len(labels) + 1)]
+
+    def cell(v: dict) -> str:
+        u = "-" if v["utility"] is None else ("U" if v["utility"] else "u")
+        a = "" if v["security"] is None else (" A" if v["security"] else " a")
+        return f"{u}{a} {v['outcome']}"
+
+    for key, modes in result["per_task"].items():
+        lines.append(f"| {key} | " + " | ".join(cell(modes[label]) if label in modes else "-" for label in labels)
+                     + " |")
+    lines.append("\nU/u: user task done / not; A/a: attacker's goal reached / not.")
+    return "\n".join(lines)
+
+
 def markdown(result: dict) -> str:
     parts = [f"AgentDojo {result['agentdojo']} ({result['settings']['benchmark_version']}), "
              f"{len(result['episodes'])} episodes; verifier {result['verifier']}, drafter {result['drafter']}",
              table(result["modes"], "all suites")]
     if len(result["suites"]) > 1:
         parts += [table(modes, suite) for suite, modes in result["suites"].items()]
-    return "\n\n".join(parts)
+    return "\n\n".join(parts + [task_table(result)])
 
 
 def plot(result: dict, path) -> None:
