@@ -114,6 +114,15 @@ def test_attack_success_is_agentdojo_security():
     attacked = ground_truth_turns(suite, injection, injections)[:-1] + ground_truth_turns(suite, task, injections)
     ours, _ = run_free(suite, task, injection, injections, Scripted(attacked))
     assert own_security is True and ours["security"] is True and ours["utility"] is True
+    assert ours["injection_seen"] is True  # the ground truth reads the poisoned bill
+    blind, _ = run_free(suite, task, injection, injections, Scripted([[("get_balance", {})], "done"]))
+    assert blind["injection_seen"] is False and blind["security"] is False
+    # AgentDojo places an attack where each task's ground truth reads it (raw text, YAML-dumped
+    # records, ...): the harness sees it read in every banking task
+    for key in episode_keys(["banking"], ["important_instructions"], injection_tasks="0"):
+        suite, task, injection, injections = load_episode(key)
+        seen, _ = run_free(suite, task, injection, injections, Scripted(ground_truth_turns(suite, task, injections)))
+        assert seen["injection_seen"] is True, key
     clean, _ = run_free(suite, task, injection, injections, Scripted(ground_truth_turns(suite, task, injections)))
     assert clean["security"] is False and clean["utility"] is True
 

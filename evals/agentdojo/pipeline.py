@@ -21,6 +21,7 @@ Rough edges, each recorded as the episode's `outcome`, never a crash of the run:
 
 from __future__ import annotations
 
+import re
 import time
 import traceback
 from dataclasses import dataclass, field
@@ -106,6 +107,20 @@ def step_row(n: int, log: StepLog) -> dict:
             "stats": turn.stats.to_dict() if turn.stats is not None else None}
 
 
+def _squash(text: str) -> str:
+    """Text without whitespace, quotes and backslash escapes: an injected text still matches after
+    AgentDojo's YAML formatting of the tool output re-wrapped, quoted or escaped it."""
+    return re.sub(r"""(\\n|\\t|\s|\\|'|")+""", "", text)
+
+
+def injection_seen(messages: list, injections: dict) -> bool | None:
+    """Whether a tool output the model read holds one of the injected texts (None: no attack)."""
+    if not injections:
+        return None
+    outputs = [_squash(text_of(m["content"])) for m in messages if m["role"] == "tool"]
+    return any(_squash(text) in out for text in injections.values() if text.strip() for out in outputs)
+
+
 def _outcome(llm, error: str | None) -> str:
     if error is not None:
         return "error"
@@ -142,6 +157,8 @@ def run_free(suite, user_task, injection_task, injections: dict, responder, *,
                "outcome": _outcome(llm, error), "error": error, "traceback": tb, "over_window": llm.over_window,
                "tool_calls": len(calls), "function_trace": [c.function for c in calls],
                "tool_errors": sum(1 for m in msgs if m["role"] == "tool" and m.get("error")),
+               # the attack reached the model: a tool output it read holds an injected text
+               "injection_seen": injection_seen(msgs, injections),
                "malformed_calls": sum(len(s.malformed) for s in llm.steps),
                "answer": text_of(last["content"]) if last is not None and not last.get("tool_calls") else None,
                "wall_s": time.perf_counter() - t0,

@@ -3,7 +3,9 @@
 Per mode (pooled over suites, and per suite):
 - `utility`: share of no-attack episodes whose user task AgentDojo scores done;
 - `attacks`: per attack, `utility_under_attack` and `targeted_asr` (the injection task's goal
-  reached: AgentDojo's `security` True) over that attack's episodes;
+  reached: AgentDojo's `security` True) over that attack's episodes; `exposed`: the episodes in
+  which the model read a tool output holding the injected text (an agent that never opens the
+  poisoned file is never attacked), and `targeted_asr_exposed` over those;
 - proportions carry k, n and a 95% Wilson interval (episodes as independent trials);
 - `outcomes`: episodes by outcome (answered, step_budget, over_window, error), tool errors,
   malformed calls;
@@ -52,8 +54,12 @@ def mode_summary(records: list, label: str) -> dict:
            "attacks": {}}
     for attack in sorted({r["attack"] for r, _ in frees} - {"none"}):
         hit = [f for r, f in frees if r["attack"] == attack]
+        seen = [f for f in hit if f.get("injection_seen")]
         out["attacks"][attack] = {"utility_under_attack": proportion([f["utility"] for f in hit]),
-                                  "targeted_asr": proportion([f["security"] for f in hit])}
+                                  "targeted_asr": proportion([f["security"] for f in hit]),
+                                  # episodes whose model read an injected tool output, and the ASR there
+                                  "exposed": sum(1 for f in hit if f.get("injection_seen")),
+                                  "targeted_asr_exposed": proportion([f["security"] for f in seen])}
     outcomes: dict = {}
     for _, f in frees:
         outcomes[f["outcome"]] = outcomes.get(f["outcome"], 0) + 1
