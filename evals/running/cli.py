@@ -4,6 +4,8 @@
     asymagent eval injection --episodes 4          # adds asym:acceptance=cda and asym:acceptance=cda,strict_prefix=16
     asymagent eval my_traces.jsonl --modes full,asym
     asymagent eval fusion --split test --episodes 3 --json f.json --report runs/fusion   # evals/running/fusion.py
+    asymagent eval agentdojo --suites banking --user-tasks 0,1 --modes full,asym --attacks none,important_instructions
+                                                   # AgentDojo's suites and scoring (evals/agentdojo/, pip install 'asymagent[agentdojo]')
     asymagent eval records --episodes 40 --ray --json runs/r.json      # local Ray, one actor per CPU
     asymagent eval records --episodes 500 --ray auto --json runs/r.json --resume   # a cluster
 
@@ -32,7 +34,8 @@ INJECTION_EXTRA = "asym:acceptance=cda,asym:acceptance=cda,strict_prefix=16"
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("suite", help="records | fs_audit | tickets | injection | dispatch (held out: --split test) | PATH.jsonl or DIR (user traces) | "
-                                 "fusion (delta-fusion token by token, evals/running/fusion.py)")
+                                 "fusion (delta-fusion token by token, evals/running/fusion.py) | "
+                                 "agentdojo (AgentDojo's suites, evals/agentdojo/)")
     p.add_argument("--modes", default=None,
                    help=f"comma list (default {DEFAULT_MODES}; injection adds {INJECTION_EXTRA}); "
                         "labels may carry SpecConfig overrides, e.g. asym:k=4,beta=0.5")
@@ -40,7 +43,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--split", choices=("dev", "test"), default="dev")
     p.add_argument("--seeds", default=None, help="comma list of exact seeds (overrides --split/--episodes)")
     p.add_argument("--max-steps", type=int, default=None, help="cap teacher-forced steps per episode")
-    p.add_argument("--max-new-tokens", type=int, default=96)
+    p.add_argument("--max-new-tokens", type=int, default=None,
+                   help="per model turn (default 96; eval agentdojo 256)")
     p.add_argument("--no-free-running", action="store_true", help="teacher-forced scoring only")
     p.add_argument("--no-teacher-forced", action="store_true", help="free-running only (task success)")
     p.add_argument("--json", metavar="PATH", help="write the results JSON here")
@@ -56,8 +60,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="weights dtype of verifier and drafter (asymagent/modeling/cpu_dtype.py names: auto, "
                         "float32, bfloat16, int8, int8w, int4w, ...)")
     p.add_argument("--quiet", action="store_true")
-    p.add_argument("--suites", default=None, help="eval fusion only: suites to measure (default all + domain:parcels)")
+    p.add_argument("--suites", default=None, help="eval fusion: suites to measure (default all + domain:parcels); "
+                                                  "eval agentdojo: workspace,travel,banking,slack (default banking)")
     p.add_argument("--variants", default="beta=1", help="eval fusion only: ';'-separated fusion variants")
+    add_agentdojo_arguments(p)
     p.add_argument("--ray", nargs="?", const="", default=None, metavar="ADDRESS",
                    help="run episodes on Ray actors: no ADDRESS starts a local Ray on this machine, "
                         "`auto` or HOST:PORT or ray://HOST:10001 joins a cluster (pip install 'asymagent[ray]')")
@@ -72,6 +78,30 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                         "JSON path with .episodes.jsonl)")
     p.add_argument("--resume", action="store_true",
                    help="keep the episodes already in the episode log and run only the missing ones")
+
+
+def add_agentdojo_arguments(p: argparse.ArgumentParser) -> None:
+    """The flags only `eval agentdojo` reads (evals/agentdojo/run.py)."""
+    p.add_argument("--user-tasks", default=None, metavar="IDS",
+                   help="eval agentdojo: comma list of user tasks (user_task_3 or 3; default all)")
+    p.add_argument("--max-user-tasks", type=int, default=None, metavar="N",
+                   help="eval agentdojo: the first N user tasks of each suite (a stated sample)")
+    p.add_argument("--injection-tasks", default=None, metavar="IDS",
+                   help="eval agentdojo: comma list of injection tasks run under each attack (default all)")
+    p.add_argument("--attacks", default="none",
+                   help="eval agentdojo: comma list of AgentDojo attacks, `none` for no attack "
+                        "(e.g. none,important_instructions,tool_knowledge)")
+    p.add_argument("--benchmark-version", default="v1.2.2", help="eval agentdojo: AgentDojo's task version")
+    p.add_argument("--max-iters", type=int, default=15,
+                   help="eval agentdojo: tool rounds per episode (AgentDojo's loop default)")
+    p.add_argument("--no-fidelity", action="store_true",
+                   help="eval agentdojo: skip step fidelity along full's trajectory")
+
+
+def resolve_defaults(args) -> None:
+    """Defaults that depend on the suite: --max-new-tokens 96 (eval agentdojo: 256)."""
+    if getattr(args, "max_new_tokens", 0) is None and args.suite != "agentdojo":
+        args.max_new_tokens = 96
 
 
 def mode_labels(args) -> list:
@@ -98,6 +128,15 @@ def check_args(args) -> None:
     from asymagent.modeling.pairs import check_model_source
 
     resolve_dtype(getattr(args, "dtype", "auto"))  # an unknown --dtype name, before any model loads
+    resolve_defaults(args)
+    if args.suite == "agentdojo":
+        from asymagent.evals.agentdojo.run import check_args as check_agentdojo
+
+        check_model_source(args.verifier)
+        if args.drafter:
+            check_drafter_source(args.drafter)
+        check_episode_args(args)
+        return check_agentdojo(args)
     if args.suite.endswith(".jsonl") or os.path.isdir(args.suite):
         if not (os.path.isfile(args.suite) or os.path.isdir(args.suite)):
             raise FileNotFoundError(f"trace file not found: {args.suite}")
@@ -131,7 +170,7 @@ def check_episode_args(args) -> None:
     """--ray / --workers / --jsonl / --resume: suites only, sane numbers, Ray installed."""
     from asymagent.evals.suites.environments import SUITES
 
-    if args.suite not in SUITES and (args.ray is not None or args.jsonl or args.resume):
+    if args.suite not in SUITES and args.suite != "agentdojo" and (args.ray is not None or args.jsonl or args.resume):
         raise ValueError("--ray, --jsonl and --resume run suite episodes; use them with "
                          f"{', '.join(SUITES)}")
     if args.workers is not None and args.workers < 1:
@@ -241,6 +280,11 @@ def evaluate(spec, suite: str, labels: list, seeds: list, *, max_steps=None, max
 
 
 def main(args) -> int:
+    resolve_defaults(args)
+    if args.suite == "agentdojo":
+        from asymagent.evals.agentdojo.run import main as agentdojo_main
+
+        return agentdojo_main(args, jsonl=log_path(args))
     if args.suite == "fusion":
         from asymagent.evals.running import fusion
 

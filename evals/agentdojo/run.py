@@ -1,0 +1,167 @@
+"""`asymagent eval agentdojo`: run AgentDojo episodes locally or on Ray, stream them to an episode log, merge.
+
+    asymagent eval agentdojo --suites banking --user-tasks 0,1,2 --modes full,asym --pair qwen2.5-coder \\
+        --attacks none,important_instructions --injection-tasks 0 --json runs/dojo.json --report runs/dojo
+    asymagent eval agentdojo --suites banking,slack --ray --json runs/dojo.json --resume
+
+In-process: each mode is an AgentDojo pipeline element calling `Engine.chat` in this process
+(responder.py), not AgentDojo's OpenAI-compatible client against `asymagent serve`, because (1)
+that client (`LocalLLM`) prompts its own `<function=...>` call format instead of the model's
+own and turns any request error into an empty answer, (2) the per-step StepStats (acceptance,
+accepted length, the verifier's share of the context) stay in hand rather than behind HTTP, and
+(3) the teacher-forced fidelity pass needs the same engine on the same histories. The server path
+is still open to anyone: AgentDojo's `OpenAILLM` against `asymagent serve` is a plain OpenAI
+client (docs/serving.md).
+
+Work unit: one episode (a key, tasks.py) with every mode, like a suite seed in `asymagent eval`;
+the episode log and `--resume`, and `--ray` (evals/running/ray_eval.py with `DojoWorker`) are
+the suites' own.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import time
+from dataclasses import asdict
+
+from asymagent.evals.agentdojo.episode import ordered, run_dojo_episode
+from asymagent.evals.agentdojo.tasks import DojoPlan
+
+DEFAULT_MODES = "full,spec,asym"
+DEFAULT_MAX_NEW_TOKENS = 256
+
+
+class DojoWorker:
+    """A Ray actor body (evals/running/ray_eval.py `worker_cls`): one engine, AgentDojo episodes."""
+
+    def __init__(self, spec, plan: DojoPlan, threads: int = 1) -> None:
+        import torch
+
+        torch.set_num_threads(max(1, int(threads)))
+        self.setup = spec.build()
+        self.plan = plan
+        self.name = f"{socket.gethostname()}:{os.getpid()}"
+
+    def run(self, key: str) -> dict:
+        record = run_dojo_episode(self.setup.engine, self.plan, key, self.setup.describe())
+        record["worker"] = self.name
+        return record
+
+
+def run_local(engine, plan: DojoPlan, keys: list, *, engine_info=None, log=None, progress: bool = True) -> dict:
+    """The episodes of `keys` not already in `log`, one after another on `engine`; {key: record}."""
+    import torch
+    from tqdm.auto import tqdm
+
+    done = dict(log.done) if log is not None else {}
+    todo = [k for k in keys if k not in done]
+    with tqdm(total=len(keys), initial=len(keys) - len(todo), desc="agentdojo", unit="ep",
+              disable=not progress) as bar, torch.inference_mode():
+        for key in todo:
+            record = run_dojo_episode(engine, plan, key, engine_info)
+            if log is not None:
+                log.append(record)
+            done[key] = record
+            bar.update(1)
+    return {k: done[k] for k in keys}
+
+
+def evaluate_dojo(spec, plan: DojoPlan, keys: list, *, ray: bool = False, address: str | None = None,
+                  workers: int | None = None, worker_cpus: float = 1, jsonl: str | None = None,
+                  resume: bool = False, progress: bool = True) -> dict:
+    """The run's JSON (summary.py) for an EngineSpec: locally, or on Ray actors (`ray=True`)."""
+    from asymagent.evals.agentdojo.summary import dojo_result
+    from asymagent.evals.running.episode_log import EpisodeLog
+
+    t0 = time.perf_counter()
+    if resume and not jsonl:
+        raise ValueError("--resume needs the episode log: give --jsonl PATH (or --json with --ray)")
+    key = {"benchmark": "agentdojo", **asdict(plan), "engine": asdict(spec)}
+    log = EpisodeLog(jsonl, key, resume=resume) if jsonl else None
+    resumed = len(set(log.done) & set(keys)) if log is not None else 0
+    if ray:
+        from asymagent.evals.running.ray_eval import run_episodes_ray
+
+        records = run_episodes_ray(spec, plan, keys, address=address, workers=workers, worker_cpus=worker_cpus,
+                                   log=log, progress=progress, worker_cls=DojoWorker)
+    else:
+        todo = [k for k in keys if log is None or k not in log.done]
+        setup = spec.build() if todo else None
+        if setup is not None:
+            setup.announce("eval agentdojo")
+        records = run_local(setup.engine if setup else None, plan, keys,
+                            engine_info=setup.describe() if setup else None, log=log, progress=progress)
+    result = dojo_result(plan, keys, records)
+    ran_on = sorted({r["worker"] for r in records.values() if "worker" in r})
+    result["settings"].update(ray=None if not ray else {"address": address or "local", "workers": len(ran_on),
+                                                        "worker_cpus": worker_cpus},
+                              resumed_episodes=resumed, total_wall_s=time.perf_counter() - t0)
+    return result
+
+
+def plan_of(args) -> DojoPlan:
+    from asymagent.evals.running.runner import split_mode_labels
+
+    labels = split_mode_labels(args.modes if args.modes is not None else DEFAULT_MODES)
+    if not labels:
+        raise ValueError(f"--modes {args.modes!r} names no mode; give e.g. full,asym")
+    return DojoPlan(tuple(ordered(labels)), args.benchmark_version, args.max_new_tokens or DEFAULT_MAX_NEW_TOKENS,
+                    args.max_iters, not args.no_fidelity)
+
+
+def keys_of(args) -> list:
+    from asymagent.evals.agentdojo.tasks import episode_keys
+
+    suites = [s.strip() for s in (args.suites or "banking").split(",") if s.strip()]
+    attacks = [a.strip() for a in args.attacks.split(",") if a.strip()]
+    return episode_keys(suites, attacks, user_tasks=args.user_tasks, injection_tasks=args.injection_tasks,
+                        max_user_tasks=args.max_user_tasks, version=args.benchmark_version)
+
+
+def check_args(args) -> None:
+    """Refuse mistakes before any model loads: agentdojo installed, modes, tasks, attacks, numbers."""
+    from asymagent.evals.agentdojo.responder import check_label
+
+    try:
+        import agentdojo  # noqa: F401
+    except ImportError:
+        raise ValueError("eval agentdojo needs AgentDojo, which is not installed: "
+                         "pip install 'asymagent[agentdojo]'") from None
+    plan = plan_of(args)
+    for label in plan.labels:
+        check_label(label)
+    if not keys_of(args):
+        raise ValueError("no AgentDojo episode selected (check --suites, --user-tasks, --attacks)")
+    if plan.max_new_tokens < 1 or plan.max_iters < 1:
+        raise ValueError("--max-new-tokens and --max-iters must be >= 1")
+    if plan.fidelity and "full" not in plan.labels:
+        raise ValueError("step fidelity is measured along mode full's trajectory: add full to --modes "
+                         "or pass --no-fidelity")
+
+
+def main(args, jsonl: str | None = None) -> int:
+    """The verb (evals/running/cli.py hands it the episode log path, `log_path`)."""
+    from asymagent.evals.running.engine_setup import EngineSpec
+
+    check_args(args)
+    compression = None
+    if args.compression:
+        from asymagent.context.views import CompressionConfig
+
+        compression = CompressionConfig.from_file(args.compression).model_dump(mode="json")
+    spec = EngineSpec(args.verifier, args.drafter, compression, dtype=args.dtype)
+    result = evaluate_dojo(spec, plan_of(args), keys_of(args), ray=args.ray is not None, address=args.ray or None,
+                           workers=args.workers, worker_cpus=args.worker_cpus, jsonl=jsonl,
+                           resume=args.resume, progress=not args.quiet)
+    from asymagent.evals.agentdojo.report import markdown, write_report
+
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(result, f, indent=1, default=str)
+    if args.report:
+        print(write_report(result, args.report))
+    if not args.quiet:
+        print(markdown(result))
+    return 0
