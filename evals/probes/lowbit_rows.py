@@ -7,7 +7,8 @@ Speculation on a CPU gains only if a K+1-row verify costs about one row. For eac
 the Qwen2.5-Coder 1.5B ([out, in]: q/o 1536x1536, k/v 256x1536, gate/up 8960x1536, down
 1536x8960) and 1, 2, 4, 8, 16, 32 input rows (bf16 activations), the median ms of one call of:
 
-- "bf16": `F.linear` on the bf16 weight (oneDNN; AMX where present);
+- "bf16": `F.linear` on the bf16 weight (oneDNN; AMX where present); with `--dtype float32` (what
+  an AVX2-only CPU runs) every kind takes float32 activations and "bf16" is float32's `F.linear`;
 - "int4w": `aten._weight_int4pack_mm_for_cpu` (today's `--dtype int4w`, weight_only.py; groups of 32);
 - "int8w": `torch._weight_int8pack_mm` (today's `--dtype int8w` and int4w's Q6_K layers);
 - "int4w_inductor" / "int8w_inductor": the same ops under `torch.compile` with freezing and
@@ -21,7 +22,8 @@ the Qwen2.5-Coder 1.5B ([out, in]: q/o 1536x1536, k/v 256x1536, gate/up 8960x153
   channels the weights dequantised once to bf16, then one bf16 matmul for all rows.
 
 Interleaved: per round, per shape and row count, every kind once (`--repeats` calls, median),
-A B A B; the figure is the median of the rounds' medians. Per kind and shape also: whether a row's
+A B A B; the figure is the median of the rounds' medians (`min_ms`: the fastest call, what a
+shared machine's noise leaves least touched). Per kind and shape also: whether a row's
 output bits are the same whatever rows share its call (rows 0..M-1 of an M-row call, M in the
 row counts, against the same rows of a 32-row call; rows 0, 5 and 31 alone), the ratio
 16 rows / 1 row, and whether it beats bf16 at 1 and 16 rows. `decoder_ms` sums one forward's
@@ -39,7 +41,8 @@ from asymagent.evals.probes.harness import command, finish, parser
 SHAPES = {"q_o": (1536, 1536), "k_v": (256, 1536), "gate_up": (8960, 1536), "down": (1536, 8960)}
 PER_LAYER = {"q_o": 2, "k_v": 2, "gate_up": 2, "down": 1}  # linears of each shape per decoder layer
 LAYERS = 28  # decoder layers of the 1.5B
-ALL_KINDS = ("bf16", "int4w", "int8w", "int4w_inductor", "int8w_inductor", "torchao_int8",
+ALL_KINDS = ("bf16", "int4w", "int8w", "int4w_inductor", "int8w_inductor", "int4w_inductor_pad16",
+             "int8w_inductor_pad16", "torchao_int8",
              "torchao_int8_compiled", "torchao_int4", "int4_tiled")
 
 
@@ -109,7 +112,7 @@ def _torchao(kind: str, weight):
     import torch
     from torchao.quantization import Int4WeightOnlyConfig, Int8WeightOnlyConfig, quantize_
 
-    lin = torch.nn.Linear(weight.shape[1], weight.shape[0], bias=False, dtype=torch.bfloat16)
+    lin = torch.nn.Linear(weight.shape[1], weight.shape[0], bias=False, dtype=weight.dtype)
     lin.weight.data.copy_(weight)
     config = Int8WeightOnlyConfig() if kind.startswith("torchao_int8") else Int4WeightOnlyConfig(group_size=32)
     quantize_(lin, config)
@@ -122,28 +125,48 @@ def _callables(weight, kinds: list, tile: int) -> tuple[dict, dict]:
     import torch
     import torch.nn.functional as F
 
+    from asymagent.modeling.compiled_int8 import CompiledInt8
     from asymagent.modeling.weight_only import LowBitWeight
 
     fns, skipped = {}, {}
-    low = {k: LowBitWeight.make(k, weight, torch.bfloat16) for k in ("int4w", "int8w")}
+    dtype = weight.dtype
+    low = {k: LowBitWeight.make(k, weight, dtype) for k in ("int4w", "int8w")}
     for kind in kinds:
         try:
             if kind == "bf16":
                 fns[kind] = lambda x: F.linear(x, weight)
             elif kind in low:
                 fns[kind] = low[kind].matmul
-            elif kind.endswith("_inductor"):
-                fns[kind] = torch.compile(_OpModule.make(low[kind.removesuffix("_inductor")]), dynamic=False)
+            elif kind == "int8w_inductor_pad16":
+                fns[kind] = CompiledInt8(low["int8w"].qweight, low["int8w"].qparams, dtype).matmul
+            elif "_inductor" in kind:
+                base, _, pad = kind.partition("_inductor")
+                compiled = torch.compile(_OpModule.make(low[base]), dynamic=False)
+                fns[kind] = compiled if not pad else _chunked(compiled, int(pad.removeprefix("_pad")))
             elif kind == "int4_tiled":
                 fns[kind] = TiledInt4(weight, tile)
             elif kind.startswith("torchao"):
                 lin = _torchao(kind, weight)
                 fns[kind] = torch.compile(lin, dynamic=False) if kind.endswith("_compiled") else lin
                 if kind == "torchao_int4":
-                    fns[kind](torch.randn(1, weight.shape[1], dtype=torch.bfloat16))
+                    fns[kind](torch.randn(1, weight.shape[1], dtype=weight.dtype))
         except Exception as exc:  # noqa: BLE001 - the probe records why a kind is absent
             skipped[kind] = f"{type(exc).__name__}: {str(exc).splitlines()[0][:300]}"
     return fns, skipped
+
+
+def _chunked(fn, rows: int):
+    """fn on x [M, K] in `rows`-row calls (one compiled shape), x's rows repeated up to a multiple
+    of `rows`, the first M kept (as compiled_int8.CompiledInt8.matmul)."""
+    import torch
+
+    from asymagent.modeling.row_floor import pad_rows
+
+    def call(x):
+        padded = pad_rows(x, -(-x.shape[0] // rows) * rows, 0)
+        return torch.cat([fn(part) for part in padded.split(rows)])[:x.shape[0]]
+
+    return call
 
 
 def _row_bits_same(fn, x32) -> bool:
@@ -158,24 +181,27 @@ def _row_bits_same(fn, x32) -> bool:
     return all(torch.equal(fn(x32[i:i + 1])[0], ref[i]) for i in (0, 5, 31))
 
 
-def _median_ms(fn, x, repeats: int) -> float:
+def _call_ms(fn, x, repeats: int) -> list:
+    """ms of `repeats` back-to-back calls."""
     times = []
     for _ in range(repeats):
         t0 = time.perf_counter()
         fn(x)
-        times.append(time.perf_counter() - t0)
-    return 1e3 * statistics.median(times)
+        times.append(1e3 * (time.perf_counter() - t0))
+    return times
 
 
-def measure(kinds: list, rows: tuple, rounds: int, repeats: int, tile: int, shapes: dict) -> dict:
-    """The per-shape figures (module doc)."""
+def measure(kinds: list, rows: tuple, rounds: int, repeats: int, tile: int, shapes: dict,
+            dtype=None) -> dict:
+    """The per-shape figures (module doc); `dtype`: the activations' (default bf16)."""
     import torch
 
+    dtype = dtype or torch.bfloat16
     g = torch.Generator().manual_seed(0)
     per_shape = {}
     for name, (n_out, n_in) in shapes.items():
-        w = (torch.randn(n_out, n_in, generator=g) / n_in ** 0.5).to(torch.bfloat16)  # [N, K]
-        x32 = torch.randn(32, n_in, generator=g).to(torch.bfloat16)  # [32, K]
+        w = (torch.randn(n_out, n_in, generator=g) / n_in ** 0.5).to(dtype)  # [N, K]
+        x32 = torch.randn(32, n_in, generator=g).to(dtype)  # [32, K]
         fns, skipped = _callables(w, kinds, tile)
         compile_s = {}
         with torch.inference_mode():
@@ -185,14 +211,18 @@ def measure(kinds: list, rows: tuple, rounds: int, repeats: int, tile: int, shap
                     fn(x32[:m])
                 compile_s[kind] = time.perf_counter() - t0
             same = {kind: _row_bits_same(fn, x32) for kind, fn in fns.items()}
-            ms = {kind: {m: [] for m in rows} for kind in fns}
+            ms = {kind: {m: [] for m in rows} for kind in fns}  # per round: the calls' median
+            fastest = {kind: {m: [] for m in rows} for kind in fns}  # per round: the fastest call
             for _ in range(rounds):
                 for m in rows:
                     for kind, fn in fns.items():
-                        ms[kind][m].append(_median_ms(fn, x32[:m], repeats))
+                        calls = _call_ms(fn, x32[:m], repeats)
+                        ms[kind][m].append(statistics.median(calls))
+                        fastest[kind][m].append(min(calls))
         med = {kind: {str(m): statistics.median(v) for m, v in by.items()} for kind, by in ms.items()}
         per_shape[name] = {"shape": [n_out, n_in], "ms": med, "round_ms": {k: {str(m): v for m, v in by.items()}
                                                                             for k, by in ms.items()},
+                           "min_ms": {k: {str(m): min(v) for m, v in by.items()} for k, by in fastest.items()},
                            "row_bits_same_in_any_company": same, "warmup_s": compile_s, "skipped": skipped,
                            "ratio_16_to_1": {k: med[k]["16"] / med[k]["1"] for k in med if "16" in med[k]},
                            "beats_bf16_at_1_and_16": {k: med[k]["1"] < med["bf16"]["1"] and med[k]["16"] < med["bf16"]["16"]
@@ -223,6 +253,7 @@ def main(argv=None) -> int:
     p.add_argument("--rounds", type=int, default=2)
     p.add_argument("--repeats", type=int, default=7, help="calls per (kind, rows) per round; median")
     p.add_argument("--tile", type=int, default=1024, help="output channels per int4_tiled tile")
+    p.add_argument("--dtype", default="bfloat16", choices=("bfloat16", "float32"), help="activations and bf16's weight")
     args = p.parse_args(argv)
     kinds = [k for k in args.kinds.split(",") if k]
     rows = tuple(int(r) for r in args.rows.split(",") if r)
@@ -230,12 +261,13 @@ def main(argv=None) -> int:
         _inductor_config()
     load_before = os.getloadavg()
     per_shape = measure(kinds, rows, args.rounds, args.repeats, args.tile,
-                        {n: SHAPES[n] for n in args.shapes.split(",") if n})
+                        {n: SHAPES[n] for n in args.shapes.split(",") if n}, getattr(torch, args.dtype))
     doc = {"command": command("lowbit_rows", argv), "torch": torch.__version__,
            "machine": {"cpu_capability": torch.backends.cpu.get_cpu_capability(), "threads": torch.get_num_threads(),
                        "cpus": os.cpu_count(), "load_before": load_before, "load_after": os.getloadavg(),
                        "isa_caps": {k: os.environ.get(k) for k in ("ATEN_CPU_CAPABILITY", "ONEDNN_MAX_CPU_ISA")}},
-           "settings": {"rows": list(rows), "rounds": args.rounds, "repeats": args.repeats, "tile": args.tile},
+           "settings": {"rows": list(rows), "rounds": args.rounds, "repeats": args.repeats, "tile": args.tile,
+                        "dtype": args.dtype},
            "shapes": per_shape}
     if len(per_shape) == len(SHAPES):
         doc["decoder_ms"] = decoder_ms(per_shape)
