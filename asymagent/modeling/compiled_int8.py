@@ -16,9 +16,12 @@ calls and keeps the first M: every row goes through the same CHUNK-row kernel wh
 its forward, so its bits are its own in any company (weight_only.py's contract; the probe there
 checks it per layer shape), and a 1-row decode costs what a 16-row verify costs: one weight pass.
 
-Each layer is its own compile (its weight is a frozen constant): ~1-2 s a layer on 2 cores after
-the first of a shape (the generated C++ is cached by its source), ~20 s for the first. The compile
-options are passed to this compile only (`torch.compile(options=...)`): nothing global changes.
+Each layer is its own compile (its weight is a frozen constant, and Inductor's FX graph cache is
+off for it: OPTIONS): seconds a layer on 2 cores, ~20 s for the first of a shape (the generated
+C++ is cached by its source). The compile
+options are patched in around that first call only: nothing global changes. Calls must come as the
+compile saw them (inference mode, CHUNK rows of `dtype`): a call that misses dynamo's guards
+recompiles without the patch and is refused (no CPP choice without freezing).
 `compiled_int8_missing()` says why this torch / CPU cannot (no C++ compiler, no CPP template).
 """
 
@@ -30,7 +33,10 @@ import types
 import torch
 
 CHUNK = 16  # rows of the one compiled kernel shape
-OPTIONS = {"freezing": True, "max_autotune": True, "max_autotune_gemm_backends": "CPP"}
+# fx_graph_cache off: its key takes a frozen weight by shape and dtype only, and a hit reuses the
+# weight the template prepacked at the first compile: a second layer of the same shape then
+# multiplies by the first one's weights (seen on torch 2.13; tests/test_compiled_int8.py pins it)
+OPTIONS = {"freezing": True, "max_autotune": True, "max_autotune_gemm_backends": "CPP", "fx_graph_cache": False}
 
 
 class _Int8Mm(torch.nn.Module):
@@ -63,10 +69,11 @@ class CompiledInt8:
         CompiledInt8._count += 1
         self.n_in, self.dtype = qweight.shape[1], dtype
         self.module = module
-        self.fn = torch.compile(_own_forward(module, CompiledInt8._count), dynamic=False, fullgraph=True,
-                                options=OPTIONS)
-        with torch.inference_mode():
-            self.fn(torch.zeros(CHUNK, self.n_in, dtype=dtype))  # compile now, not in the first decode
+        self.fn = torch.compile(_own_forward(module, CompiledInt8._count), dynamic=False, fullgraph=True)
+        # compile now, not in the first decode, with the options patched in for this compile only
+        # (`torch.compile(options=...)` does not reach freezing, without which the template is refused)
+        with torch._inductor.config.patch(OPTIONS), torch.inference_mode():
+            self.fn(torch.zeros(CHUNK, self.n_in, dtype=dtype))
 
     def matmul(self, x: torch.Tensor) -> torch.Tensor:
         """x [M, K] -> [M, N]: CHUNK-row calls over x's rows repeated to a multiple of CHUNK."""
