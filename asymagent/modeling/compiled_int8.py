@@ -28,11 +28,13 @@ recompiles without the patch and is refused (no CPP choice without freezing).
 from __future__ import annotations
 
 import functools
+import itertools
 import types
 
 import torch
 
 CHUNK = 16  # rows of the one compiled kernel shape
+_TAGS = itertools.count(1)  # one code object name per compiled layer
 # fx_graph_cache off: its key takes a frozen weight by shape and dtype only, and a hit reuses the
 # weight the template prepacked at the first compile: a second layer of the same shape then
 # multiplies by the first one's weights (seen on torch 2.13; tests/test_compiled_int8.py pins it)
@@ -62,14 +64,11 @@ def _own_forward(module: _Int8Mm, tag: int):
 class CompiledInt8:
     """One layer's int8 weight behind a CHUNK-row Inductor kernel (module doc)."""
 
-    _count = 0
-
     def __init__(self, qweight: torch.Tensor, scale: torch.Tensor, dtype: torch.dtype):
         module = _Int8Mm(qweight, scale.to(dtype)).eval()
-        CompiledInt8._count += 1
         self.n_in, self.dtype = qweight.shape[1], dtype
         self.module = module
-        self.fn = torch.compile(_own_forward(module, CompiledInt8._count), dynamic=False, fullgraph=True)
+        self.fn = torch.compile(_own_forward(module, next(_TAGS)), dynamic=False, fullgraph=True)
         # compile now, not in the first decode, with the options patched in for this compile only
         # (`torch.compile(options=...)` does not reach freezing, without which the template is refused)
         with torch._inductor.config.patch(OPTIONS), torch.inference_mode():
