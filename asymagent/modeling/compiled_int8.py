@@ -77,12 +77,12 @@ class CompiledInt8:
     def matmul(self, x: torch.Tensor) -> torch.Tensor:
         """x [M, K] -> [M, N]: CHUNK-row calls over x's rows repeated to a multiple of CHUNK."""
         rows = x.shape[0]
-        if rows == CHUNK:
-            return self.fn(x)
         if rows < CHUNK:
-            return self.fn(_repeat_rows(x, CHUNK))[:rows]
+            return self.fn(_repeat_rows(x, CHUNK))[:rows]  # a new tensor, as the compile saw
+        # whole CHUNKs as new tensors, not views: a view of a longer tensor was seen to miss the
+        # compiled frame's guards and recompile to the eager op (other bits, several passes)
         padded = _repeat_rows(x, -(-rows // CHUNK) * CHUNK)  # [ceil(M / CHUNK) * CHUNK, K]
-        return torch.cat([self.fn(part) for part in padded.split(CHUNK)])[:rows]
+        return torch.cat([self.fn(part.clone()) for part in padded.split(CHUNK)])[:rows]
 
 
 def _repeat_rows(x: torch.Tensor, rows: int) -> torch.Tensor:
