@@ -25,6 +25,9 @@ model's chat template) of at least `--context + --positions` tokens.
 - "llama_cpp": llama.cpp (llama-cpp-python, its own kernels on the GGUF's blocks, the torch
   thread count) timed and teacher-forced the same way in the same rounds: the issue's peer per
   token, interleaved (`LlamaCppKind`).
+- Verify rows (`--verify-rows 1,4,16`): after the same prefill, an R-row forward of the whole
+  model (R tokens, R logits kept: a K+1-row verify) per row count, the cache cropped back after
+  each; per kind the median over rounds of each round's median (issue 55: is 16 rows ~ one row?).
 - Kernels alone (`--kernel-rows`): one random [8960, 1536] layer (the 1.5B's gate/up) at 1..512
   rows: bf16 packed and F.linear, int8w, int4w; median ms.
 - `--compare REF.json,A.json,...`: no measurement; the steps of `asymagent eval` JSONs (one run
@@ -100,6 +103,28 @@ def _decode_ms(model, ids: list, context: int, steps: int) -> tuple[list, list]:
             logits = cache.forward_logits([tok], keep=1)
             times.append((time.perf_counter() - start) * 1e3)
     return times[WARMUP:], tokens
+
+
+def _verify_ms(model, ids: list, context: int, rows: tuple, repeats: int) -> dict:
+    """Prefill ids[:context], then per row count R: median ms of an R-row forward (the tokens
+    after the context, R logits kept, as a K+1 verify), the cache cropped back after each."""
+    import torch
+
+    from asymagent.kv.cache import ModelCache
+
+    cache = ModelCache(model)
+    out = {}
+    with torch.inference_mode():
+        cache.forward_logits(ids[:context], keep=1)
+        for r in rows:
+            times = []
+            for _ in range(repeats + 1):  # the first not timed
+                start = time.perf_counter()
+                cache.forward_logits(ids[context:context + r], keep=r)
+                times.append((time.perf_counter() - start) * 1e3)
+                cache.crop(context)
+            out[str(r)] = statistics.median(times[1:])
+    return out
 
 
 def _forced_logprobs(model, ids: list, context: int, positions: int, chunk: int):
@@ -245,6 +270,9 @@ def main(argv=None) -> int:
     p.add_argument("--seed", type=int, default=100000, help="first episode seed (test seeds from 100000)")
     p.add_argument("--kernel-rows", default="1,8,32,128,512",
                    help="row counts at which one [8960, 1536] layer is timed per kernel ('' skips)")
+    p.add_argument("--verify-rows", default="",
+                   help="row counts at which an R-row forward of the whole model is timed per kind and round "
+                        "(a K+1-row verify; '' skips), e.g. 1,4,16")
     p.add_argument("--keep-lowbit", action="store_true",
                    help="keep every kind's low-bit copies across switches (more memory, quantised once)")
     p.add_argument("--compare", default=None, metavar="REF.json,A.json,...",
@@ -263,6 +291,8 @@ def main(argv=None) -> int:
     store: dict = {}
     times = {k: [] for k in kinds}
     rounds = {k: [] for k in kinds}
+    verify_rows = tuple(int(r) for r in args.verify_rows.split(",") if r.strip())
+    verify = {k: [] for k in kinds}  # per round: {rows: median ms}
     info, tokens, fidelity, ref = {}, {}, {}, None
     peer = (LlamaCppKind(source, args.context + args.positions + args.decode + 8, torch.get_num_threads())
             if "llama_cpp" in kinds else None)
@@ -274,6 +304,8 @@ def main(argv=None) -> int:
             else:
                 info[kind] = _switch(model, kind, store if args.keep_lowbit else {}, source)
                 t, toks = _decode_ms(model, ids, args.context, args.decode)
+                if verify_rows:
+                    verify[kind].append(_verify_ms(model, ids, args.context, verify_rows, max(3, args.decode // 4)))
             times[kind] += t
             rounds[kind].append(statistics.median(t))
             tokens[kind] = toks
@@ -297,6 +329,12 @@ def main(argv=None) -> int:
                          "speedup_vs_" + base: statistics.median(times[base]) / statistics.median(times[k]),
                          "greedy_tokens_equal_" + base: tokens[k] == tokens[base],
                          "fidelity_vs_" + base: fidelity[k], **info[k]} for k in kinds}}
+    for k in kinds:
+        if verify[k]:
+            med = {r: statistics.median(v[r] for v in verify[k]) for r in verify[k][0]}
+            doc["kinds"][k]["verify_ms"] = med
+            doc["kinds"][k]["verify_round_ms"] = verify[k]
+            doc["kinds"][k]["verify_16_to_1"] = med["16"] / med["1"] if {"1", "16"} <= set(med) else None
     for k in kinds:
         print(k, {x: doc["kinds"][k][x] for x in ("decode_ms_per_token", "speedup_vs_" + base)},
               doc["kinds"][k]["fidelity_vs_" + base], flush=True)
