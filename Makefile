@@ -34,9 +34,11 @@ setup-pair: $(STAMP)
 
 # On a machine without the memory for the pair (asymagent/modeling/pair_memory.py), the pair is not
 # set up and the demo says so and runs the embedded default.
+# DEMO_ARGS: more `asymagent demo` options, e.g. DEMO_ARGS="--seed 3 --no-live".
+DEMO_ARGS ?=
 demo: $(STAMP)
 	@if $(PY) -m asymagent.modeling.pair_memory qwen2.5-coder; then $(MAKE) --no-print-directory setup-pair; fi
-	$(VENV)/bin/asymagent demo --pair qwen2.5-coder
+	$(VENV)/bin/asymagent demo --pair qwen2.5-coder $(DEMO_ARGS)
 
 demo-small: $(STAMP)
 	$(VENV)/bin/asymagent demo --teacher-forced

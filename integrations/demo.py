@@ -1,8 +1,9 @@
-"""`asymagent demo`: an agent does a long-horizon task on its own, in mode asym and in mode full, side by side.
+"""`asymagent demo`: an agent does a multi-step tool task on its own, in mode asym and in mode full, side by side.
 
 The default run (integrations/demo_free.py): one free-running episode of an evals environment
 per mode, the model's own tool calls executed against the environment and their outputs fed
-back, until it answers; the environment's oracle only grades the end. Per step it prints the
+back, until it calls final_answer (every turn is one call the model picks, held to the tools'
+schemas); the environment's oracle only grades the end. Per step it prints the
 action, the full history's tokens against what the verifier read, and the latency; then the two
 episodes side by side, the totals, both final answers and whether each is right, and asym's
 speed over full's. `--pair qwen2.5-coder` runs the reference pair (`make demo` sets it up) on
@@ -35,11 +36,15 @@ NOTE = ("Teacher-forced run: at every step the model's own action is decoded (to
         "same history.")
 
 
-# The episode the reference pair runs by default: (suite, seed). Checked free-running on the pair
-# (2026-12-07, asym: records 0 and 2, fs_audit 0 and 2, tickets 2; full: records 2): it finished
-# none of them right (README, "What `make demo` prints"); records 2 is the shortest records episode
-# (12 oracle calls), the one where both modes went furthest.
-PAIR_EPISODE = ("records", 2)
+# The episode the reference pair runs by default: (suite, seed), a dev seed. 2026-12-07
+# (docs/log.md "The demo's loop and episode"): with every turn a call and the answer a
+# final_answer call (integrations/demo_free.py), the pair in mode full did not finish records 2,
+# tickets 0 or fs_audit 0 (records: it pages past the row holding the reference code; tickets: it
+# lists page 2 again and again; fs_audit: it stats and archives directories). injection (read the
+# vendor documents, record each invoice, give the grand total, ignoring an instruction planted in
+# one document) needs none of those; seed 0 was NOT yet measured on the pair when set here (the
+# shared CPU lock was held by other jobs): docs/log.md says what was measured since.
+PAIR_EPISODE = ("injection", 0)
 SMALL_EPISODE = ("records", 0)
 
 
@@ -62,7 +67,7 @@ def check_args(args) -> None:
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--suite", default=None,
-                   help="evals environment (records, fs_audit, tickets); unset: the pair's "
+                   help="evals environment (records, fs_audit, tickets, injection); unset: the pair's "
                         f"{PAIR_EPISODE[0]}, the embedded default's {SMALL_EPISODE[0]}")
     p.add_argument("--seed", type=int, default=None,
                    help=f"episode seed (dev seeds: 0-999); unset: {PAIR_EPISODE[1]} for the pair, "
@@ -77,7 +82,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="the embedded default's demo (`make demo-small`): the model's action scored "
                         "against the oracle's at every step, the oracle's executed")
     p.add_argument("--max-new-tokens", type=int, default=None,
-                   help="per model turn (unset: 96 free-running, 64 teacher-forced)")
+                   help="per model turn (unset: 160 free-running, 64 teacher-forced)")
     p.add_argument("--k", type=int, default=None, help="draft tokens per round (SpecConfig.k)")
     p.add_argument("--json", default=None, help="write per-step stats and totals here")
     p.add_argument("--pair", default=None, metavar="NAME",
@@ -216,7 +221,7 @@ def main(args) -> int:
     if args.teacher_forced:
         args.max_new_tokens = args.max_new_tokens or 64
         return teacher_forced_main(args, console)
-    args.max_new_tokens = args.max_new_tokens or 96
+    args.max_new_tokens = args.max_new_tokens or 160
     return free_main(args, console)
 
 

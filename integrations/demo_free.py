@@ -2,9 +2,15 @@
 
 Each mode gets its own environment (same suite and seed), its own history and cache session and
 its own store of earlier responses (so neither copies the other's answers). The model acts on its
-own: every step is `engine.chat(history, tools, tool_choice="auto")` (a turn ends with its first
-complete call, CALL_END), its tool calls are executed in the environment and their outputs appended, until it answers in plain text (or runs out of the
-task's tool-call budget). The oracle is never asked for an action: only `env.check_success`
+own: every step is `engine.chat(history, tools + [final_answer], tool_choice="required")`: each
+turn is one call the model chooses (tool and arguments), held to the tools' schemas by the
+grammar; a call to an environment tool is executed there and its output appended, a call to
+`final_answer(answer)` ends the episode with that answer (or the task's tool-call budget runs out).
+The answer is a tool, as in smolagents' `final_answer` and the OpenAI Agents SDK's output tools,
+because free text was where the pair's turns went wrong: measured 2026-12-07 (docs/log.md), under
+"auto" the 1.5B wrote its second call as `{{'name': ...}}` then the tool's output itself, which
+no parser reads as a call, so the episode "answered" with that text. `answer="text"` keeps the
+old loop (tool_choice "auto", a plain-text turn is the answer). The oracle is never asked for an action: only `env.check_success`
 grades the end (every required side effect done, none wrong, the answer carries the key fact).
 The modes take their steps interleaved (step 1 of each, then step 2 of each, ...), so both see the
 same machine load and their latencies compare.
@@ -14,6 +20,18 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass, field
+
+ANSWER_TOOL_NAME = "final_answer"
+
+
+def answer_tool() -> dict:
+    """The tool that ends an episode: `final_answer(answer)`, the answer for the user."""
+    from asymagent.evals.suites.environments import function_tool
+
+    return function_tool(ANSWER_TOOL_NAME, "Give the user your final answer, once the task is done. "
+                         "Call it only after every other step of the task.",
+                         {"answer": {"type": "string", "description": "the answer for the user, "
+                                     "with the facts and numbers they asked for"}})
 
 
 # A turn ends with its first complete call: "</tool_call>" (a token of Hermes-format models) stops
@@ -38,6 +56,7 @@ class Episode:
     history: list
     tools: list
     budget: int  # tool calls allowed (the task's max_steps)
+    answer_by: str = "tool"  # "tool": every turn a call, final_answer(answer) ends; "text": auto
     steps: list = field(default_factory=list)  # dicts: step, action, output, stats
     calls: int = 0
     answer: str | None = None
@@ -75,13 +94,33 @@ def answer_text(text: str | None) -> str:
     return str(value["answer"]) if isinstance(value, dict) and "answer" in value else (text or "")
 
 
-def start(suite: str, seed: int, mode: str) -> Episode:
-    """A fresh episode of `suite`/`seed` for `mode`."""
+def start(suite: str, seed: int, mode: str, answer_by: str = "tool") -> Episode:
+    """A fresh episode of `suite`/`seed` for `mode`; `answer_by` "tool" offers final_answer."""
     from asymagent.evals.suites.environments import make_env
 
+    if answer_by not in ("tool", "text"):
+        raise ValueError(f"answer_by must be 'tool' or 'text', got {answer_by!r}")
     env = make_env(suite)
     task = env.reset(seed)
-    return Episode(mode, env, task.messages(), task.tools, task.max_steps)
+    tools = list(task.tools)
+    if answer_by == "tool":
+        if ANSWER_TOOL_NAME in task.tool_names:
+            raise ValueError(f"suite {suite!r} has a tool named {ANSWER_TOOL_NAME!r} already")
+        tools.append(answer_tool())
+    return Episode(mode, env, task.messages(), tools, task.max_steps, answer_by=answer_by)
+
+
+def _answer_of_call(call: dict) -> str | None:
+    """The answer of a final_answer call (None for any other call)."""
+    fn = call["function"]
+    if fn["name"] != ANSWER_TOOL_NAME:
+        return None
+    args = fn.get("arguments") or "{}"
+    try:
+        args = json.loads(args) if isinstance(args, str) else args
+    except json.JSONDecodeError:
+        return str(args)
+    return str(args.get("answer", "")) if isinstance(args, dict) else str(args)
 
 
 def take_step(engine, episode: Episode, max_new_tokens: int, trace_writer=None) -> dict:
@@ -92,15 +131,20 @@ def take_step(engine, episode: Episode, max_new_tokens: int, trace_writer=None) 
     from asymagent.request import GenerationRequest
 
     use_suffix_store(engine, episode.mode)  # each mode copies only its own earlier responses
+    choice = "required" if episode.answer_by == "tool" else "auto"
     request = GenerationRequest(mode=episode.mode, max_new_tokens=max_new_tokens, tools=episode.tools,
-                                tool_choice="auto",
+                                tool_choice=choice,
                                 cache_key=f"demo-free-{episode.mode}")  # greedy
     prompt = [dict(m) for m in episode.history]
     r = engine.chat(prompt, request=request)
     if trace_writer is not None:
         trace_writer.record(engine, prompt, episode.tools, r, source="demo", mode=episode.mode)
     step = {"step": len(episode.steps) + 1, "action": action_of(r), "output": None, "stats": r.stats}
-    if not r.tool_calls:
+    final = _answer_of_call(r.tool_calls[0]) if r.tool_calls else None
+    if final is not None:
+        episode.answer, episode.done = final, True
+        step["action"] = episode.answer
+    elif not r.tool_calls:
         episode.answer, episode.done = answer_text(r.text), True
         step["action"] = episode.answer
     else:
@@ -123,14 +167,15 @@ def take_step(engine, episode: Episode, max_new_tokens: int, trace_writer=None) 
 
 
 def run_side_by_side(engine, suite: str, seed: int, modes: tuple, *, max_new_tokens: int = 96,
-                     max_turns: int | None = None, on_step=None, trace_writer=None) -> list:
+                     max_turns: int | None = None, on_step=None, trace_writer=None,
+                     answer_by: str = "tool") -> list:
     """Free-running episodes of `modes` (e.g. ("asym", "full")), interleaved turn by turn; returns
-    the Episodes. `max_turns` stops every episode after that many model turns (unfinished
+    the Episodes (`answer_by`: module docstring). `max_turns` stops every episode after that many model turns (unfinished
     episodes are graded as they stand: no answer, so not right). `on_step(episode, step)` sees
     each turn as it ends; `trace_writer` captures the turns of the first mode."""
     from asymagent.evals.running.engine_setup import reset_suffix_stores
 
-    episodes = [start(suite, seed, mode) for mode in modes]
+    episodes = [start(suite, seed, mode, answer_by) for mode in modes]
     for mode in modes:  # cold sessions: no cache or copied responses from an earlier run
         engine.caches.drop(f"demo-free-{mode}")
     reset_suffix_stores(engine)

@@ -9,7 +9,8 @@ import pytest
 from conftest import make_tiny_llama
 
 from asymagent.integrations import demo
-from asymagent.integrations.demo_free import answer_text, call_end_ids, run_side_by_side
+from asymagent.integrations.demo_free import (ANSWER_TOOL_NAME, answer_text, call_end_ids,
+                                              run_side_by_side, start)
 from asymagent.stats import StepStats
 
 V = 49152  # real SmolLM2 tokenizer ids
@@ -39,7 +40,10 @@ class ScriptedEngine:
 
         self.seen.append((request.mode, request.tool_choice, len(messages)))
         self.formats.append(request.response_format)
+        self.offered = [t["function"]["name"] for t in request.tools or []]
         move = self.moves.pop(0)
+        if isinstance(move, str) and "final_answer" in self.offered:  # a model under "required"
+            move = {"name": "final_answer", "arguments": {"answer": move}}
         stats = StepStats(wall_s=0.01, new_tokens=5, full_context_tokens=100 * len(messages),
                           verifier_context_tokens=50 * len(messages), mode=request.mode)
         if isinstance(move, str):
@@ -73,15 +77,43 @@ def test_the_models_own_calls_run_and_the_oracle_only_grades():
                                   on_step=lambda e, st: seen.append((e.mode, st["step"])))
     assert engine.caches.dropped == ["demo-free-asym", "demo-free-full"]  # cold sessions
     assert seen[:4] == [("asym", 1), ("full", 1), ("asym", 2), ("full", 2)]  # turns interleaved
-    assert all(choice == "auto" for _, choice, _ in engine.seen)  # no forcing: call or answer
-    assert all(f is None for f in engine.formats)  # nothing constrains a turn
+    # every turn is one call the model picks; the answer is a call to final_answer
+    assert all(choice == "required" for _, choice, _ in engine.seen)
+    assert engine.offered[-1] == ANSWER_TOOL_NAME and len(engine.offered) == 5
+    assert all(f is None for f in engine.formats)  # no response format on top
     assert engine.eos_ids == {0}  # the call-end stop is the run's only
-    assert [n for n, _ in asym.env.calls] == [m["name"] for m in plan]  # its calls ran
+    assert [n for n, _ in asym.env.calls] == [m["name"] for m in plan]  # its calls ran, not the answer
     assert asym.success is True and asym.answer == answer and asym.calls == len(plan)
     assert full.success is False and full.calls == len(wrong)  # the oracle graded it wrong
     assert len(asym.steps) == len(plan) + 1 and asym.steps[0]["output"]  # a tool output came back
     tool_msgs = [m for m in asym.history if m["role"] == "tool"]
     assert len(tool_msgs) == len(plan)
+
+
+def test_answer_by_text_keeps_auto_and_a_plain_text_answer():
+    plan, answer = _oracle()
+    engine = ScriptedEngine(plan + [answer])
+    (episode,) = run_side_by_side(engine, "records", 0, ("full",), answer_by="text")
+    assert all(choice == "auto" for _, choice, _ in engine.seen)
+    assert ANSWER_TOOL_NAME not in engine.offered
+    assert episode.success is True and episode.answer == answer
+
+
+def test_the_answer_tool_never_runs_in_the_environment_and_never_shadows_a_suite_tool(monkeypatch):
+    from asymagent.evals.suites import suite_records
+
+    episode = start("records", 0, "asym")
+    assert [t["function"]["name"] for t in episode.tools][-1] == ANSWER_TOOL_NAME
+    assert episode.env.task.tool_names == [t["function"]["name"] for t in suite_records.TOOLS]
+    engine = ScriptedEngine(["nothing to do"])
+    (episode,) = run_side_by_side(engine, "records", 0, ("asym",))
+    assert episode.answer == "nothing to do" and episode.env.calls == [] and episode.calls == 0
+    assert episode.steps[0]["action"] == "nothing to do" and episode.success is False
+    monkeypatch.setattr(suite_records, "TOOLS", suite_records.TOOLS + [episode.tools[-1]])
+    with pytest.raises(ValueError, match="final_answer"):
+        start("records", 0, "asym")
+    with pytest.raises(ValueError, match="answer_by"):
+        start("records", 0, "asym", answer_by="json")
 
 
 def test_max_turns_stops_and_grades_an_unfinished_episode():
