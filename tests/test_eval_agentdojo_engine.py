@@ -24,7 +24,7 @@ KEYS = ["banking/user_task_0/none", "banking/user_task_1/important_instructions/
 PLAN = DojoPlan(("full", "spec:adaptive_k=false", "asym:adaptive_k=false", "asym:adaptive_k=false@id_keep_192"),
                 max_new_tokens=6, max_iters=3)
 TIMINGS = {"wall_s", "call_s", "full_call_s", "ttft_s", "prefill_s", "decode_s", "total_wall_s", "mean_call_s",
-           "full_wall_s", "speed_vs_full", "speed_ci", "worker"}
+           "full_wall_s", "speed_vs_full", "speed_ci", "worker", "draft_s"}
 
 
 @pytest.fixture(scope="module")
