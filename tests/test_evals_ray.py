@@ -24,7 +24,7 @@ SEEDS = [0, 1, 2]
 LABELS = ["full", "compressed", "spec:adaptive_k=false", "asym:adaptive_k=false", "asym"]
 RUN = dict(max_steps=2, max_new_tokens=8)
 TIMINGS = {"wall_s", "free_running_wall_s", "per_step_s", "cumulative_latency_s", "ttft_s", "prefill_s",
-           "decode_s", "call_s", "total_wall_s"}
+           "decode_s", "call_s", "total_wall_s", "draft_s"}
 # counts that depend on the K adaptive K picked (so on timings) in the default "asym" label
 ADAPTIVE = {"drafted", "accepted", "acceptance_rate", "mean_accepted_len", "acceptance_by_position",
             "reached_by_position", "rounds", "lookup_rounds", "k", "mean_jsd", "verifier_flops",
