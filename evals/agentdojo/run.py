@@ -21,33 +21,21 @@ the suites' own.
 from __future__ import annotations
 
 import json
-import os
-import socket
 import time
 from dataclasses import asdict
 
 from asymagent.evals.agentdojo.episode import ordered, run_dojo_episode
 from asymagent.evals.agentdojo.tasks import DojoPlan
+from asymagent.evals.running.ray_eval import EpisodeWorker, run_logged
 
 DEFAULT_MODES = "full,spec,asym"
 DEFAULT_MAX_NEW_TOKENS = 256
 
 
-class DojoWorker:
+class DojoWorker(EpisodeWorker):
     """A Ray actor body (evals/running/ray_eval.py `worker_cls`): one engine, AgentDojo episodes."""
 
-    def __init__(self, spec, plan: DojoPlan, threads: int = 1) -> None:
-        import torch
-
-        torch.set_num_threads(max(1, int(threads)))
-        self.setup = spec.build()
-        self.plan = plan
-        self.name = f"{socket.gethostname()}:{os.getpid()}"
-
-    def run(self, key: str) -> dict:
-        record = run_dojo_episode(self.setup.engine, self.plan, key, self.setup.describe())
-        record["worker"] = self.name
-        return record
+    episode = staticmethod(run_dojo_episode)
 
 
 def run_local(engine, plan: DojoPlan, keys: list, *, engine_info=None, log=None, progress: bool = True) -> dict:
@@ -73,31 +61,18 @@ def evaluate_dojo(spec, plan: DojoPlan, keys: list, *, ray: bool = False, addres
                   resume: bool = False, progress: bool = True) -> dict:
     """The run's JSON (summary.py) for an EngineSpec: locally, or on Ray actors (`ray=True`)."""
     from asymagent.evals.agentdojo.summary import dojo_result
-    from asymagent.evals.running.episode_log import EpisodeLog
 
     t0 = time.perf_counter()
-    if resume and not jsonl:
-        raise ValueError("--resume needs the episode log: give --jsonl PATH (or --json with --ray)")
-    key = {"benchmark": "agentdojo", **asdict(plan), "engine": asdict(spec)}
-    log = EpisodeLog(jsonl, key, resume=resume) if jsonl else None
-    resumed = len(set(log.done) & set(keys)) if log is not None else 0
-    if ray:
-        from asymagent.evals.running.ray_eval import run_episodes_ray
 
-        records = run_episodes_ray(spec, plan, keys, address=address, workers=workers, worker_cpus=worker_cpus,
-                                   log=log, progress=progress, worker_cls=DojoWorker)
-    else:
-        todo = [k for k in keys if log is None or k not in log.done]
-        setup = spec.build() if todo else None
-        if setup is not None:
-            setup.announce("eval agentdojo")
-        records = run_local(setup.engine if setup else None, plan, keys,
-                            engine_info=setup.describe() if setup else None, log=log, progress=progress)
+    def local(engine, engine_info, log):
+        return run_local(engine, plan, keys, engine_info=engine_info, log=log, progress=progress)
+
+    records, resumed, ray_settings = run_logged(
+        spec, plan, keys, log_key={"benchmark": "agentdojo", **asdict(plan), "engine": asdict(spec)},
+        run_local=local, label="eval agentdojo", jsonl=jsonl, resume=resume, ray=ray, address=address,
+        workers=workers, worker_cpus=worker_cpus, progress=progress, worker_cls=DojoWorker)
     result = dojo_result(plan, keys, records)
-    ran_on = sorted({r["worker"] for r in records.values() if "worker" in r})
-    result["settings"].update(ray=None if not ray else {"address": address or "local", "workers": len(ran_on),
-                                                        "worker_cpus": worker_cpus},
-                              resumed_episodes=resumed, total_wall_s=time.perf_counter() - t0)
+    result["settings"].update(ray=ray_settings, resumed_episodes=resumed, total_wall_s=time.perf_counter() - t0)
     return result
 
 

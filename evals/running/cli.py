@@ -249,32 +249,21 @@ def evaluate(spec, suite: str, labels: list, seeds: list, *, max_steps=None, max
     else:
         from dataclasses import asdict
 
-        from asymagent.evals.running.episode_log import EpisodeLog
         from asymagent.evals.running.episodes import EpisodePlan, eval_result, run_episodes_local
+        from asymagent.evals.running.ray_eval import run_logged
 
         plan = EpisodePlan(suite, tuple(labels), max_steps, max_new_tokens, forced, free)
-        if resume and not jsonl:
-            raise ValueError("--resume needs the episode log: give --jsonl PATH (or --json with --ray)")
-        log = EpisodeLog(jsonl, {**asdict(plan), "engine": asdict(spec)}, resume=resume) if jsonl else None
-        resumed = len(set(log.done) & set(seeds)) if log is not None else 0
-        if ray:
-            from asymagent.evals.running.ray_eval import run_episodes_ray
 
-            records = run_episodes_ray(spec, plan, seeds, address=address, workers=workers,
-                                       worker_cpus=worker_cpus, log=log, progress=progress)
-        else:
-            todo = [s for s in seeds if log is None or s not in log.done]
-            setup = spec.build() if todo else None
-            if setup is not None:
-                setup.announce("eval")
-            records = run_episodes_local(setup.engine if setup else None, plan, seeds,
-                                         engine_info=setup.describe() if setup else None, log=log,
-                                         progress=progress, concurrency=concurrency)
+        def local(engine, engine_info, log):
+            return run_episodes_local(engine, plan, seeds, engine_info=engine_info, log=log,
+                                      progress=progress, concurrency=concurrency)
+
+        records, resumed, ray_settings = run_logged(
+            spec, plan, seeds, log_key={**asdict(plan), "engine": asdict(spec)}, run_local=local,
+            label="eval", jsonl=jsonl, resume=resume, ray=ray, address=address, workers=workers,
+            worker_cpus=worker_cpus, progress=progress)
         result = eval_result(plan, seeds, records)
-        ran_on = sorted({r["worker"] for r in records.values() if "worker" in r})
-        result["settings"].update(ray=None if not ray else {"address": address or "local", "workers": len(ran_on),
-                                                            "worker_cpus": worker_cpus},
-                                  resumed_episodes=resumed)
+        result["settings"].update(ray=ray_settings, resumed_episodes=resumed)
     result["settings"]["total_wall_s"] = time.perf_counter() - t0
     return result
 

@@ -45,6 +45,8 @@ def import_ray():
 class EpisodeWorker:
     """A Ray actor body: one engine, built once from `spec`, running episodes of `plan`."""
 
+    episode = staticmethod(run_episode)  # (engine, plan, key, engine_info) -> record; a subclass's own
+
     def __init__(self, spec: EngineSpec, plan: EpisodePlan, threads: int = 1) -> None:
         import torch
 
@@ -53,10 +55,40 @@ class EpisodeWorker:
         self.plan = plan
         self.name = f"{socket.gethostname()}:{os.getpid()}"
 
-    def run(self, seed: int) -> dict:
-        record = run_episode(self.setup.engine, self.plan, seed, self.setup.describe())
+    def run(self, seed) -> dict:
+        record = self.episode(self.setup.engine, self.plan, seed, self.setup.describe())
         record["worker"] = self.name
         return record
+
+
+def run_logged(spec: EngineSpec, plan, keys: list, *, log_key: dict, run_local, label: str,
+               jsonl: str | None = None, resume: bool = False, ray: bool = False,
+               address: str | None = None, workers: int | None = None, worker_cpus: float = 1,
+               progress: bool = True, worker_cls=EpisodeWorker) -> tuple[dict, int, dict | None]:
+    """The episodes of `keys` with the episode log (`jsonl`, `resume`; its key `log_key`), locally
+    or on Ray: ({key: record}, episodes the log already held, the run's Ray settings or None).
+    `run_local(engine, engine_info, log)` runs them in this process (no engine is built when the
+    log holds them all); `label` names the run in the start banner."""
+    from asymagent.evals.running.episode_log import EpisodeLog
+
+    if resume and not jsonl:
+        raise ValueError("--resume needs the episode log: give --jsonl PATH (or --json with --ray)")
+    log = EpisodeLog(jsonl, log_key, resume=resume) if jsonl else None
+    resumed = len(set(log.done) & set(keys)) if log is not None else 0
+    if ray:
+        records = run_episodes_ray(spec, plan, keys, address=address, workers=workers,
+                                   worker_cpus=worker_cpus, log=log, progress=progress,
+                                   worker_cls=worker_cls)
+    else:
+        todo = [k for k in keys if log is None or k not in log.done]
+        setup = spec.build() if todo else None
+        if setup is not None:
+            setup.announce(label)
+        records = run_local(setup.engine if setup else None, setup.describe() if setup else None, log)
+    ran_on = sorted({r["worker"] for r in records.values() if "worker" in r})
+    settings = None if not ray else {"address": address or "local", "workers": len(ran_on),
+                                     "worker_cpus": worker_cpus}
+    return records, resumed, settings
 
 
 def run_episodes_ray(spec: EngineSpec, plan: EpisodePlan, seeds: list, *, address: str | None = None,
