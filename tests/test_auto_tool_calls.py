@@ -18,6 +18,7 @@ from test_server_responses import QWEN25_TEMPLATE
 
 from asymagent.chat.auto_tool_constraint import AutoToolConstraint
 from asymagent.chat.output_parsing import parse_output
+from asymagent.evals.probes.framework_matrix import streamed
 
 WEATHER = {"type": "function", "function": {
     "name": "get_weather", "description": "Current weather in a city.", "strict": True,
@@ -284,24 +285,6 @@ def client(server, qwen_tok, monkeypatch):
 
     scripted(monkeypatch, qwen_tok, pair_script)
     return OpenAI(base_url=server + "/v1", api_key="x")
-
-
-def streamed(client, raw: bool = False, **kwargs) -> tuple[str, list, list]:
-    """(content, tool calls as (name, arguments), every content delta) of a streamed request;
-    `raw`: the arguments as the string the deltas add up to (else parsed)."""
-    content, deltas, calls = "", [], {}
-    for chunk in client.chat.completions.create(stream=True, **kwargs):
-        if not chunk.choices:
-            continue
-        d = chunk.choices[0].delta
-        if d.content:
-            deltas.append(d.content)
-            content += d.content
-        for tc in d.tool_calls or []:
-            entry = calls.setdefault(tc.index, ["", ""])
-            entry[0] += (tc.function.name or "") if tc.function else ""
-            entry[1] += (tc.function.arguments or "") if tc.function else ""
-    return content, [(n, a if raw else json.loads(a)) for n, a in calls.values()], deltas
 
 
 def calls_of(message) -> list:

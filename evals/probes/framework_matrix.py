@@ -357,6 +357,24 @@ def auto_row(framework: str, url: str, model: str, two: bool) -> dict:
     return row
 
 
+def streamed(client, raw: bool = False, **kwargs) -> tuple[str, list, list]:
+    """(content, tool calls as (name, arguments), every content delta) of a streamed chat
+    request; `raw`: the arguments as the string the deltas add up to (else parsed)."""
+    content, deltas, calls = "", [], {}
+    for chunk in client.chat.completions.create(stream=True, **kwargs):
+        if not chunk.choices:
+            continue
+        d = chunk.choices[0].delta
+        if d.content:
+            deltas.append(d.content)
+            content += d.content
+        for tc in d.tool_calls or []:
+            entry = calls.setdefault(tc.index, ["", ""])
+            entry[0] += (tc.function.name or "") if tc.function else ""
+            entry[1] += (tc.function.arguments or "") if tc.function else ""
+    return content, [(n, a if raw else json.loads(a)) for n, a in calls.values()], deltas
+
+
 def auto_stream_row(url: str, model: str) -> dict:
     """The openai client, one tool, streamed and not: the same content and calls (arguments as
     strings), and no content delta holding call syntax."""
@@ -372,19 +390,8 @@ def auto_stream_row(url: str, model: str) -> dict:
     msg = client.chat.completions.create(**kwargs).choices[0].message
     plain = (msg.content or "", [(c.function.name, c.function.arguments)
                                  for c in msg.tool_calls or []])
-    content, deltas, calls = "", [], {}
-    for chunk in client.chat.completions.create(stream=True, **kwargs):
-        d = chunk.choices[0].delta if chunk.choices else None
-        if d is None:
-            continue
-        if d.content:
-            deltas.append(d.content)
-            content += d.content
-        for tc in d.tool_calls or []:
-            entry = calls.setdefault(tc.index, ["", ""])
-            entry[0] += (tc.function.name or "") if tc.function else ""
-            entry[1] += (tc.function.arguments or "") if tc.function else ""
-    stream = (content, [tuple(v) for v in calls.values()])
+    content, calls, deltas = streamed(client, raw=True, **kwargs)
+    stream = (content, calls)
     syntax = [d for d in deltas if any(s in d for s in ("<tool_call>", "<tools>", '{"name"', "</"))]
     return {"framework": "openai client stream", "tools": 1, "plain": plain, "stream": stream,
             "met": stream == plain and not syntax and plain[1] == [
