@@ -276,3 +276,12 @@ def pair_marks() -> list:
     where its parts are not installed (`make setup-pair`; CI never downloads its 1.6 GB)."""
     return [pytest.mark.pair, pytest.mark.slow,
             pytest.mark.skipif(PAIR_MISSING is not None, reason=f"the pair is not installed: {PAIR_MISSING}")]
+
+
+@pytest.fixture(scope="module")
+def ray_local():
+    """A local Ray (2 CPUs) for one test module's Ray runs; skipped where Ray is not installed."""
+    ray = pytest.importorskip("ray")
+    ray.init(address="local", num_cpus=2, include_dashboard=False, log_to_driver=False)
+    yield ray
+    ray.shutdown()

@@ -126,14 +126,6 @@ def test_cli_writes_json_and_report(tiny_spec, tmp_path):
     assert "| asym |" in report and (tmp_path / "rep" / "utility_speed.png").stat().st_size > 0
 
 
-@pytest.fixture(scope="module")
-def ray_local():
-    ray = pytest.importorskip("ray")
-    ray.init(address="local", num_cpus=2, include_dashboard=False, log_to_driver=False)
-    yield ray
-    ray.shutdown()
-
-
 def test_ray_two_workers_equal_local_run(ray_local, tiny_spec, local_run, tmp_path):
     result, _ = local_run
     log = tmp_path / "ray.episodes.jsonl"

@@ -148,14 +148,6 @@ def test_episode_flags_are_checked_before_any_model_loads(tmp_path):
 
 
 # ------------------------------------------------------------------------------------ Ray
-@pytest.fixture(scope="module")
-def ray_local():
-    ray = pytest.importorskip("ray")
-    ray.init(address="local", num_cpus=2, include_dashboard=False, log_to_driver=False)
-    yield ray
-    ray.shutdown()
-
-
 def test_ray_run_equals_local_run(ray_local, tiny_spec, local_result, tmp_path):
     """Two actors; the log already holds seed 0 (resume), Ray runs seeds 1 and 2; the merged JSON
     equals the local run's in everything but timings, and the report renders from it."""
