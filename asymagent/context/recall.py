@@ -156,25 +156,29 @@ class RecallWatch:
             return False
         if self.limit and len(self.full) >= self.limit:
             return False  # the full view is longer than the verifier's context
+        for t, top in self._hesitations(generated):
+            if self._voted(generated, t, top):
+                self.position, self.escalate = t, True
+                return True
+        return False
+
+    def _hesitations(self, generated: list):
+        """(output position, the verifier's top-2) of each newly scored position whose top-2 gap
+        is under `margin`, in order; every position scored is checked once."""
         entries = self.recorder.entries
         for t in range(self.checked, min(len(generated), len(entries))):
             self.checked = t + 1
             top = entries[t].top
-            if len(top) >= 2 and top[0][1] - top[1][1] < self.margin and self._voted(generated, t, top):
-                self.position, self.escalate = t, True
-                return True
-        return False
+            if len(top) >= 2 and top[0][1] - top[1][1] < self.margin:
+                yield t, top
 
     def _margin_readmit(self, generated: list) -> bool:
         """Fire at the first hesitation (top-2 gap under `margin`) where the drafter's attention
         brings cut rows back (module docstring); at most MAX_READMIT_ASKS asks a pass."""
         if self.recorder is None or self.readmit is None or self.full == self.compressed:
             return False
-        entries = self.recorder.entries
-        for t in range(self.checked, min(len(generated), len(entries))):
-            self.checked = t + 1
-            top = entries[t].top
-            if len(top) < 2 or top[0][1] - top[1][1] >= self.margin or self.asks >= MAX_READMIT_ASKS:
+        for t, _ in self._hesitations(generated):
+            if self.asks >= MAX_READMIT_ASKS:
                 continue
             self.asks += 1
             hit = self.readmit(self.full + generated[:t])
