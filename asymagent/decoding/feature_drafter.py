@@ -23,7 +23,9 @@ from asymagent.decoding.constraint import allowed_prefix
 from asymagent.decoding.drafts import Drafts, RoundOutcome
 from asymagent.decoding.feature_head import FeatureHead, head_logits, load_head
 from asymagent.kv.cache import common_prefix_len
+from asymagent.kv import feature_capture
 from asymagent.kv.feature_capture import FeatureCapture
+from asymagent.kv.growing_cache import _capacity
 
 PREFILL_CHUNK = 512  # head positions fed per forward when it catches up on a long history
 
@@ -76,12 +78,28 @@ class HeadState:
 
     def room(self, end: int) -> None:
         if end > self.k.shape[2]:
-            cap = max(2 * end, 256)
-            for name in ("k", "v"):
-                old = getattr(self, name)
-                new = old.new_zeros((1, old.shape[1], cap, old.shape[3]))
-                new[:, :, : old.shape[2]] = old
-                setattr(self, name, new)
+            cap = _capacity(end, self.k.shape[2]) if feature_capture.TRIM else max(2 * end, 256)
+            self._resize(cap, self.k.shape[2])
+
+    def _resize(self, cap: int, rows: int) -> None:
+        """Buffers of `cap` positions holding the first `rows` of the old ones."""
+        for name in ("k", "v"):
+            old = getattr(self, name)
+            new = old.new_zeros((1, old.shape[1], cap, old.shape[3]))
+            new[:, :, :rows] = old[:, :, :rows]
+            setattr(self, name, new)
+
+    def crop(self, keep: int) -> None:
+        """The verifier's cache keeps its first `keep` positions: keep the head's positions whose
+        inputs (g_t, x_{t+1}) it still holds, t < keep - 1 (FeatureCapture.crop), and give memory
+        back when the buffers are over twice that."""
+        n = min(self.n, max(keep - 1, 0))
+        if n < self.n:
+            self.n, self.last = n, None
+            del self.ids[n + 1:]
+        want = _capacity(self.n, 0)
+        if self.k.shape[2] > 2 * want:
+            self._resize(want, self.n)
 
 
 @torch.inference_mode()

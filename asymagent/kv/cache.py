@@ -26,8 +26,9 @@ from dataclasses import dataclass, field
 
 import torch
 
+from asymagent.kv import feature_capture
 from asymagent.kv.feature_capture import CAPTURE_ATTR
-from asymagent.kv.growing_cache import croppable_to
+from asymagent.kv.growing_cache import crop_floor, croppable_to
 from asymagent.kv.lean_forward import lean_of
 
 PREFILL_CHUNK = 1024  # prefill longer than this is fed in chunks, with a progress bar
@@ -100,6 +101,8 @@ class ModelCache:
 
     def reset(self) -> None:
         self.cache, self.tokens = None, []
+        if self.capture is not None:
+            self.capture.reset()  # its features and the feature head's rows go with the cache
 
     def _new_cache(self):
         if self.static is not None:
@@ -132,6 +135,8 @@ class ModelCache:
             return
         self.cache.crop(-remove)
         del self.tokens[keep:]
+        if self.capture is not None:
+            self.capture.crop(keep)  # the same positions (kv/feature_capture.py)
 
     def reserve(self, total: int) -> None:
         """Room for `total` cached positions up front: a StaticKV reallocates (and recaptures its
@@ -161,6 +166,8 @@ class ModelCache:
             self.cache = self._new_cache()
         if self.capture is not None and self.static is None:
             setattr(self.cache, CAPTURE_ATTR, self.capture)
+            if feature_capture.TRIM:  # features no crop can bring back may go (a sliding window)
+                self.capture.release(crop_floor(self.cache))
 
     def _record(self, hidden_states) -> None:
         """transformers' forward (capture on): its per-layer outputs to the FeatureCapture

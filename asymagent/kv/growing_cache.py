@@ -253,6 +253,20 @@ def croppable_to(cache, keep: int) -> bool:
     return True
 
 
+def crop_floor(cache) -> int:
+    """The smallest `keep` every layer of `cache` can still be cropped to (`croppable_to`; a crop
+    below it drops the cache): 0 with full attention, past a SlidingLayer's dropped window."""
+    floor = 0
+    for layer in getattr(cache, "layers", ()):
+        if isinstance(layer, SlidingLayer):
+            floor = max(floor, layer.crop_floor())
+        elif getattr(layer, "is_sliding", False):
+            window = getattr(layer, "sliding_window", None)
+            if window is None or layer.get_seq_length() >= window:
+                floor = max(floor, layer.get_seq_length())
+    return floor
+
+
 def for_model(model: torch.nn.Module) -> GrowingCache:
     """The growing cache the engine gives `model` (asymagent/kv/cache.py ModelCache): aligned
     reads (`ATTEND_ALIGN`) in bf16/fp16 on the CPU under our GQA sdpa, exact reads otherwise."""

@@ -78,6 +78,10 @@ class SlidingLayer(DynamicLayer):
         """Whether the cache cropped to `keep` positions still holds the window a forward then reads."""
         return keep >= self._len or self._base == 0 or keep - self._base >= self.sliding_window - 1
 
+    def crop_floor(self) -> int:
+        """The smallest length `can_crop_to` allows (0 while the whole sequence is held)."""
+        return 0 if self._base == 0 else min(self._base + self.sliding_window - 1, self._len)
+
     # ------------------------------------------------------------------ buffers
     def lazy_initialization(self, key_states: torch.Tensor, value_states: torch.Tensor) -> None:
         super().lazy_initialization(key_states, value_states)
