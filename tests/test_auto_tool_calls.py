@@ -257,6 +257,7 @@ WRAPPED = [  # (model text, content, calls): wrappers around or beside a call ar
     ("Let me check.\n" + PY_HELD, "Let me check.", PARIS),
     ("Sure, " + PY_HELD + " Done.", "Sure,  Done.", PARIS),
     (JINJA, JINJA, []),
+    (CALL + "\n" + PY_HELD, "", PARIS * 2),  # parallel calls: a Hermes block, then a doubled one
 ]
 
 
@@ -535,6 +536,7 @@ STREAM_CASES = [
     "Weather:\n<json>\n" + JSON_WRAPPED[7:],
     PAIR_PY,  # Python-dict arguments: no call to the parser (content + invalid), none streamed
     PY_HELD + "\n" + PAIR_LT,
+    CALL + "\nAnd:\n" + PAIR_LT,
     '{ "name": "get_weather",  "arguments" :{ "city" :"S\\u00e3o Paulo \\ud83d\\ude00 \\/ \\"x\\"" ,'
     ' "days": 1.50e1, "ok": true, "n": null, "l": [ 1 , -0 ] } }',
 ]

@@ -2,7 +2,8 @@
 
 Accepted call forms (docs/architecture.md "Chat format"): a JSON object `{"name": ...,
 "arguments": {...}}` (also `"parameters"`, or an OpenAI-shaped `{"function": {...}}`), several
-objects one per line, a JSON list of them, or Hermes `<tool_call>{json}</tool_call>` blocks. A
+objects one per line, a JSON list of them, or Hermes `<tool_call>{json}</tool_call>` blocks (and
+such objects between and after the blocks: with parallel calls the auto grammar holds them too). A
 call object doubled in braces, `{{"name": ..., "arguments": {...}}}`, is a call too, wherever in a
 line it starts and in any spelling of its keys (`{{'name': 'get_weather', 'arguments': {...}}}`,
 `<{{name": ...}}}>`, `{{name: ...}}}`; asymagent/chat/doubled_calls.py, the auto grammar holds
@@ -199,7 +200,7 @@ def _parse_hermes_blocks(text: str, out: ParsedOutput, keep: list, names=None) -
     """`<tool_call>...</tool_call>` blocks of `text` into `out`; text around them into `keep`."""
     last = 0
     for match in _TOOL_CALL_BLOCK.finditer(text):
-        keep.append(text[last:match.start()])
+        _parse_json_calls(text[last:match.start()], out, keep, names)  # calls between blocks too
         last = match.end()
         inner = match.group(1).strip()
         if not inner:
@@ -223,7 +224,7 @@ def _parse_hermes_blocks(text: str, out: ParsedOutput, keep: list, names=None) -
                 keep.append(match.group(0))
                 continue
             keep.append(_AT_CALL)
-    keep.append(text[last:])
+    _parse_json_calls(text[last:], out, keep, names)
 
 
 def content_of(keep: list) -> str:
