@@ -155,6 +155,7 @@ DOUBLED_SPELLINGS = [  # (the model's start, the rest as the grammar holds it, o
     ("{{ name", ': "get_weather", arguments: {"city": "Paris"}}}'),
     ('<{{name"', ': "get_weather", "arguments": {"city": "Paris"}}}'),
     ('Sure, {{name"', ': "get_weather", "arguments": {"city": "Paris"} }}'),
+    ("{{name", '="get_weather", arguments={"city": "Paris"}}}'),  # keyword arguments (fix57b)
 ]
 JINJA = "In the template write {{ name }}, {{name}} or {{ 'name' | upper }}; {{ user.name }} too."
 
@@ -179,7 +180,7 @@ def test_a_doubled_brace_call_is_held_from_its_start_in_any_spelling(qwen_tok, s
     assert walk(c, qwen_tok, start + rest[:args_at] + '{"town"') != "ok"  # the schema's keys
     assert walk(c, qwen_tok, start + rest + "}") != "ok"  # closed: nothing more
     one = AutoToolConstraint(qwen_tok, [WEATHER])
-    walk(one, qwen_tok, start + ":")
+    walk(one, qwen_tok, start + rest[0])
     assert qwen_tok.decode(one.forced_tokens()).startswith(rest[1:args_at])  # the head, forced
 
 

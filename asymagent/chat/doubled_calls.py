@@ -5,10 +5,10 @@ string escaped as if for str.format: `{{"name": <function-name>, "arguments": <a
 The reference pair (Qwen2.5-Coder-1.5B, `serve --pair`, 2026-12-07) copies the doubled braces and
 varies the key's spelling: `{{'name': 'get_weather', 'arguments': {'city': 'Paris'}}}`,
 `<{{name": "get_weather", ...}}}>`, `{{name: "get_weather", ...}}}`. Refusing those spellings in the
-grammar only moved the model to another one (branch fix57b, measured), so the call is read where
-the model starts it:
-- TRIGGERS: `{{`, an optional space, the name key in one of KEY_SPELLINGS, then `:`. The colon is
-  part of the trigger so a template expression in an answer (Jinja `{{ name }}`, `{{name}}`) stays
+grammar only moved the model to another one (branch fix57b, measured: with `{{name:` refused it wrote
+`{{name="get_weather", arguments={"city":"Paris"}}}`), so the call is read where the model starts it:
+- TRIGGERS: `{{`, an optional space, the name key in one of KEY_SPELLINGS, then `:` (or `=` after a
+  bare `name`, the keyword-argument spelling). The colon is part of the trigger so a template expression in an answer (Jinja `{{ name }}`, `{{name}}`) stays
   free text. A `<` before `{{` (the pair's `<{{name"`) is free text to the grammar and belongs to
   the call for the parser and the streamer.
 - call_head(trigger, name): what the grammar forces after a trigger, up to the arguments, in the
@@ -29,13 +29,14 @@ from dataclasses import dataclass
 # how the name key is spelled after `{{`: JSON, Python-dict quotes, bare, and the pair's `name"`
 KEY_SPELLINGS = ('"name"', "'name'", "name", 'name"')
 SPACES = ("", " ")  # between `{{` and the key
-TRIGGERS = tuple("{{" + space + key + ":" for space in SPACES for key in KEY_SPELLINGS)
+TRIGGERS = tuple("{{" + space + key + sep for space in SPACES for key in KEY_SPELLINGS
+                 for sep in (":", "=") if sep == ":" or key == "name")
 CLOSINGS = ("}}", " }}")  # after the compact arguments
 # the head of a doubled call as read back (any spelling and whitespace); group 1: a leading `<`
-HEAD = re.compile(r"""(<?)\{\{\s*["']?name["']?\s*:\s*("(?:[^"\\\n]|\\.)*"|'[^'\\\n]*')\s*,\s*"""
-                  r"""["']?(?:arguments|parameters)["']?\s*:\s*""")
+HEAD = re.compile(r"""(<?)\{\{\s*(?:["']?name["']?\s*:|name\s*=)\s*("(?:[^"\\\n]|\\.)*"|'[^'\\\n]*')"""
+                  r"""\s*,\s*(?:["']?(?:arguments|parameters)["']?\s*:|(?:arguments|parameters)\s*=)\s*""")
 # where a doubled call may start, as the streamer looks for it: `<{{name":`, `{{ 'name':` ...
-SIGN = re.compile(r"""<?\{\{\s*["']?name["']?\s*:""")
+SIGN = re.compile(r"""<?\{\{\s*(?:["']?name["']?\s*:|name\s*=)""")
 # what may still grow into a SIGN at the end of streamed text: `{`, `<{{`, `{{ 'nam` ...
 _PARTIAL_SIGN = re.compile(r"""<?(?:\{(?:\{[ \t]*(?:["']?(?:n(?:a(?:m(?:e(?:["']?[ \t]*)?)?)?)?)?)?)?)?\Z""")
 PARTIAL_WINDOW = 32  # the streamer looks for a partial sign in the text's last characters only
@@ -53,7 +54,9 @@ class DoubledCall:
 
 def call_head(trigger: str, name: str) -> str:
     """The call's text from `trigger` (one of TRIGGERS) up to its arguments, in its spelling."""
-    key = trigger[2:-1].strip()
+    key, sep = trigger[2:-1].strip(), trigger[-1]
+    if sep == "=":  # keyword arguments: `{{name="get_weather", arguments=`
+        return trigger + json.dumps(name, ensure_ascii=False) + ", arguments="
     if key == "'name'" and "'" not in name and "\\" not in name:
         quoted, args_key = "'" + name + "'", "'arguments'"
     else:

@@ -50,7 +50,7 @@ def new_call_id() -> str:
 
 
 _TOOL_CALL_BLOCK = re.compile(r"<tool_call>(.*?)(?:</tool_call>|$)", re.S)
-_LOOKS_LIKE_CALL = re.compile(r'^\s*(?:\{\s*"(?:name|function)"|<?\{\{\s*["\']?(?:name|function)["\']?)\s*:',
+_LOOKS_LIKE_CALL = re.compile(r'^\s*(?:\{\s*"(?:name|function)"|<?\{\{\s*["\']?(?:name|function)["\']?\s*(?=:)|<?\{\{\s*name\s*(?==))\s*[:=]',
                               re.S)
 _CALL_KEYS = ({"name", "arguments"}, {"name", "parameters"})  # what a doubled call object holds
 _DECODER = json.JSONDecoder()
