@@ -1,6 +1,6 @@
 """tool_choice "auto" on the reference pair's family (issue 57): a call is held to the tools from its marker
-on, what the family never writes in an answer (an echo of the tool list, a doubled-brace call) cannot
-start, the parser never takes a definition for a call, streamed == non-streamed, and Responses and
+on (a doubled-brace call `{{'name': ...}}}` in any spelling of its keys too), what the family never
+writes in an answer (an echo of the tool list) cannot start, the parser never takes a definition for a call, streamed == non-streamed, and Responses and
 chat completions render the same prompt. Tiny random qwen2 models with the SmolLM2 vocabulary and
 Qwen2.5's own chat template (tests/test_server_responses.py), made to "want" a text by a scripted
 logit processor (tests/scripted_model.py); the real openai client against a real server."""
@@ -39,7 +39,12 @@ PRETTY_HELD = ('<json>\n{\n  "name": "get_weather",\n  "arguments": {"city": "Pa
 JSON_WRAPPED = '<json>\n{"name": "get_weather", "arguments": {"city": "Paris"}}\n</json>'
 ANSWER, SORRY = "It is 18 C and sunny in Paris.", "Sorry, the weather service failed."
 QUESTION = [{"role": "user", "content": "What's the weather in Paris? Answer in one sentence."}]
-CALL_SYNTAX = ("<tool_call>", "</tool_call>", "<tools>", "</tools>", '{"name"', '{{"')
+CALL_SYNTAX = ("<tool_call>", "</tool_call>", "<tools>", "</tools>", '{"name"', '{{"', "{{'", "{{name")
+# what the pair wrote under auto after a tool's result and with two tools (2026-12-07, `serve
+# --pair`, the framework matrix): the call doubled in braces, its keys spelled its own way
+PAIR_PY = "{{'name': 'get_weather', 'arguments': {'city': 'Paris'}}}"
+PAIR_LT = '<{{name": "get_weather", "arguments": {"city": "Paris"}}}>'
+PY_HELD = "{{'name': 'get_weather', 'arguments': {\"city\": \"Paris\"}}}"  # as the grammar holds it
 
 
 def pair_script(prompt: str) -> str:
@@ -91,8 +96,9 @@ def test_auto_grammar_is_free_text_or_a_held_call(qwen_tok):
     assert walk(c, qwen_tok, "Sure.\n" + CALL) == "ok" and c.is_completed()
     assert qwen_tok.decode(c.forced_tokens()) == "<|im_end|>"  # one call, then the turn ends
     assert walk(c, qwen_tok, '<tool_call>\n{"name": "get_time", "arguments": {"tz": "CET"}}') == "ok"
-    for refused in ("<tools>", 'x {{"', "<tool_response>", "</tool_call>"):
+    for refused in ("<tools>", "<tool_response>", "</tool_call>"):
         assert walk(c, qwen_tok, "ok " + refused + " more") != "ok", refused
+    assert walk(c, qwen_tok, 'x {{"name": "get_wind"') != "ok"  # a doubled call is held (below)
     # from the marker on: only a tool's name, only arguments valid against its schema
     assert walk(c, qwen_tok, '<tool_call>\n{"name": "get_wind"') != "ok"
     assert walk(c, qwen_tok, '<tool_call>\n{"name": "get_weather", "arguments": {"type": "object"}}') \
@@ -140,7 +146,73 @@ def test_parallel_and_the_bare_family(qwen_tok, smollm_tokenizer):
     assert walk(bare, smollm_tokenizer, 'x {{"name"') != "ok"
 
 
+DOUBLED_SPELLINGS = [  # (the model's start, the rest as the grammar holds it, one tool offered)
+    ("{{'name'", ": 'get_weather', 'arguments': {\"city\": \"Paris\"}}}"),
+    ("{{ 'name'", ": 'get_weather', 'arguments': {\"city\": \"Paris\"} }}"),
+    ('{{"name"', ': "get_weather", "arguments": {"city": "Paris"}}}'),
+    ('{{ "name"', ': "get_weather", "arguments": {"city": "Paris"}}}'),
+    ("{{name", ': "get_weather", arguments: {"city": "Paris"}}}'),
+    ("{{ name", ': "get_weather", arguments: {"city": "Paris"}}}'),
+    ('<{{name"', ': "get_weather", "arguments": {"city": "Paris"}}}'),
+    ('Sure, {{name"', ': "get_weather", "arguments": {"city": "Paris"} }}'),
+    ("{{name", '="get_weather", arguments={"city": "Paris"}}}'),  # keyword arguments (fix57b)
+]
+JINJA = "In the template write {{ name }}, {{name}} or {{ 'name' | upper }}; {{ user.name }} too."
+
+
+@pytest.mark.parametrize("start, rest", DOUBLED_SPELLINGS)
+def test_a_doubled_brace_call_is_held_from_its_start_in_any_spelling(qwen_tok, start, rest):
+    """The pair's doubled-brace calls (`{{'name'`, `<{{name"`, `{{name:`): from the name key's
+    colon on, the rest is held to a tool's name and compact JSON arguments valid against its
+    schema, in the key spelling the model started, closed by `}}`; jump-forward writes the head;
+    the parser reads exactly that call with no content left."""
+    c = AutoToolConstraint(qwen_tok, [WEATHER, TIME])
+    assert walk(c, qwen_tok, start + rest) == "ok" and c.is_completed()
+    assert qwen_tok.decode(c.forced_tokens()) == "<|im_end|>"  # one call, then the turn ends
+    out = parse_output(start + rest, ["get_weather", "get_time"])
+    assert [(t["function"]["name"], t["function"]["arguments"]) for t in out.tool_calls] == \
+        [("get_weather", '{"city": "Paris"}')] and out.content in ("", "Sure,")
+    assert not out.invalid_tool_calls
+    name_at = rest.index("get_weather")
+    assert walk(c, qwen_tok, start + rest[:name_at] + "get_wind") != "ok"  # only a tool's name
+    args_at = rest.index("{")
+    assert walk(c, qwen_tok, start + rest[:args_at] + "{'city'") != "ok"  # JSON, no Python dict
+    assert walk(c, qwen_tok, start + rest[:args_at] + '{"town"') != "ok"  # the schema's keys
+    assert walk(c, qwen_tok, start + rest + "}") != "ok"  # closed: nothing more
+    one = AutoToolConstraint(qwen_tok, [WEATHER])
+    walk(one, qwen_tok, start + rest[0])
+    assert qwen_tok.decode(one.forced_tokens()).startswith(rest[1:args_at])  # the head, forced
+
+
+def test_a_template_expression_in_an_answer_stays_free_text(qwen_tok):
+    """Jinja's `{{ name }}` (no colon after the key) is no call: free text for the grammar, content
+    for the parser and the streamer; a doubled call only where the name key's colon follows."""
+    from types import SimpleNamespace
+
+    from asymagent.integrations.server.deltas import DeltaStreamer
+
+    c = AutoToolConstraint(qwen_tok, [WEATHER, TIME])
+    assert walk(c, qwen_tok, JINJA) == "ok"
+    out = parse_output(JINJA, ["get_weather", "get_time"])
+    assert out.content == JINJA and not out.tool_calls and not out.invalid_tool_calls
+    for piece in (1, 4):
+        s = DeltaStreamer(tools_enabled=True)
+        deltas = [d for i in range(0, len(JINJA), piece) for d in s.push(JINJA[i:i + piece])]
+        deltas += s.finish(SimpleNamespace(text=out.content, tool_calls=[]))
+        assert "".join(d["content"] for d in deltas) == JINJA and s.calls == []
+    bare = AutoToolConstraint(qwen_tok, [WEATHER], hermes=False)  # templates that ignore tools
+    assert walk(bare, qwen_tok, 'x {{"name"') != "ok" and walk(bare, qwen_tok, JINJA) == "ok"
+
+
 # ------------------------------------------------------------------------------ the parser
+
+
+def test_a_doubled_call_with_python_arguments_is_kept_as_an_invalid_call():
+    """Unconstrained, the pair's `{{'name': ..., 'arguments': {'city': 'Paris'}}}` is not JSON: the
+    text stays, an invalid_tool_calls entry says why (under auto the grammar makes it JSON)."""
+    out = parse_output(PAIR_PY, ["get_weather"])
+    assert out.tool_calls == [] and out.content == PAIR_PY
+    assert [i["error"].split(":")[0] for i in out.invalid_tool_calls] == ["malformed JSON"]
 
 
 def test_a_definition_is_never_a_call():
@@ -178,6 +250,15 @@ WRAPPED = [  # (model text, content, calls): wrappers around or beside a call ar
     ("```\n```", "", []),
     ("Use <br></br> here.", "Use <br></br> here.", []),  # away from a call: content
     ("A <i>\n</i> B", "A <i>\n</i> B", []),
+    (PAIR_LT, "", PARIS),  # the pair's doubled calls, its spellings, as the grammar holds them
+    (PAIR_LT[:-1], "", PARIS),
+    (PY_HELD, "", PARIS),
+    ('{{name: "get_weather", arguments: {"city": "Paris"}}}', "", PARIS),
+    ("<json>\n" + PY_HELD + "\n</json>", "", PARIS),
+    ("Let me check.\n" + PY_HELD, "Let me check.", PARIS),
+    ("Sure, " + PY_HELD + " Done.", "Sure,  Done.", PARIS),
+    (JINJA, JINJA, []),
+    (CALL + "\n" + PY_HELD, "", PARIS * 2),  # parallel calls: a Hermes block, then a doubled one
 ]
 
 
@@ -240,6 +321,68 @@ def test_the_pairs_wrapped_pretty_call_is_held_in_every_mode(engine, qwen_tok, m
         runs[mode] = out.token_ids
     assert runs["spec"] == runs["full"] == runs["asym"]
     assert qwen_tok.decode(runs["full"]).startswith(PRETTY_HELD)
+
+
+def test_a_model_that_starts_a_doubled_call_gets_a_valid_one_in_every_mode(engine, qwen_tok,
+                                                                          monkeypatch):
+    """Scripted to the pair's own doubled-brace calls: with Python-dict arguments the model can
+    only write them as schema-valid JSON (a call, no content); with a tool that does not exist it
+    can only name an offered one; teacher-forced to `<{{name": ...}}}>` the call comes out whole
+    and token-identical in full, spec and asym; sampled, same seed, same output."""
+    for want, mode in ((PAIR_PY, "full"), (PAIR_PY, "spec"),
+                       (PAIR_PY.replace("get_weather", "get_wind"), "asym")):
+        scripted(monkeypatch, qwen_tok, lambda prompt, want=want: want)
+        out = engine.chat(QUESTION, tools=[WEATHER, TIME], max_new_tokens=48, mode=mode,
+                          cache_key=f"doubled-py-{mode}")
+        raw = qwen_tok.decode(out.token_ids)
+        assert raw.startswith("{{'name': 'get_") and "get_wind" not in raw, raw
+        assert out.text == "" and not out.invalid_tool_calls and len(out.tool_calls) == 1, raw
+        args = json.loads(out.tool_calls[0]["function"]["arguments"])
+        assert (out.tool_calls[0]["function"]["name"], list(args)) in \
+            (("get_weather", ["city"]), ("get_time", ["tz"])), raw
+    assert raw.startswith("{{'name': 'get_weather', 'arguments': {\"city\": \"") or \
+        raw.startswith("{{'name': 'get_time', 'arguments': {\"tz\": \"")
+    scripted(monkeypatch, qwen_tok, lambda prompt: PAIR_LT)
+    runs = {}
+    for mode in ("full", "spec", "asym"):
+        out = engine.chat(QUESTION, tools=[WEATHER, TIME], max_new_tokens=48, mode=mode,
+                          cache_key=f"doubled-lt-{mode}")
+        assert out.finish_reason == "tool_calls" and out.text == ""
+        assert [(c["function"]["name"], c["function"]["arguments"]) for c in out.tool_calls] == \
+            [("get_weather", '{"city": "Paris"}')]
+        runs[mode] = out.token_ids
+    assert runs["spec"] == runs["full"] == runs["asym"]
+    assert qwen_tok.decode(runs["full"]).startswith(PAIR_LT[:-1])  # no `>`: the turn ends
+    scripted(monkeypatch, qwen_tok, lambda prompt: PAIR_PY)
+    sampled = [engine.chat(QUESTION, tools=[WEATHER], max_new_tokens=48, mode="spec",
+                           temperature=0.9, seed=11, cache_key=f"doubled-seed-{i}").token_ids
+               for i in range(2)]
+    assert sampled[0] == sampled[1]
+    assert qwen_tok.decode(sampled[0]).startswith("{{'name': 'get_weather', 'arguments': {")
+
+
+def test_batched_doubled_calls_are_the_turns_alone(qwen_tok, monkeypatch):
+    """A doubled-brace call, a Python-quoted one the grammar holds to JSON and a plain answer
+    decoded at once (max_num_seqs 3): each the one-at-a-time engine's turn."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    scripts = {"Paris": PAIR_LT, "Oslo": PAIR_PY, "Rome": ANSWER}
+    scripted(monkeypatch, qwen_tok, lambda p: next(v for k, v in scripts.items() if k in p))
+    asks = [("Weather in Paris?", 0.0), ("And in Oslo?", 0.9), ("Rome, please.", 0.0)]
+
+    def turn(engine, i):
+        ask, temperature = asks[i]
+        return engine.chat([{"role": "user", "content": ask}], tools=[WEATHER, TIME], mode="spec",
+                           max_new_tokens=40, temperature=temperature, seed=5,
+                           cache_key=f"dbatch-{i}").token_ids
+
+    one = qwen_engine(qwen_tok)
+    alone = [turn(one, i) for i in range(3)]
+    many = qwen_engine(qwen_tok, max_num_seqs=3)
+    with ThreadPoolExecutor(3) as pool:
+        together = list(pool.map(lambda i: turn(many, i), range(3)))
+    assert together == alone
+    assert [qwen_tok.decode(t)[:8] for t in alone] == ['<{{name"', "{{'name'", ANSWER[:8]]
 
 
 def test_batched_auto_turns_are_the_turns_alone(qwen_tok, monkeypatch):
@@ -317,17 +460,31 @@ def test_server_auto_call_then_answer_streamed_equals_plain(client, tools):
     assert calls_of(r3.choices[0].message) == [("get_weather", {"city": "Paris"})]
 
 
-@pytest.mark.parametrize("script", [JSON_WRAPPED, PRETTY_HELD], ids=["compact", "pretty"])
+@pytest.mark.parametrize("script", [JSON_WRAPPED, PRETTY_HELD, PAIR_LT, PY_HELD, PAIR_PY],
+                         ids=["compact", "pretty", "doubled-lt", "doubled-py", "doubled-py-args"])
 @pytest.mark.parametrize("parallel", [True, False])
 def test_server_a_call_in_a_tag_of_its_own(client, qwen_tok, monkeypatch, parallel, script):
-    """The pair's `<json>` wrapper around its call (on one tiny model): the call, no content,
-    streamed == non-streamed, no delta holding the wrapper; with parallel_tool_calls false
-    the turn ends after the call (`</json>` never written) and `<json>` is dropped the same."""
+    """The pair's `<json>` wrapper around its call, and its doubled-brace calls `<{{name": ...}}}>`
+    and `{{'name': ...}}}` (on one tiny model): the call, no content, streamed == non-streamed,
+    no delta holding the wrapper or call syntax; with parallel_tool_calls false the turn ends
+    after the call (`</json>`, `>` never written) and `<json>`, `<` are dropped the same. The
+    pair's Python-dict arguments are held to JSON (the tiny model then picks the city)."""
     scripted(monkeypatch, qwen_tok, lambda prompt: script)
     kwargs = dict(model="asymagent", messages=QUESTION, tools=[WEATHER], tool_choice="auto",
                   parallel_tool_calls=parallel)
     message = client.chat.completions.create(**kwargs).choices[0].message
-    assert calls_of(message) == [("get_weather", {"city": "Paris"})] and not message.content
+    want = [("get_weather", {"city": "Paris"})]
+    if script == PAIR_PY:  # the city is the random model's, under the schema, and with
+        # parallel calls so is the free text after the call (streamed the same, no call syntax)
+        want = [("get_weather", {"city": calls_of(message)[0][1].get("city")})]
+        assert isinstance(want[0][1]["city"], str)
+        assert calls_of(message) == want
+        assert not any(s in (message.content or "") for s in CALL_SYNTAX)
+        content, calls, deltas = streamed(client, raw=True, **kwargs)
+        assert (content, calls) == (message.content or "", [
+            (c.function.name, c.function.arguments) for c in message.tool_calls])
+        return  # the Responses path of the same call: the cases below
+    assert calls_of(message) == want and not message.content
     content, calls, deltas = streamed(client, raw=True, **kwargs)
     assert (content, calls) == ("", [(c.function.name, c.function.arguments)
                                      for c in message.tool_calls]) and deltas == []
@@ -378,6 +535,9 @@ STREAM_CASES = [
     *[text for text, _, _ in WRAPPED],
     "Sure <json>\n" + CALL,
     "Weather:\n<json>\n" + JSON_WRAPPED[7:],
+    PAIR_PY,  # Python-dict arguments: no call to the parser (content + invalid), none streamed
+    PY_HELD + "\n" + PAIR_LT,
+    CALL + "\nAnd:\n" + PAIR_LT,
     '{ "name": "get_weather",  "arguments" :{ "city" :"S\\u00e3o Paulo \\ud83d\\ude00 \\/ \\"x\\"" ,'
     ' "days": 1.50e1, "ok": true, "n": null, "l": [ 1 , -0 ] } }',
 ]

@@ -222,6 +222,12 @@ SEEN_AFTER_TOOL_RESULT = '{{"name": "get_weather", "arguments": {"city": "Oslo"}
     (f"<tool_call>\n{SEEN_AFTER_TOOL_RESULT}\n</tool_call>", ""),
     (f"Checking.\n{SEEN_AFTER_TOOL_RESULT} \n{SEEN_AFTER_TOOL_RESULT}", "Checking."),
     ('{{"name": "get_weather", "parameters": {"city": "Oslo"}}}', ""),
+    # the spellings the pair writes them in (2026-12-07, `serve --pair`, docs/serving.md)
+    ("{{'name': 'get_weather', 'arguments': {\"city\": \"Oslo\"}}}", ""),
+    ('<{{name": "get_weather", "arguments": {"city": "Oslo"}}}>', ""),
+    ('{{name: "get_weather", arguments: {"city": "Oslo"}}}', ""),
+    ('{{ name: "get_weather", parameters: {"city": "Oslo"} }}', ""),
+    ('Checking: {{"name": "get_weather", "arguments": {"city": "Oslo"}}}', "Checking:"),
 ])
 def test_parse_output_reads_a_call_doubled_in_braces(text, content):
     """Qwen2.5's template shows a call as `{{"name": ..., "arguments": ...}}` and its models copy
@@ -241,6 +247,9 @@ def test_parse_output_reads_a_call_doubled_in_braces(text, content):
     ("Write {{ name }} in the Jinja template.", 0),  # template code is content
     ('{{"a": 1}}', 0),
     ('{{"name": "f", "arguments": {}}', 1),  # no second brace: malformed
+    ("{{'name': 'f', 'arguments': {'x': 1}}}", 1),  # Python-dict arguments: malformed
+    ("Write {{name}} or {{ 'name' }} or {{ name|e }}.", 0),
+    ("{{name: f}}", 1),  # a doubled call's head (the grammar's trigger): call-shaped, malformed
 ])
 def test_doubled_braces_that_are_no_call_stay_text(text, invalid):
     out = parse_output(text)

@@ -72,20 +72,30 @@ def test_hermes_tool_call_after_content():
     assert len(calls) == 1 and json.loads(calls[0]["arguments"]) == {"x": 1}
 
 
+@pytest.mark.parametrize("raw, lead", [
+    ('{{"name": "get_weather", "arguments": {"city": "Oslo"}}}', ""),
+    # the spellings the reference pair writes (docs/serving.md, "Under auto on the reference pair")
+    ("{{'name': 'get_weather', 'arguments': {\"city\": \"Oslo\"}}}", ""),
+    ('<{{name": "get_weather", "arguments": {"city": "Oslo"}}}>', ""),
+    ('{{name: "get_weather", arguments: {"city": "Oslo"}}}', ""),
+    ('{{name="get_weather", arguments={"city": "Oslo"}}}', ""),
+    ("Checking: {{ 'name': 'get_weather', 'arguments': {\"city\": \"Oslo\"} }}", "Checking:"),
+])
 @pytest.mark.parametrize("size", [1, 4])
-def test_streamed_call_doubled_in_braces_is_a_call_not_content(size):
-    """Qwen2.5-Coder's `{{"name": ..., "arguments": ...}}}` (its template's call form): nothing
-    leaks as content while streaming, and the engine's parsed call goes out whole at the end."""
+def test_streamed_call_doubled_in_braces_is_a_call_not_content(size, raw, lead):
+    """Qwen2.5-Coder's `{{"name": ..., "arguments": ...}}}` (its template's call form), in every
+    spelling of its keys: nothing of it leaks as content while streaming (only the text before
+    it), and the call's deltas add up to the engine's parsed call."""
     from asymagent.chat.output_parsing import parse_output
 
-    raw = '{{"name": "get_weather", "arguments": {"city": "Oslo"}}}'
     parsed = parse_output(raw)
     s = DeltaStreamer(tools_enabled=True)
     deltas = [d for piece in _pieces(raw, size) for d in s.push(piece)]
-    assert not any("content" in d for d in deltas)
+    assert "".join(d.get("content", "") for d in deltas) == lead
     deltas += s.finish(_result(parsed.content, parsed.tool_calls))
     content, calls = _assemble(deltas)
-    assert content == "" and [c["name"] for c in calls] == ["get_weather"]
+    assert content == lead and [c["name"] for c in calls] == ["get_weather"]
+    assert calls[0]["arguments"] == parsed.tool_calls[0]["function"]["arguments"]
     assert json.loads(calls[0]["arguments"]) == {"city": "Oslo"}
 
 

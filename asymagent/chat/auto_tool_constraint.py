@@ -14,7 +14,12 @@ Once the marker is written, the name must be one of the tools and the arguments 
 that tool's parameters schema, written compact as json.dumps writes them (the forced grammar's form,
 asymagent/chat/tool_constraint.py), so the text parses back to exactly one call. What the family
 never writes in an answer cannot start in the free text: an echo of the tool list (`<tools>`), a
-tool response (`<tool_response>`), a stray `</tool_call>`, a call doubled in braces (`{{"`).
+tool response (`<tool_response>`), a stray `</tool_call>`. A call doubled in braces, the form
+Qwen2.5's template shows and its models copy (`{{'name': ...}}}`, `<{{name": ...}}}>`), is a call
+marker too under Hermes templates: from `{{` + a name key in any spelling + `:` on
+(asymagent/chat/doubled_calls.py) the rest is held, in that spelling, to a tool's name and
+schema-valid JSON arguments, closed by `}}`; `{{ name }}` in an answer stays free text. Under
+templates that ignore `tools` a doubled call `{{"` cannot start.
 One call, then only the stop token (the turn ends, as under "required"); with `parallel`, free
 text and further calls may follow. The matcher plumbing (masks, rollback, jump-forward, stop
 tokens) is GrammarConstraint's, so speculation, batching and seeded sampling work as for a
@@ -27,6 +32,9 @@ import json
 
 from asymagent.chat.grammar_constraint import (GrammarConstraint, json_schema_grammar,
                                                uses_hermes_format, xgrammar_error)
+from asymagent.chat.doubled_calls import CLOSINGS as DOUBLED_CLOSINGS
+from asymagent.chat.doubled_calls import TRIGGERS as DOUBLED_TRIGGERS
+from asymagent.chat.doubled_calls import call_head as doubled_head
 from asymagent.chat.schema_refs import ToolSchemaError
 from asymagent.chat.tool_constraint import selected_tools
 
@@ -38,11 +46,11 @@ BARE_TRIGGER = '{"name"'
 # `{"name"` alone as the trigger such a call was never held
 OPENINGS = ("", " ", "\n", "\n  ", "\n    ", "\n\t")
 CLOSINGS = ["}", " }", "\n}"]  # how the call object may close (its arguments are compact)
-DOUBLED = ('{{"', '{{ "')  # a call doubled in braces (Qwen2.5's template shows calls so)
+# a call doubled in braces: held under Hermes templates (DOUBLED_TRIGGERS), refused otherwise
+DOUBLED = ('{{"', '{{ "')
 # prefixes, not whole tags: on the reference pair the 1.5B, kept from `<tools>`, wrote `<tools/>`
 # over and over (2026-12-07, `serve --pair`): any `<tools...` / `<tool_response...` is refused
-HERMES_EXCLUDES = ("<tools", "</tools", "<tool_response", "</tool_response", "</tool_call>",
-                   *DOUBLED)
+HERMES_EXCLUDES = ("<tools", "</tools", "<tool_response", "</tool_response", "</tool_call>")
 
 
 def call_head(name: str, opening: str = "") -> str:
@@ -55,19 +63,22 @@ def call_head(name: str, opening: str = "") -> str:
 
 def auto_tool_structure(functions: list[dict], hermes: bool, parallel: bool) -> dict:
     """xgrammar structural tag (JSON-able): free text with triggered call tags, one tag per tool
-    and form (Hermes block, bare object), arguments under the tool's parameters grammar."""
+    and form (Hermes block, bare object, doubled-brace object), arguments under the tool's
+    parameters grammar."""
     tags, triggers = [], ["{" + w + '"name"' for w in OPENINGS]
     forms = [("", "")]
     if hermes:
         forms.insert(0, (HERMES_OPEN, HERMES_CLOSE))
-        triggers.insert(0, HERMES_OPEN.strip())
+        triggers[:0] = [HERMES_OPEN.strip(), *DOUBLED_TRIGGERS]
     for f in functions:
-        args = str(json_schema_grammar(f["parameters"]))
+        args = {"type": "grammar", "grammar": str(json_schema_grammar(f["parameters"]))}
         for before, after in forms:
             for opening in OPENINGS:
                 tags.append({"type": "tag", "begin": before + call_head(f["name"], opening),
-                             "content": {"type": "grammar", "grammar": args},
-                             "end": [close + after for close in CLOSINGS]})
+                             "content": args, "end": [close + after for close in CLOSINGS]})
+        for trigger in DOUBLED_TRIGGERS if hermes else ():
+            tags.append({"type": "tag", "begin": doubled_head(trigger, f["name"]),
+                         "content": args, "end": list(DOUBLED_CLOSINGS)})
     return {"type": "structural_tag", "format": {
         "type": "triggered_tags", "triggers": triggers, "tags": tags, "at_least_one": False,
         "stop_after_first": not parallel,

@@ -2,12 +2,15 @@
 
 Accepted call forms (docs/architecture.md "Chat format"): a JSON object `{"name": ...,
 "arguments": {...}}` (also `"parameters"`, or an OpenAI-shaped `{"function": {...}}`), several
-objects one per line, a JSON list of them, or Hermes `<tool_call>{json}</tool_call>` blocks. A
-call object doubled in braces, `{{"name": ..., "arguments": {...}}}`, is a call too: Qwen2.5's
-chat template shows the call form that way in its tool instructions (a Jinja string escaped as if
-for str.format), and its models copy it, e.g. Qwen2.5-Coder-1.5B calling a tool again after the
-tool's result (docs/serving.md, "openai-agents: the default agent"). Text outside the calls is
-the content. A tool *definition* is never a call: an echo of the tool list (`<tools>...</tools>`,
+objects one per line, a JSON list of them, or Hermes `<tool_call>{json}</tool_call>` blocks (and
+such objects between and after the blocks: with parallel calls the auto grammar holds them too). A
+call object doubled in braces, `{{"name": ..., "arguments": {...}}}`, is a call too, wherever in a
+line it starts and in any spelling of its keys (`{{'name': 'get_weather', 'arguments': {...}}}`,
+`<{{name": ...}}}>`, `{{name: ...}}}`; asymagent/chat/doubled_calls.py, the auto grammar holds
+the same forms): Qwen2.5's chat template shows the call form that way in its tool instructions (a
+Jinja string escaped as if for str.format), and its models copy it, e.g. Qwen2.5-Coder-1.5B calling
+a tool again after the tool's result (docs/serving.md, "Under auto on the reference pair"); a
+template expression such as `{{ name }}` is text. Text outside the calls is the content. A tool *definition* is never a call: an echo of the tool list (`<tools>...</tools>`,
 what Qwen2.5's template shows the model) is dropped whole, wrapper and all, and an object whose
 arguments (or parameters) are a JSON Schema, or that carries a definition's `description` or
 `strict`, is dropped as an echoed definition. Given the offered tools' names (`tool_names`), an
@@ -29,6 +32,7 @@ import uuid
 from dataclasses import dataclass, field
 
 from asymagent.chat.call_wrappers import join_around_calls
+from asymagent.chat.doubled_calls import find_doubled, read_doubled
 
 
 @dataclass
@@ -46,7 +50,8 @@ def new_call_id() -> str:
 
 
 _TOOL_CALL_BLOCK = re.compile(r"<tool_call>(.*?)(?:</tool_call>|$)", re.S)
-_LOOKS_LIKE_CALL = re.compile(r'^\s*\{\{?\s*"(?:name|function)"\s*:', re.S)
+_LOOKS_LIKE_CALL = re.compile(r'^\s*(?:\{\s*"(?:name|function)"|<?\{\{\s*["\']?(?:name|function)["\']?\s*(?=:)|<?\{\{\s*name\s*(?==))\s*[:=]',
+                              re.S)
 _CALL_KEYS = ({"name", "arguments"}, {"name", "parameters"})  # what a doubled call object holds
 _DECODER = json.JSONDecoder()
 _AT_CALL = None  # in the kept text: where a call (or a dropped definition) was taken out
@@ -117,9 +122,12 @@ def _invalid(raw: str, error: str) -> dict:
 
 
 def _doubled_call(chunk: str, start: int) -> tuple[dict, int] | None:
-    """(call object, end) for `{{"name": ..., "arguments": {...}}}` at `start`, else None: the
-    inner object must be exactly a call (name and arguments, or parameters) and the second `}`
-    follow it, so no other text is read as one."""
+    """(call object, end) for a doubled call at `start`, else None: in a spelling of
+    doubled_calls.read_doubled, or `{{` + a JSON object that is exactly a call (name and
+    arguments, or parameters, in any order) + `}`, so no other text is read as one."""
+    spelled = read_doubled(chunk, start)
+    if spelled is not None:
+        return spelled.obj, spelled.end
     if not chunk.startswith("{{", start):
         return None
     try:
@@ -144,6 +152,12 @@ def _parse_json_calls(chunk: str, out: ParsedOutput, keep: list, names=None) -> 
         tags = _LEADING_TAGS.match(chunk, start, line_end)  # a call inside a tag of the model's
         if tags is not None and chunk.startswith("{", tags.end()):
             stripped, start = chunk[tags.end():line_end], tags.end()
+        found = find_doubled(chunk, pos, line_end)  # a doubled call, wherever in the line
+        if found is not None and (found.start <= start or not stripped.startswith(("{", "["))):
+            keep.append(chunk[pos:found.start] if chunk[pos:found.start].strip() else "")
+            _add_call(found.obj, chunk[found.start:found.end], out, keep, names)
+            pos = found.end
+            continue
         doubled = _doubled_call(chunk, start)
         if doubled is not None:
             obj, end = doubled
@@ -186,7 +200,7 @@ def _parse_hermes_blocks(text: str, out: ParsedOutput, keep: list, names=None) -
     """`<tool_call>...</tool_call>` blocks of `text` into `out`; text around them into `keep`."""
     last = 0
     for match in _TOOL_CALL_BLOCK.finditer(text):
-        keep.append(text[last:match.start()])
+        _parse_json_calls(text[last:match.start()], out, keep, names)  # calls between blocks too
         last = match.end()
         inner = match.group(1).strip()
         if not inner:
@@ -210,7 +224,7 @@ def _parse_hermes_blocks(text: str, out: ParsedOutput, keep: list, names=None) -
                 keep.append(match.group(0))
                 continue
             keep.append(_AT_CALL)
-    keep.append(text[last:])
+    _parse_json_calls(text[last:], out, keep, names)
 
 
 def content_of(keep: list) -> str:

@@ -3,18 +3,21 @@
 The model's raw text arrives in pieces (one per decoding round). While it does not look like a
 tool call it is streamed as `delta.content`; once it does (it starts with `{` or `<tool_call>`,
 or later a `<tool_call>` tag, a line starting with `{` (after tags of its own too: `<json>{`),
-or an echo of the tool list `<tools>` appears: wherever the output parser may read a call or drop
+or an echo of the tool list `<tools>` appears, or a doubled-brace call's head `{{'name':`, `<{{name":`
+anywhere in a line (asymagent/chat/doubled_calls.py): wherever the output parser may read a call or drop
 text), calls are streamed as `delta.tool_calls`: every entry has `index`; `id`, `type` and
 `function.name` come only in a call's first delta (with `arguments: ""`), then
 `function.arguments` string fragments follow: the arguments as the output parser serialises them
 (`json.dumps(..., ensure_ascii=False)`, written as the model goes,
 integrations/server/json_canon.py), whatever whitespace the model wrote. A
 call is recognised by the chat format's shape `{"name": "...", "arguments": <json>}`
-(optionally inside `<tool_call>...</tool_call>`).
+(optionally inside `<tool_call>...</tool_call>`), or doubled in braces in any spelling of its keys
+(`{{'name': 'x', 'arguments': <json>}}`, a `<` before it and a `>` after it belong to it).
 
 Held back while streaming, released by `finish(result)`: trailing whitespace and any suffix
 that could start a stop sequence or a `<tool_call>` tag (so a stop string the engine later
-trims is never sent) or a `<tools>` echo, any run of wrappers a call may yet follow (opening
+trims is never sent) or a `<tools>` echo or a doubled call's head (a template's `{{ name }}` is sent
+once it cannot be one), any run of wrappers a call may yet follow (opening
 tags, empty tag pairs, code fences: asymagent/chat/call_wrappers.py, the parser drops them with
 the call), and trailing `}` of arguments (they may close the outer object). At the
 end the engine's `ChatResult` is authoritative: the rest of `result.text` and of each parsed
@@ -30,6 +33,9 @@ import re
 import uuid
 
 from asymagent.chat.call_wrappers import held_while_streaming
+from asymagent.chat.doubled_calls import HEAD as DOUBLED_HEAD
+from asymagent.chat.doubled_calls import SIGN as DOUBLED_SIGN
+from asymagent.chat.doubled_calls import partial_sign, read_doubled
 from asymagent.integrations.server.json_canon import canonical_prefix
 
 TAG_OPEN, TAG_CLOSE = "<tool_call>", "</tool_call>"
@@ -37,7 +43,7 @@ TOOLS_ECHO = "<tools>"  # the tool list echoed: the parser drops it, so it is ne
 _TAG = re.compile(r"</?[A-Za-z][\w:.-]*(?:\s[^<>\n]*)?>")  # any tag: `<json>`, `</tool_call>`
 # a call may start here: a `{` at a line start, after a line's leading tags too (`<json>{"name"`)
 _CALL_SIGN = re.compile(r"<tool_call>|<tools>|</tools>|(?:^|\n)[ \t]*(?:<[A-Za-z][\w:.-]*"
-                        r"(?:\s[^<>\n]*)?>[ \t]*)*\{")
+                        r"(?:\s[^<>\n]*)?>[ \t]*)*\{|" + DOUBLED_SIGN.pattern)
 _CALL_HEAD = re.compile(r'\{\s*"name"\s*:\s*"((?:[^"\\]|\\.)*)"\s*,\s*"arguments"\s*:\s*')
 _DECODER = json.JSONDecoder()
 SIGN_LOOKBACK = 600  # a call sign's leading tags and whitespace fit in this (linear streaming)
@@ -59,8 +65,9 @@ def _held_suffix(text: str, needles: list[str]) -> int:
 
 
 class _Call:
-    def __init__(self, index: int, name: str, args_start: int):
+    def __init__(self, index: int, name: str, args_start: int, closing: str = "}"):
         self.index, self.name, self.args_start = index, name, args_start
+        self.closing = closing  # what closes the call after its arguments: "}", "}}" or "}}>"
         self.sent_args = ""
         self.value_end: int | None = None  # absolute end of the arguments JSON once complete
 
@@ -121,6 +128,8 @@ class DeltaStreamer:
         if self.mode == "content":
             needles = self.stop + ([TAG_OPEN, TOOLS_ECHO] if self.tools_enabled else [])
             body = body[: len(body) - _held_suffix(body, needles)]
+            if self.tools_enabled:  # a doubled call's head may be growing (mid-line too)
+                body = body[: partial_sign(body)]
         if self.tools_enabled:  # wrappers a call may yet follow (the parser drops them with it)
             body = body[: held_while_streaming(body)]
         # with tools the parsed content is stripped (a completion's leading space is its text)
@@ -138,21 +147,33 @@ class DeltaStreamer:
                 out += self._stream_args(call)
                 if call.value_end is None:
                     return out
-                self.scan = self._after_call(call.value_end)
+                self.scan = self._after_call(call)
                 continue
             if self.max_calls is not None and len(self.calls) >= self.max_calls:
                 return out
             pos = self._skip_to_object(self.scan)
             if pos is None:
                 return out
-            m = _CALL_HEAD.match(self.text, pos)
-            if m is None:
+            call = self._head_at(pos)
+            if call is None:
                 return out  # incomplete head (or not a call: finish() sorts it out)
-            call = _Call(len(self.calls), json.loads('"' + m.group(1) + '"'), m.end())
             self.calls.append(call)
             out.append({"tool_calls": [{"index": call.index, "id": self.call_id(call.index),
                                         "type": "function",
                                         "function": {"name": call.name, "arguments": ""}}]})
+
+    def _head_at(self, pos: int) -> _Call | None:
+        """The call whose head (single or doubled braces) is complete at `pos`, else None."""
+        m = _CALL_HEAD.match(self.text, pos)
+        if m is not None:
+            return _Call(len(self.calls), json.loads('"' + m.group(1) + '"'), m.end())
+        # a doubled call is announced once the parser would read it whole (closing braces too):
+        # `{{'name': 'f', 'arguments': {'city': ...}}}` or a cut one is no call to the parser
+        whole = read_doubled(self.text, pos)
+        if whole is None:
+            return None
+        m = DOUBLED_HEAD.match(self.text, pos)
+        return _Call(len(self.calls), whole.obj["name"], m.end(), "}}>" if m.group(1) else "}}")
 
     def _skip_to_object(self, pos: int) -> int | None:
         """Position of the next `{` after whitespace and tags, or None if not there yet."""
@@ -163,19 +184,20 @@ class DeltaStreamer:
                 pos += 1
             elif tag is not None:
                 pos = tag.end()
-            elif text[pos] == "{":
+            elif text[pos] == "{" or text.startswith("<{", pos):  # `<{{name"` (doubled_calls)
                 return pos
             else:
                 return None
         return None
 
-    def _after_call(self, value_end: int) -> int:
-        """Skip the outer object's closing brace after a call's arguments."""
-        pos = value_end
-        while pos < len(self.text) and self.text[pos].isspace():
-            pos += 1
-        if pos < len(self.text) and self.text[pos] == "}":
-            pos += 1
+    def _after_call(self, call: _Call) -> int:
+        """Skip the outer object's closing after a call's arguments (braces, a doubled call's `>`)."""
+        pos, text = call.value_end, self.text
+        for i, ch in enumerate(call.closing):
+            while ch == "}" and pos < len(text) and text[pos] in (" \t" if i else " \t\n\r"):
+                pos += 1
+            if pos < len(text) and text[pos] == ch:
+                pos += 1
         return pos
 
     def _stream_args(self, call: _Call) -> list[dict]:
@@ -226,6 +248,9 @@ class DeltaStreamer:
                                                      "arguments": args}}]})
         # Calls the client saw a name for but the engine could not parse: send the raw rest.
         for call in self.calls[len(final_calls):]:
+            if call.value_end is not None:  # its arguments were whole JSON: they, not the closing
+                out += self._args_delta(call, self.text[call.args_start:call.value_end])
+                continue
             raw = self.text[call.args_start:].rstrip()
             raw = raw[: -len(TAG_CLOSE)].rstrip() if raw.endswith(TAG_CLOSE) else raw
             raw = raw[:-1] if raw.endswith("}") and call.value_end is None else raw
