@@ -3,7 +3,8 @@
 The default run (integrations/demo_free.py): one free-running episode of an evals environment
 per mode, the model's own tool calls executed against the environment and their outputs fed
 back, until it calls final_answer (every turn is one call the model picks, held to the tools'
-schemas); the environment's oracle only grades the end. Per step it prints the
+schemas; beside the environment's tools it has a calculator, `calculate(expression)`, that the
+loop answers); the environment's oracle only grades the end. Per step it prints the
 action, the full history's tokens against what the verifier read, and the latency; then the two
 episodes side by side, the totals, both final answers and whether each is right, and asym's
 speed over full's. `--pair qwen2.5-coder` runs the reference pair (`make demo` sets it up) on
