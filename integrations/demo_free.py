@@ -36,10 +36,12 @@ def answer_tool() -> dict:
     from asymagent.evals.suites.environments import function_tool
 
     return function_tool(ANSWER_TOOL_NAME, "Give the user your final answer, once the task is done. "
-                         "Call it only after every other step of the task.",
+                         "Call it only after every other step of the task. The answer reports "
+                         "what you did, with counts (how many items you read, recorded or "
+                         "changed), and the facts and numbers the user asked for.",
                          {"answer": {"type": "string", "description": "the answer for the user: "
-                                     "what was done (how many items were handled) and the facts "
-                                     "and numbers they asked for"}})
+                                     "what was done, with how many items, and the facts and "
+                                     "numbers they asked for"}})
 
 
 # A turn ends with its first complete call: "</tool_call>" (a token of Hermes-format models) stops
