@@ -6,6 +6,11 @@ own: every step is `engine.chat(history, tools + [final_answer], tool_choice="re
 turn is one call the model chooses (tool and arguments), held to the tools' schemas by the
 grammar; a call to an environment tool is executed there and its output appended, a call to
 `final_answer(answer)` ends the episode with that answer (or the task's tool-call budget runs out).
+Beside them the agent has a calculator, `calculate(expression)` (integrations/calculator_tool.py:
+exact decimal arithmetic, read with `ast`), answered by this loop, never by the environment, as
+agent stacks give their models one: measured 2026-12-07, the pair's 1.5B made every call of the
+injection task right and then summed the amounts wrong in its answer. Its calls have their own
+budget (the task's tool-call budget again) and are not environment calls.
 The answer is a tool, as in smolagents' `final_answer` and the OpenAI Agents SDK's output tools,
 because free text was where the pair's turns went wrong: measured 2026-12-07 (docs/log.md), under
 "auto" the 1.5B wrote its second call as `{{'name': ...}}` then the tool's output itself, which
@@ -21,6 +26,8 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass, field
 
+from asymagent.integrations.calculator_tool import CALCULATOR_TOOL_NAME, calculate, calculator_tool
+
 ANSWER_TOOL_NAME = "final_answer"
 
 
@@ -29,9 +36,12 @@ def answer_tool() -> dict:
     from asymagent.evals.suites.environments import function_tool
 
     return function_tool(ANSWER_TOOL_NAME, "Give the user your final answer, once the task is done. "
-                         "Call it only after every other step of the task.",
-                         {"answer": {"type": "string", "description": "the answer for the user, "
-                                     "with the facts and numbers they asked for"}})
+                         "Call it only after every other step of the task. The answer reports "
+                         "what you did, with counts (how many items you read, recorded or "
+                         "changed), and the facts and numbers the user asked for.",
+                         {"answer": {"type": "string", "description": "the answer for the user: "
+                                     "what was done, with how many items, and the facts and "
+                                     "numbers they asked for"}})
 
 
 # A turn ends with its first complete call: "</tool_call>" (a token of Hermes-format models) stops
@@ -58,7 +68,8 @@ class Episode:
     budget: int  # tool calls allowed (the task's max_steps)
     answer_by: str = "tool"  # "tool": every turn a call, final_answer(answer) ends; "text": auto
     steps: list = field(default_factory=list)  # dicts: step, action, output, stats
-    calls: int = 0
+    calls: int = 0  # environment tool calls executed
+    calculations: int = 0  # calculate calls, answered by the loop (own budget: `budget` again)
     answer: str | None = None
     done: bool = False
     success: bool | None = None
@@ -94,8 +105,9 @@ def answer_text(text: str | None) -> str:
     return str(value["answer"]) if isinstance(value, dict) and "answer" in value else (text or "")
 
 
-def start(suite: str, seed: int, mode: str, answer_by: str = "tool") -> Episode:
-    """A fresh episode of `suite`/`seed` for `mode`; `answer_by` "tool" offers final_answer."""
+def start(suite: str, seed: int, mode: str, answer_by: str = "tool", calculator: bool = True) -> Episode:
+    """A fresh episode of `suite`/`seed` for `mode`: the suite's tools, then `calculate` (unless
+    `calculator` is False), then final_answer where `answer_by` is "tool"."""
     from asymagent.evals.suites.environments import make_env
 
     if answer_by not in ("tool", "text"):
@@ -103,11 +115,16 @@ def start(suite: str, seed: int, mode: str, answer_by: str = "tool") -> Episode:
     env = make_env(suite)
     task = env.reset(seed)
     tools = list(task.tools)
-    if answer_by == "tool":
-        if ANSWER_TOOL_NAME in task.tool_names:
-            raise ValueError(f"suite {suite!r} has a tool named {ANSWER_TOOL_NAME!r} already")
-        tools.append(answer_tool())
-    return Episode(mode, env, task.messages(), tools, task.max_steps, answer_by=answer_by)
+    ours = ([calculator_tool()] if calculator else []) + ([answer_tool()] if answer_by == "tool" else [])
+    for tool in ours:
+        name = tool["function"]["name"]
+        if name in task.tool_names:
+            raise ValueError(f"suite {suite!r} has a tool named {name!r} already")
+    return Episode(mode, env, task.messages(), tools + ours, task.max_steps, answer_by=answer_by)
+
+
+def offers(episode: Episode, name: str) -> bool:
+    return any(t["function"]["name"] == name for t in episode.tools)
 
 
 def _answer_of_call(call: dict) -> str | None:
@@ -121,6 +138,16 @@ def _answer_of_call(call: dict) -> str | None:
     except json.JSONDecodeError:
         return str(args)
     return str(args.get("answer", "")) if isinstance(args, dict) else str(args)
+
+
+def _argument(arguments, key: str):
+    """arguments[key] of a call's arguments (a JSON object string or a dict); None if absent."""
+    if isinstance(arguments, str):
+        try:
+            arguments = json.loads(arguments or "{}")
+        except json.JSONDecodeError:
+            return None
+    return arguments.get(key) if isinstance(arguments, dict) else None
 
 
 def take_step(engine, episode: Episode, max_new_tokens: int, trace_writer=None) -> dict:
@@ -150,16 +177,18 @@ def take_step(engine, episode: Episode, max_new_tokens: int, trace_writer=None) 
     else:
         # the call alone: text a turn wrote around its call is not fed back
         episode.history.append({"role": "assistant", "content": "", "tool_calls": r.tool_calls[:1]})
-        outputs = []
-        for i, call in enumerate(r.tool_calls[:1]):
-            fn = call["function"]
+        call = r.tool_calls[0]
+        fn = call["function"]
+        call_id = call.get("id") or f"call_{episode.calls + episode.calculations}_0"
+        if fn["name"] == CALCULATOR_TOOL_NAME and offers(episode, CALCULATOR_TOOL_NAME):
+            out = calculate(_argument(fn.get("arguments"), "expression"))  # the loop's own tool
+            episode.calculations += 1
+        else:
             out = episode.env.step(fn["name"], fn.get("arguments") or {})
-            outputs.append(out)
-            episode.history.append(tool_result_message(call.get("id") or f"call_{episode.calls}_{i}",
-                                                       fn["name"], out))
             episode.calls += 1
-        step["output"] = outputs[0]
-        episode.done = episode.calls >= episode.budget
+        episode.history.append(tool_result_message(call_id, fn["name"], out))
+        step["output"] = out
+        episode.done = episode.calls >= episode.budget or episode.calculations >= episode.budget
     episode.steps.append(step)
     if episode.done:
         episode.success = bool(episode.env.check_success(episode.answer))
@@ -168,14 +197,14 @@ def take_step(engine, episode: Episode, max_new_tokens: int, trace_writer=None) 
 
 def run_side_by_side(engine, suite: str, seed: int, modes: tuple, *, max_new_tokens: int = 96,
                      max_turns: int | None = None, on_step=None, trace_writer=None,
-                     answer_by: str = "tool") -> list:
+                     answer_by: str = "tool", calculator: bool = True) -> list:
     """Free-running episodes of `modes` (e.g. ("asym", "full")), interleaved turn by turn; returns
-    the Episodes (`answer_by`: module docstring). `max_turns` stops every episode after that many model turns (unfinished
+    the Episodes (`answer_by`, `calculator`: module docstring and `start`). `max_turns` stops every episode after that many model turns (unfinished
     episodes are graded as they stand: no answer, so not right). `on_step(episode, step)` sees
     each turn as it ends; `trace_writer` captures the turns of the first mode."""
     from asymagent.evals.running.engine_setup import reset_suffix_stores
 
-    episodes = [start(suite, seed, mode, answer_by) for mode in modes]
+    episodes = [start(suite, seed, mode, answer_by, calculator) for mode in modes]
     for mode in modes:  # cold sessions: no cache or copied responses from an earlier run
         engine.caches.drop(f"demo-free-{mode}")
     reset_suffix_stores(engine)

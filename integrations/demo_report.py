@@ -18,7 +18,10 @@ def action_label(action, width: int = 46) -> str:
 def step_line(episode, step) -> str:
     """One finished turn: mode, step, action, full -> verifier context tokens, tokens, latency."""
     s = step["stats"]
-    return (f"{episode.mode:>5} step {step['step']:>2}  {action_label(step['action']):<46} "
+    action = step["action"]
+    if isinstance(action, dict) and action.get("name") == "calculate":  # the loop's own tool: show its value
+        action = dict(action, name=f"= {step['output']} <- calculate")
+    return (f"{episode.mode:>5} step {step['step']:>2}  {action_label(action):<46} "
             f"ctx {s.full_context_tokens:>5} -> verifier {s.verifier_context_tokens:>5}  "
             f"{s.new_tokens:>3} tok  {s.wall_s:6.2f} s")
 
@@ -52,6 +55,7 @@ def totals(episode) -> dict:
     """The episode's totals: turns, tool calls, wall time, tokens, mean verifier share, verdict."""
     t = episode.stats.totals()
     return {"mode": episode.mode, "turns": len(episode.steps), "tool_calls": episode.calls,
+            "calculations": getattr(episode, "calculations", 0),
             "wall_s": t["wall_s"], "new_tokens": t["new_tokens"],
             "ms_per_token": 1000 * t["per_token_s"],
             "verifier_share": t["mean_compression_ratio"],
@@ -69,6 +73,7 @@ def totals_table(episodes, width: int | None = None):
     for r in rows:
         table.add_column(r["mode"], justify="right")
     for key, label, fmt in (("turns", "model turns", str), ("tool_calls", "tool calls executed", str),
+                            ("calculations", "calculate calls (the agent's calculator)", str),
                             ("wall_s", "wall time", lambda v: f"{v:.1f} s"),
                             ("new_tokens", "new tokens", str),
                             ("ms_per_token", "time per new token", lambda v: f"{v:.0f} ms"),

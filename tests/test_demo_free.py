@@ -9,6 +9,7 @@ import pytest
 from conftest import make_tiny_llama
 
 from asymagent.integrations import demo
+from asymagent.integrations.calculator_tool import CALCULATOR_TOOL_NAME
 from asymagent.integrations.demo_free import (ANSWER_TOOL_NAME, answer_text, call_end_ids,
                                               run_side_by_side, start)
 from asymagent.stats import StepStats
@@ -79,7 +80,7 @@ def test_the_models_own_calls_run_and_the_oracle_only_grades():
     assert seen[:4] == [("asym", 1), ("full", 1), ("asym", 2), ("full", 2)]  # turns interleaved
     # every turn is one call the model picks; the answer is a call to final_answer
     assert all(choice == "required" for _, choice, _ in engine.seen)
-    assert engine.offered[-1] == ANSWER_TOOL_NAME and len(engine.offered) == 5
+    assert engine.offered[-2:] == [CALCULATOR_TOOL_NAME, ANSWER_TOOL_NAME] and len(engine.offered) == 6
     assert all(f is None for f in engine.formats)  # no response format on top
     assert engine.eos_ids == {0}  # the call-end stop is the run's only
     assert [n for n, _ in asym.env.calls] == [m["name"] for m in plan]  # its calls ran, not the answer
@@ -114,6 +115,72 @@ def test_the_answer_tool_never_runs_in_the_environment_and_never_shadows_a_suite
         start("records", 0, "asym")
     with pytest.raises(ValueError, match="answer_by"):
         start("records", 0, "asym", answer_by="json")
+
+
+def _injection_plan(seed=0):
+    from asymagent.evals.suites.environments import make_env
+
+    env = make_env("injection")
+    env.reset(seed)
+    return env.oracle_plan(), env
+
+
+def test_the_calculator_is_answered_by_the_loop_and_its_value_goes_back_to_the_model():
+    plan, env = _injection_plan()
+    amounts = [str(m["arguments"]["amount"]) for m in plan if m["name"] == "record_invoice"]
+    total = f"{sum(m['arguments']['amount'] for m in plan if m['name'] == 'record_invoice'):.2f}"
+    calc = {"name": CALCULATOR_TOOL_NAME, "arguments": {"expression": " + ".join(amounts)}}
+    answer = f"All {len(amounts)} invoices recorded; the grand total is {total} EUR."
+    engine = ScriptedEngine(plan + [calc, answer])
+    (episode,) = run_side_by_side(engine, "injection", 0, ("asym",))
+    step = episode.steps[len(plan)]
+    assert step["action"] == calc and step["output"] == total  # the exact decimal sum
+    assert episode.history[-1] == {"role": "tool", "tool_call_id": f"c{len(plan) + 1}",
+                                   "name": CALCULATOR_TOOL_NAME, "content": step["output"]}
+    assert engine.seen[-1][2] == engine.seen[-2][2] + 2  # the call and its value were in the last prompt
+    assert [n for n, _ in episode.env.calls] == [m["name"] for m in plan]  # never sent to the environment
+    assert (episode.calls, episode.calculations) == (len(plan), 1)
+    assert episode.success is True  # graded by the suite's own check, as without a calculator
+    from asymagent.integrations.demo_report import step_line, totals
+
+    assert f"= {total} <- calculate(" in step_line(episode, step)
+    assert totals(episode)["calculations"] == 1 and totals(episode)["tool_calls"] == len(plan)
+
+
+def test_a_refused_expression_is_an_error_the_model_sees_and_the_grader_is_unchanged():
+    plan, env = _injection_plan()
+    bad = {"name": CALCULATOR_TOOL_NAME, "arguments": {"expression": "__import__('os').getcwd()"}}
+    engine = ScriptedEngine(plan + [bad, "The grand total is 15,000.00 EUR."])
+    (episode,) = run_side_by_side(engine, "injection", 0, ("full",))
+    assert episode.steps[len(plan)]["output"].startswith("ERROR: calculate: a function call")
+    assert episode.success is False  # every call right, the sum wrong: still wrong
+
+
+def test_calculator_calls_have_their_own_budget():
+    plan, env = _injection_plan()
+    calc = {"name": CALCULATOR_TOOL_NAME, "arguments": {"expression": "1 + 1"}}
+    engine = ScriptedEngine([calc] * (env.task.max_steps + 5))
+    (episode,) = run_side_by_side(engine, "injection", 0, ("asym",))
+    assert episode.calculations == env.task.max_steps and episode.calls == 0
+    assert episode.done and episode.success is False and episode.answer is None
+
+
+def test_without_the_calculator_it_is_not_offered_and_a_call_to_it_goes_to_the_environment():
+    episode = start("records", 0, "asym", calculator=False)
+    assert CALCULATOR_TOOL_NAME not in [t["function"]["name"] for t in episode.tools]
+    engine = ScriptedEngine([{"name": CALCULATOR_TOOL_NAME, "arguments": {"expression": "1+1"}}, "done"])
+    (episode,) = run_side_by_side(engine, "records", 0, ("asym",), calculator=False)
+    assert engine.offered[-1] == ANSWER_TOOL_NAME and CALCULATOR_TOOL_NAME not in engine.offered
+    assert episode.steps[0]["output"].startswith("ERROR: unknown tool")
+
+
+def test_a_suite_tool_named_calculate_is_refused(monkeypatch):
+    from asymagent.evals.suites import suite_records
+    from asymagent.integrations.calculator_tool import calculator_tool
+
+    monkeypatch.setattr(suite_records, "TOOLS", suite_records.TOOLS + [calculator_tool()])
+    with pytest.raises(ValueError, match="calculate"):
+        start("records", 0, "asym")
 
 
 def test_max_turns_stops_and_grades_an_unfinished_episode():
