@@ -292,6 +292,14 @@ PRESETS: dict = {
                                                 "id_keep_tokens": 64, "min_gap": 24}],
                                "max_recalls": 1, "recall_evidence": "margin", "recall_margin": 0.5,
                                "recall_escalation": "restore"},
+    # ... and the cut rows that share a rare word with each new output, brought back at its end
+    "id_keep_lexical": {"compressors": [{"type": "tool_output", "query_keep_tokens": 96, "id_keep_tokens": 64,
+                                         "min_gap": 24}], "readmit_lexical_tokens": 64},
+    "id_keep_lexical_margin_restore": {"compressors": [{"type": "tool_output", "query_keep_tokens": 96,
+                                                        "id_keep_tokens": 64, "min_gap": 24}],
+                                       "readmit_lexical_tokens": 64, "max_recalls": 1,
+                                       "recall_evidence": "margin", "recall_margin": 0.5,
+                                       "recall_escalation": "restore"},
     "id_keep_margin_vote": {"compressors": [{"type": "tool_output", "query_keep_tokens": 96, "id_keep_tokens": 64,
                                              "min_gap": 24}],
                             "max_recalls": 1, "recall_evidence": "margin", "recall_margin": 0.5,
@@ -366,6 +374,10 @@ class CompressionConfig(BaseModel):
     # this many tokens, as a marked block at the end of the newest message (0: never)
     readmit_tokens: int = Field(0, ge=0)
     readmit_ratio: float = Field(20.0, gt=0.0)
+    # lexical re-admission (ContextViews._apply_lexical): when tool outputs enter, the rows earlier
+    # outputs had cut that share a rare word with them come back, within this many tokens, as the
+    # block at the end of the newest output (0: never). No model: the step's own new text asks
+    readmit_lexical_tokens: int = Field(0, ge=0)
     # the drafter's own greedy continuation of this many tokens is read too (its rows' attention
     # joins the prompt's last rows'; Speculative Prefill's look-ahead), and offered as copied drafts
     attention_lookahead: int = Field(0, ge=0)
