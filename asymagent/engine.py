@@ -649,12 +649,13 @@ class Engine:
     # ------------------------------------------------------------------ chat
     def _recall_pass(self, turn, request: GenerationRequest, ids, interrupt, full: bool) -> GenerationResult:
         """One pass of a chat turn under recall (asymagent/context/recall.py): on the verifier
-        view `ids`, or with `full` on the full view in mode spec (lossless; the last pass's tokens
-        offered as copied drafts, `ChatTurn.last_pass`); a watch that reads
+        view `ids`, or with `full` on the full view in mode spec (lossless); a pass after a first
+        one is offered that pass's tokens as copied drafts (`ChatTurn.last_pass`: a restored or
+        escalated step mostly says again what it said); a watch that reads
         log-probs (evidence "margin") gets a LogprobRecorder(top=2) when the request has none
         (the result then carries no log-probs, as asked)."""
         req = dataclasses.replace(request, mode="spec", draft_hint=tuple(turn.last_pass)) if full else \
-            dataclasses.replace(request, draft_hint=tuple(turn.lookahead))
+            dataclasses.replace(request, draft_hint=tuple(turn.last_pass or turn.lookahead))
         own = getattr(interrupt, "needs_logprobs", False) and request.logprobs is None
         if own:
             interrupt.recorder = LogprobRecorder(2)

@@ -319,3 +319,30 @@ def test_margin_escalations_full_pass_is_offered_the_first_pass_as_drafts(engine
     assert [p[0] for p in passes] == ["asym", "spec"] and r.stats.recalls == 1
     assert passes[1][1] == tuple(passes[0][2]) and len(passes[0][2]) >= 1
     assert r.token_ids == full.token_ids
+
+
+def test_margin_restore_brings_every_cut_output_back_into_the_one_cache(engine):
+    """recall_escalation "restore": at a hesitation (any gap: margin 100 nats) every cut tool
+    output comes back whole into the verifier's one cache and the step is decoded again there:
+    the view then equals the full view, so the output is mode full's; no second (full-view)
+    verifier cache is filled; the restore is sticky, so the next step prefills only its new
+    message and, its new output cut again, a later hesitation restores just that one."""
+    trace = agent_conversation(3, seed=2)
+    first, second = trace[:4], trace[:6]  # each ends on a cut tool output
+    cfg = CompressionConfig(max_recalls=1, recall_evidence="margin", recall_margin=100.0,
+                            recall_escalation="restore")
+    e = Engine(verifier=engine.verifier, drafter=engine.drafter, tokenizer=engine.tokenizer,
+               spec=SpecConfig(k=2), compression=cfg)
+    r = e.chat(first, tools=TOOLS, mode="asym", max_new_tokens=8, cache_key="restore")
+    full = e.chat(first, tools=TOOLS, mode="full", max_new_tokens=8, cache_key="restore-full")
+    assert r.token_ids == full.token_ids and r.stats.recalls == 1
+    assert r.stats.verifier_context_tokens == r.stats.full_context_tokens  # the view is whole
+    assert "verifier_full" not in e.caches.session("restore").caches
+    r2 = e.chat(second, tools=TOOLS, mode="asym", max_new_tokens=8, cache_key="restore")
+    full2 = e.chat(second, tools=TOOLS, mode="full", max_new_tokens=8, cache_key="restore-full")
+    assert r2.token_ids == full2.token_ids and r2.stats.recalls == 1
+    # the first pass prefilled the new messages (their output cut); the restore re-prefilled
+    # from that output only: far less than the whole history
+    assert r2.stats.verifier_prefill_tokens < r2.stats.full_context_tokens // 2
+    with pytest.raises(Exception):
+        CompressionConfig(recall_escalation="both")

@@ -323,7 +323,8 @@ def recall_step(engine, turn: ChatTurn, request: GenerationRequest,
                        evidence=config.recall_evidence, min_len=engine.spec.copy_min_len,
                        scope=config.recall_scope, max_tokens=config.recall_max_tokens,
                        margin=config.recall_margin, limit=getattr(engine, "max_positions", 0),
-                       vote=vote, vote_min=config.recall_vote_min, readmit=readmit)
+                       vote=vote, vote_min=config.recall_vote_min, readmit=readmit,
+                       escalation=config.recall_escalation)
 
 
 def chat_result(engine, turn: ChatTurn, result: GenerationResult) -> ChatResult:

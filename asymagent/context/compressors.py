@@ -287,6 +287,19 @@ PRESETS: dict = {
     "id_keep_margin": {"compressors": [{"type": "tool_output", "query_keep_tokens": 96, "id_keep_tokens": 64,
                                         "min_gap": 24}],
                        "max_recalls": 1, "recall_evidence": "margin", "recall_margin": 0.5},
+    # ... escalated by restoring every cut output into the verifier's one cache (recall_escalation)
+    "id_keep_margin_restore": {"compressors": [{"type": "tool_output", "query_keep_tokens": 96,
+                                                "id_keep_tokens": 64, "min_gap": 24}],
+                               "max_recalls": 1, "recall_evidence": "margin", "recall_margin": 0.5,
+                               "recall_escalation": "restore"},
+    # ... and the cut rows that share a rare word with each new output, brought back at its end
+    "id_keep_lexical": {"compressors": [{"type": "tool_output", "query_keep_tokens": 96, "id_keep_tokens": 64,
+                                         "min_gap": 24}], "readmit_lexical_tokens": 64},
+    "id_keep_lexical_margin_restore": {"compressors": [{"type": "tool_output", "query_keep_tokens": 96,
+                                                        "id_keep_tokens": 64, "min_gap": 24}],
+                                       "readmit_lexical_tokens": 64, "max_recalls": 1,
+                                       "recall_evidence": "margin", "recall_margin": 0.5,
+                                       "recall_escalation": "restore"},
     "id_keep_margin_vote": {"compressors": [{"type": "tool_output", "query_keep_tokens": 96, "id_keep_tokens": 64,
                                              "min_gap": 24}],
                             "max_recalls": 1, "recall_evidence": "margin", "recall_margin": 0.5,
@@ -336,6 +349,13 @@ class CompressionConfig(BaseModel):
     # decoded again on that view; context/recall.py)
     recall_evidence: Literal["copy", "copy_any", "copy_any_length", "margin", "margin_readmit"] = "copy"
     recall_margin: float = Field(0.5, gt=0.0)
+    # how a margin hesitation (recall_evidence "margin") reaches the removed text: "full" decodes
+    # the step again on the full view in mode spec, in the conversation's second (full-view)
+    # verifier cache, which each escalation brings up to date; "restore" brings every cut tool
+    # output back whole into the verifier's one cache (ContextViews.restore: sticky, re-prefilled
+    # from the first restored message) and decodes the step again on that view, which then equals
+    # the full view: one cache, and a later escalation re-prefills only what was cut since
+    recall_escalation: Literal["full", "restore"] = "full"
     # the drafter's vote on a margin escalation (context/recall.py): where the verifier hesitates
     # between its top token a and runner-up b, the drafter model (which reads the full history)
     # scores both; "full": escalate only if, on the full view, it ranks b above a by more than
@@ -354,6 +374,10 @@ class CompressionConfig(BaseModel):
     # this many tokens, as a marked block at the end of the newest message (0: never)
     readmit_tokens: int = Field(0, ge=0)
     readmit_ratio: float = Field(20.0, gt=0.0)
+    # lexical re-admission (ContextViews._apply_lexical): when tool outputs enter, the rows earlier
+    # outputs had cut that share a rare word with them come back, within this many tokens, as the
+    # block at the end of the newest output (0: never). No model: the step's own new text asks
+    readmit_lexical_tokens: int = Field(0, ge=0)
     # the drafter's own greedy continuation of this many tokens is read too (its rows' attention
     # joins the prompt's last rows'; Speculative Prefill's look-ahead), and offered as copied drafts
     attention_lookahead: int = Field(0, ge=0)

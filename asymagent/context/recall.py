@@ -31,6 +31,13 @@ view's copy evidence (asymagent/decoding/copy_delta.py) at that output position:
   full view alone, or as the difference of its two views); at most `vote_min` nats and the
   hesitation is the verifier's own (the same on both views), so the step goes on. The drafter's
   caches of both views are kept across steps (only what they lack is fed, when a vote is asked).
+  With `escalation="restore"` (CompressionConfig.recall_escalation) the hesitation does not
+  switch caches: every tool output the view cut is restored whole (`ContextViews.restore`,
+  sticky), the verifier's one cache re-prefilled from the first of them, and the step decoded
+  again on that view, which now equals the full view (full's output). The full-view escalation
+  keeps a second verifier cache that each escalation brings up to date while the compressed one
+  keeps growing too; the restore leaves one cache, and a later hesitation restores only the
+  outputs cut since.
 - `evidence="margin_readmit"`: at such a hesitation the drafter's attention there (its rows up to
   the token the verifier hesitates on, over the full view and the output so far) scores the rows
   the view cut; those it reads at `readmit_ratio` x the uniform share come back, within
@@ -69,6 +76,7 @@ from asymagent.context.query_keep import has_call_format
 from asymagent.decoding.copy_delta import copy_sources, copy_sources_any_length, recall_sources
 
 EVIDENCE = ("copy", "copy_any", "copy_any_length", "margin", "margin_readmit")
+ESCALATIONS = ("full", "restore")  # how a margin hesitation reaches the removed text
 SCOPES = ("all", "latest")  # restore every tool output the evidence points into, or the latest one
 MAX_READMIT_ASKS = 4  # margin_readmit: hesitations a pass asks the drafter's attention about
 _SUMMED = ("wall_s", "prefill_s", "decode_s", "verifier_prefill_tokens", "drafter_prefill_tokens",
@@ -96,7 +104,7 @@ class RecallWatch:
     def __init__(self, views, full_ids: list, compressed_ids: list, *, evidence: str = "copy",
                  min_len: int = 3, scope: str = "all", max_tokens: int = 0, margin: float = 0.5,
                  limit: int = 0, vote: Callable | None = None, vote_min: float = 0.0,
-                 readmit: Callable | None = None) -> None:
+                 readmit: Callable | None = None, escalation: str = "full") -> None:
         if scope not in SCOPES:
             raise ValueError(f"recall scope must be one of {SCOPES}, got {scope!r}")
         if evidence not in EVIDENCE:
@@ -107,6 +115,9 @@ class RecallWatch:
         # function gives it a LogprobRecorder(top=2) here (None: it never fires)
         self.needs_logprobs = evidence in ("margin", "margin_readmit")
         self.readmit = readmit  # margin_readmit: full-prefix ids -> message indices brought back
+        if escalation not in ESCALATIONS:
+            raise ValueError(f"recall escalation must be one of {ESCALATIONS}, got {escalation!r}")
+        self.escalation = escalation  # margin: "full" (the full-view cache) or "restore" (this one)
         self.recorder = None
         self.escalate = False  # fired on margin: decode the step again on the full view
         self.checked = 0  # output positions already checked (margin)
@@ -157,9 +168,17 @@ class RecallWatch:
         if self.limit and len(self.full) >= self.limit:
             return False  # the full view is longer than the verifier's context
         for t, top in self._hesitations(generated):
-            if self._voted(generated, t, top):
+            if not self._voted(generated, t, top):
+                continue
+            if self.escalation == "full":
                 self.position, self.escalate = t, True
                 return True
+            cut = [s.full[0] for s in self.views.message_spans() if s.role == "tool" and not s.same]
+            hit = self.views.restore(cut)  # every cut output whole, in the verifier's one cache
+            if hit:
+                self.position, self.restored = t, hit
+                return True
+            return False  # nothing restorable (the cut is not in a tool output): the step goes on
         return False
 
     def _hesitations(self, generated: list):
@@ -242,7 +261,7 @@ class RecallWatch:
 def recall_loop(views, full_ids: list, compressed_ids: list, decode: Callable, *,
                 evidence: str = "copy", min_len: int = 3, scope: str = "all", max_tokens: int = 0,
                 margin: float = 0.5, limit: int = 0, vote: Callable | None = None,
-                vote_min: float = 0.0, readmit: Callable | None = None):
+                vote_min: float = 0.0, readmit: Callable | None = None, escalation: str = "full"):
     """The step's final result after up to `views.config.max_recalls` recalls.
 
     `decode(compressed_ids, interrupt, full=False)` decodes the step on a verifier view (same full
@@ -255,7 +274,7 @@ def recall_loop(views, full_ids: list, compressed_ids: list, decode: Callable, *
     while True:
         watch = RecallWatch(views, full_ids, compressed_ids, evidence=evidence, min_len=min_len,
                             scope=scope, max_tokens=max_tokens, margin=margin, limit=limit,
-                            vote=vote, vote_min=vote_min, readmit=readmit) \
+                            vote=vote, vote_min=vote_min, readmit=readmit, escalation=escalation) \
             if recalls < views.config.max_recalls else None
         result = decode(compressed_ids, watch, full=escalated)
         if watch is not None:

@@ -22,7 +22,7 @@ import json
 from dataclasses import dataclass, field
 from typing import Callable
 
-from asymagent.context import attention_keep
+from asymagent.context import attention_keep, query_keep
 from asymagent.context.rendering import MessageRenderer, Segment, call_json, function_of, message_text, \
     strip_descriptions
 from asymagent.context.compressors import (CompressionConfig, MessageContext, RecentTurnsCompressor,
@@ -106,6 +106,7 @@ class _Entry:
     token_spans: list | None = None  # [(segment token index, char start, char end)] of the content
     readmit: str = ""  # cut rows of earlier outputs brought back at its entry (attention_keep.py)
     readmit_rows: list = field(default_factory=list)  # ... those rows, in the block's order
+    lexical_done: bool = False  # lexical re-admission was decided at its entry
 
 
 def _key(obj) -> str:
@@ -227,6 +228,12 @@ class ContextViews:
                     e.lead_full = self._close_ids(run) if e.role != "tool" else []
             self._apply_surprisal(logprob_fn)
             self._apply_attention(attention_fn)
+        self._compress_changed(style)
+        if cf is not None and self._apply_lexical():
+            self._compress_changed(style)
+
+    def _compress_changed(self, style: str) -> None:
+        """(Re)compress the entries whose compressed form is out of date."""
         changed = False  # the previous entry was (re)compressed: a tool run's next message follows it
         for i, e in enumerate(self.entries):
             state = (e.demoted, e.shrink, style if i == 0 else None, e.newest, e.restored)
@@ -235,6 +242,43 @@ class ContextViews:
             if changed:
                 self._compress(i, e)
                 e.state = state
+
+    def _apply_lexical(self) -> bool:
+        """Lexical re-admission (`CompressionConfig.readmit_lexical_tokens`), decided once when
+        tool outputs enter: the rows earlier outputs had cut that share a rare word with the newest
+        output (query_keep's rule, that output as the query: the component a ticket names
+        finds the routing row that names it) come back, within the budget, as the marked block at
+        the end of the newest output (attention_keep.render_block), which the verifier has not
+        prefilled yet: its cache keeps every earlier token. Returns True if a block was added."""
+        todo = [e for e in self.entries if not e.lexical_done]
+        for e in todo:
+            e.lexical_done = True
+        budget = self.config.readmit_lexical_tokens
+        new = [e for e in todo if e.role == "tool"]
+        if budget <= 0 or not new or self.entries[-1] is not new[-1]:
+            return False  # only where the conversation ends on the new outputs (the step reads them)
+        target = new[-1]  # the newest output asks (a history built at once: its last output)
+        shown = "".join(x.readmit for x in self.entries if not x.restored)
+        rows = []
+        for e in self.entries:
+            if e.role != "tool" or e is target or e.restored or e.compressed_text == e.original:
+                continue
+            for a, b in query_keep.split_units(e.original):
+                row = e.original[a:b].strip()
+                if row and row not in e.compressed_text and row not in shown and row not in rows:
+                    rows.append(row)
+        if not rows:
+            return False
+        doc, asked = "\n".join(rows), target.original
+        spans = query_keep.select(doc, query_keep.words(asked), budget, self.counter.count,
+                                  context=doc + "\n" + asked, rank="per_token")
+        chosen = [doc[a:b].strip() for a, b in spans]
+        if not chosen:
+            return False
+        target.readmit_rows = target.readmit_rows + chosen
+        target.readmit = attention_keep.render_block(target.readmit_rows)
+        target.state = None  # compressed again with its block
+        return True
 
     def _run_before(self, i: int, compressed: bool) -> list:
         """The tool messages right before entry i (its turn's earlier results), as the full or
@@ -265,7 +309,7 @@ class ContextViews:
             ctx = self._context(e)
             for comp in self._compressors():
                 text = comp.transform(text, ctx)
-        return text + e.readmit
+        return text + ("" if e.restored else e.readmit)  # restored whole: as the full view has it
 
     def _compress(self, i: int, e: _Entry) -> None:
         text = e.compressed_text = self._transformed(e)
