@@ -361,26 +361,32 @@ def test_a_model_that_starts_a_doubled_call_gets_a_valid_one_in_every_mode(engin
     assert qwen_tok.decode(sampled[0]).startswith("{{'name': 'get_weather', 'arguments': {")
 
 
-def test_batched_doubled_calls_are_the_turns_alone(qwen_tok, monkeypatch):
-    """A doubled-brace call, a Python-quoted one the grammar holds to JSON and a plain answer
-    decoded at once (max_num_seqs 3): each the one-at-a-time engine's turn."""
+def _alone_and_together(qwen_tok, asks: list, *, seed: int, key: str) -> tuple:
+    """The token ids of each (ask, temperature) turn in mode spec under auto, decoded one at a
+    time and then all at once (max_num_seqs = len(asks)): (alone, together)."""
     from concurrent.futures import ThreadPoolExecutor
-
-    scripts = {"Paris": PAIR_LT, "Oslo": PAIR_PY, "Rome": ANSWER}
-    scripted(monkeypatch, qwen_tok, lambda p: next(v for k, v in scripts.items() if k in p))
-    asks = [("Weather in Paris?", 0.0), ("And in Oslo?", 0.9), ("Rome, please.", 0.0)]
 
     def turn(engine, i):
         ask, temperature = asks[i]
         return engine.chat([{"role": "user", "content": ask}], tools=[WEATHER, TIME], mode="spec",
-                           max_new_tokens=40, temperature=temperature, seed=5,
-                           cache_key=f"dbatch-{i}").token_ids
+                           max_new_tokens=40, temperature=temperature, seed=seed,
+                           cache_key=f"{key}-{i}").token_ids
 
     one = qwen_engine(qwen_tok)
-    alone = [turn(one, i) for i in range(3)]
-    many = qwen_engine(qwen_tok, max_num_seqs=3)
-    with ThreadPoolExecutor(3) as pool:
-        together = list(pool.map(lambda i: turn(many, i), range(3)))
+    alone = [turn(one, i) for i in range(len(asks))]
+    many = qwen_engine(qwen_tok, max_num_seqs=len(asks))
+    with ThreadPoolExecutor(len(asks)) as pool:
+        together = list(pool.map(lambda i: turn(many, i), range(len(asks))))
+    return alone, together
+
+
+def test_batched_doubled_calls_are_the_turns_alone(qwen_tok, monkeypatch):
+    """A doubled-brace call, a Python-quoted one the grammar holds to JSON and a plain answer
+    decoded at once (max_num_seqs 3): each the one-at-a-time engine's turn."""
+    scripts = {"Paris": PAIR_LT, "Oslo": PAIR_PY, "Rome": ANSWER}
+    scripted(monkeypatch, qwen_tok, lambda p: next(v for k, v in scripts.items() if k in p))
+    asks = [("Weather in Paris?", 0.0), ("And in Oslo?", 0.9), ("Rome, please.", 0.0)]
+    alone, together = _alone_and_together(qwen_tok, asks, seed=5, key="dbatch")
     assert together == alone
     assert [qwen_tok.decode(t)[:8] for t in alone] == ['<{{name"', "{{'name'", ANSWER[:8]]
 
@@ -388,23 +394,10 @@ def test_batched_doubled_calls_are_the_turns_alone(qwen_tok, monkeypatch):
 def test_batched_auto_turns_are_the_turns_alone(qwen_tok, monkeypatch):
     """Three auto turns decoded at once (max_num_seqs 3): a scripted call, an echo the grammar
     refuses (the random model writes on), a sampled call; each the one-at-a-time engine's."""
-    from concurrent.futures import ThreadPoolExecutor
-
     scripted(monkeypatch, qwen_tok, lambda p: ECHO if "Oslo" in p else pair_script(p))
     asks = [("What's the weather in Paris?", 0.0), ("And in Oslo?", 0.0),
             ("Paris, please.", 0.9)]
-
-    def turn(engine, i):
-        ask, temperature = asks[i]
-        return engine.chat([{"role": "user", "content": ask}], tools=[WEATHER, TIME], mode="spec",
-                           max_new_tokens=40, temperature=temperature, seed=3,
-                           cache_key=f"batch-{i}").token_ids
-
-    one = qwen_engine(qwen_tok)
-    alone = [turn(one, i) for i in range(3)]
-    many = qwen_engine(qwen_tok, max_num_seqs=3)
-    with ThreadPoolExecutor(3) as pool:
-        together = list(pool.map(lambda i: turn(many, i), range(3)))
+    alone, together = _alone_and_together(qwen_tok, asks, seed=3, key="batch")
     assert together == alone
     assert "<tools>" not in qwen_tok.decode(alone[1])
 
