@@ -89,6 +89,30 @@ def test_capture_leaves_the_forward_bits_and_scores_where_the_last_rows_look(tin
     assert 1.0 - 1e-5 <= sum(scores) <= model.config.num_attention_heads + 1e-5
 
 
+def test_per_layer_capture_splits_the_layer_mean_and_leaves_it_unchanged(tiny_llama):
+    model = tiny_llama()
+    assert use_gqa_attention(model)
+    ids = torch.randint(3, 250, (1, 30), generator=torch.Generator().manual_seed(2))
+    with torch.inference_mode():
+        with capture_attention(3) as plain:
+            model(ids)
+        with capture_attention(3, per_layer=True) as split:
+            model(ids)
+    depth = model.config.num_hidden_layers
+    assert depth >= 2 and len(split.by_layer) == 1 and len(split.by_layer[0]) == depth
+    assert split.scores(30) == plain.scores(30)  # the layer mean is the same either way
+    every = torch.tensor(split.scores(30, layers=range(depth)))
+    assert torch.allclose(every, torch.tensor(plain.scores(30)), atol=1e-6)
+    # one layer alone: the rows' mean of that layer's pooled attention, nothing from the others
+    first = torch.tensor(split.scores(30, layers=range(1)))
+    assert torch.allclose(first, split.by_layer[0][0].mean(0), atol=1e-6)
+    halves = (torch.tensor(split.scores(30, layers=range(1))) + (depth - 1) *
+              torch.tensor(split.scores(30, layers=range(1, depth)))) / depth
+    assert torch.allclose(halves, every, atol=1e-5)
+    with pytest.raises(ValueError):
+        plain.scores(30, layers=range(1))
+
+
 def test_preset_validates_and_reads_attention():
     assert CompressionConfig.preset("attention_keep").reads_attention()
     assert CompressionConfig.preset("attention_lean").reads_attention()

@@ -170,10 +170,12 @@ class AttentionCapture:
     row r of the capture is the r-th row seen. Recomputes softmax(q k^T) for those rows in
     float32 beside the kernel's call; the forward's own bits are untouched."""
 
-    def __init__(self, rows: int) -> None:
+    def __init__(self, rows: int, per_layer: bool = False) -> None:
         self.rows = rows
         self.forwards: list = []  # per forward: [r, L] summed over its layers
         self.layers = 0  # layers per forward (the model's depth)
+        # per forward, per layer: [r, L] (kept only when asked: `scores(..., layers=...)` reads it)
+        self.by_layer: list | None = [] if per_layer else None
 
     def add(self, query: torch.Tensor, key: torch.Tensor, attention_mask: torch.Tensor | None,
             scaling: float | None, layer: int | None) -> None:
@@ -190,18 +192,29 @@ class AttentionCapture:
             m = attention_mask[0, 0, -r:, : s.shape[-1]]  # [r, L]
             s = s.masked_fill_(~m, float("-inf")) if m.dtype == torch.bool else s.add_(m.float())
         pooled = torch.softmax(s, dim=-1).amax(dim=(0, 1))  # [r, L]
-        if not layer or not self.forwards:
+        starts = not layer or not self.forwards
+        if starts:
             self.forwards.append(pooled)
         else:
             self.forwards[-1] = _fit(self.forwards[-1], pooled.shape[-1]) + pooled
+        if self.by_layer is not None:
+            if starts:
+                self.by_layer.append([])
+            self.by_layer[-1].append(pooled)
         self.layers = max(self.layers, (layer or 0) + 1)
 
-    def scores(self, length: int, pool: str = "mean") -> list:
-        """[length] attention per key position (mean over layers; rows pooled by `pool`),
-        zeros where nothing was captured."""
+    def scores(self, length: int, pool: str = "mean", layers: range | None = None) -> list:
+        """[length] attention per key position (mean over layers, or over `layers` only: a
+        per-layer capture; rows pooled by `pool`), zeros where nothing was captured."""
         if not self.forwards or not self.layers:
             return [0.0] * length
-        rows = torch.cat([_fit(f, length) for f in self.forwards]) / self.layers  # [R, length]
+        if layers is None:
+            rows = torch.cat([_fit(f, length) for f in self.forwards]) / self.layers  # [R, length]
+        else:
+            if self.by_layer is None:
+                raise ValueError("scores(layers=...) needs a capture made with per_layer=True")
+            picked = [sum(_fit(f[i], length) for i in layers if i < len(f)) for f in self.by_layer]
+            rows = torch.cat(picked) / len(layers)  # [R, length]
         pooled = rows.amax(0) if pool == "max" else rows.mean(0)
         return pooled.tolist()
 
@@ -215,11 +228,12 @@ def _fit(x: torch.Tensor, n: int) -> torch.Tensor:
 
 
 @contextlib.contextmanager
-def capture_attention(rows: int):
+def capture_attention(rows: int, per_layer: bool = False):
     """Inside the block (this thread) every attention call through `gqa_sdpa_forward` adds its
-    last `rows` query rows' attention to the AttentionCapture it yields."""
+    last `rows` query rows' attention to the AttentionCapture it yields (kept per layer too
+    with `per_layer`)."""
     saved = getattr(_CAPTURE, "active", None)
-    _CAPTURE.active = capture = AttentionCapture(rows)
+    _CAPTURE.active = capture = AttentionCapture(rows, per_layer)
     try:
         yield capture
     finally:
