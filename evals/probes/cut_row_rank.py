@@ -61,7 +61,9 @@ def _attention(engine, key: str, full: list, rows: int, lookahead: int) -> tuple
     with torch.inference_mode():
         cache.prefill(full[:len(full) - rows])
         with capture_attention(rows, per_layer=True) as block, general_loop():
-            t = int(cache.forward_logits(full[len(full) - rows:], 1)[-1].argmax())
+            first = cache.forward_logits(full[len(full) - rows:], 1)[-1]  # [V]
+        first[list(stop)] = float("-inf")  # an empty answer reads nothing (session.py's rule)
+        t = int(first.argmax())
         with capture_attention(1, per_layer=True) as look, general_loop():
             while len(ahead) < lookahead and t not in stop:
                 ahead.append(t)
