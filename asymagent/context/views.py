@@ -260,9 +260,7 @@ class ContextViews:
         target = new[-1]  # the newest output asks (a history built at once: its last output)
         shown = "".join(x.readmit for x in self.entries if not x.restored)
         rows = []
-        for e in self.entries:
-            if e.role != "tool" or e is target or e.restored or e.compressed_text == e.original:
-                continue
+        for _, e in self._cut_outputs(frozenset({id(target)})):
             for a, b in query_keep.split_units(e.original):
                 row = e.original[a:b].strip()
                 if row and row not in e.compressed_text and row not in shown and row not in rows:
@@ -407,14 +405,19 @@ class ContextViews:
         base = offsets[id(e)]
         return tuple((s, t, scores[base + j]) for j, s, t in self._token_spans(e, i))
 
+    def _cut_outputs(self, skip=frozenset()):
+        """(index, entry) of each tool output whose view cuts rows: not restored, not in `skip`
+        (ids of entries); what lexical and attention re-admission both walk."""
+        for i, e in enumerate(self.entries):
+            if e.role == "tool" and id(e) not in skip and not e.restored and e.compressed_text != e.original:
+                yield i, e
+
     def _cut_rows(self, scores: list, offsets: dict, skip=frozenset()) -> list:
         """[(score, (message index, char start), row text)] of every row the view cuts from a tool
         output (entries in `skip` aside) and shows nowhere, scored by its largest token score."""
         blocks = "".join(x.readmit for x in self.entries)
         out = []
-        for i, e in enumerate(self.entries):
-            if e.role != "tool" or id(e) in skip or e.restored or e.compressed_text == e.original:
-                continue
+        for i, e in self._cut_outputs(skip):
             shown = e.compressed_text + blocks
             for s, t, v in attention_keep.row_scores(e.original, list(self._scored(i, e, scores, offsets))):
                 if e.original[s:t].strip() not in shown:
