@@ -113,9 +113,47 @@ def test_per_layer_capture_splits_the_layer_mean_and_leaves_it_unchanged(tiny_ll
         plain.scores(30, layers=range(1))
 
 
+def test_look_ahead_rows_in_the_upper_layers_score_as_a_separate_reading_of_those_tokens(smollm_tokenizer):
+    """attention_rows "lookahead" + attention_layers "upper" (preset attention_lookahead): the
+    scores are the attention the look-ahead's own rows give, in the drafter's upper half of layers,
+    exactly what feeding those tokens one by one after the prompt and capturing them gives; with
+    no look-ahead the prompt's rows score as before."""
+    from conftest import make_tiny_llama
+
+    from asymagent import Engine
+    from asymagent.chat.session import drafter_attention_fn
+    from asymagent.kv.lean_forward import general_loop
+
+    model = make_tiny_llama(vocab_size=49152, layers=4, hidden=64, seed=4, max_positions=4096)
+    engine = Engine(verifier=model, drafter=model, tokenizer=smollm_tokenizer)
+    full = smollm_tokenizer(" ".join(f"row {i} -> team T{i % 7}" for i in range(40)))["input_ids"]
+    drafted: list = []
+    fn = drafter_attention_fn(engine, "k1", [0], lookahead=6, pool="max", drafted=drafted,
+                              rows_read="lookahead", layers="upper")
+    scores = fn(full)
+    assert 0 < len(drafted) <= 6
+    cache = engine.caches.session("k2").get("drafter_full")
+    with torch.inference_mode():
+        cache.prefill(full)
+        with capture_attention(1, per_layer=True) as capture, general_loop():
+            for t in drafted:
+                cache.forward_hidden([t])
+    assert capture.layers == 4 and len(capture.forwards) == len(drafted)
+    expected = capture.scores(len(full), "max", range(2, 4))
+    assert torch.allclose(torch.tensor(scores), torch.tensor(expected), atol=1e-6)
+    every = drafter_attention_fn(engine, "k3", [0], lookahead=6, pool="max")(full)
+    assert not torch.allclose(torch.tensor(scores), torch.tensor(every), atol=1e-4)  # another reading
+    none = drafter_attention_fn(engine, "k4", [0], lookahead=0, pool="max", rows_read="lookahead")(full)
+    plain = drafter_attention_fn(engine, "k5", [0], lookahead=0, pool="max")(full)
+    assert none == plain  # no look-ahead: the prompt's rows
+
+
 def test_preset_validates_and_reads_attention():
     assert CompressionConfig.preset("attention_keep").reads_attention()
     assert CompressionConfig.preset("attention_lean").reads_attention()
+    lookahead = CompressionConfig.preset("attention_lookahead")
+    assert lookahead.reads_attention() and lookahead.attention_lookahead > 0
+    assert (lookahead.attention_rows, lookahead.attention_layers) == ("lookahead", "upper")
     assert not CompressionConfig().reads_attention()
     with pytest.raises(ValueError):
         CompressionConfig.model_validate({"readmit_tokens": -1})

@@ -118,7 +118,8 @@ def drafter_vote_fn(engine, cache_key: str, counter: list, kind: str) -> Callabl
 
 
 def drafter_attention_fn(engine, cache_key: str, counter: list, *, lookahead: int = 0,
-                         pool: str = "mean", drafted: list | None = None) -> Callable[[list], list]:
+                         pool: str = "mean", drafted: list | None = None, rows_read: str = "prompt_and_lookahead",
+                         layers: str = "all") -> Callable[[list], list]:
     """attention_fn(full_ids) -> [len(full_ids)] the attention the drafter's last ATTENTION_ROWS
     rows, and the rows of its own greedy continuation of up to `lookahead` tokens (Speculative
     Prefill's look-ahead: the tokens that decide the step, not only its prompt), give each
@@ -127,7 +128,9 @@ def drafter_attention_fn(engine, cache_key: str, counter: list, *, lookahead: in
     look-ahead is cropped away) for the decoding and the next step: only the appended block is
     fed. The look-ahead tokens are left in `drafted` (copied drafts for the verifier: the
     drafter's reading of the whole history, asymagent/decoding/suffix_drafter.py). `counter[0]`
-    is increased by the tokens fed."""
+    is increased by the tokens fed. `rows_read` "lookahead" scores by the look-ahead's rows alone
+    (the prompt's where it is empty); `layers` "upper" by the upper half of the drafter's layers
+    (CompressionConfig.attention_rows / attention_layers)."""
     from asymagent.kv.attention import capture_attention
     from asymagent.kv.lean_forward import general_loop
 
@@ -142,7 +145,7 @@ def drafter_attention_fn(engine, cache_key: str, counter: list, *, lookahead: in
         counter[0] += len(full_ids) - len(cache)
         cache.prefill(full_ids[len(cache):len(full_ids) - rows])
         ahead = []
-        with capture_attention(rows) as capture, general_loop():
+        with capture_attention(rows, per_layer=layers == "upper") as capture, general_loop():
             hidden = cache.forward_hidden(full_ids[len(full_ids) - rows:])  # [rows, H]
             while len(ahead) < lookahead:
                 logits = engine.head.full_logits(hidden[-1:])[0]  # [V]
@@ -157,7 +160,9 @@ def drafter_attention_fn(engine, cache_key: str, counter: list, *, lookahead: in
         counter[0] += len(ahead)
         if drafted is not None:
             drafted[:] = ahead
-        return capture.scores(len(full_ids), pool)
+        picked = range(capture.layers // 2, capture.layers) if layers == "upper" else None
+        first = 1 if rows_read == "lookahead" and ahead else 0  # forward 0: the prompt's rows
+        return capture.scores(len(full_ids), pool, picked, first)
 
     return attention_fn
 
@@ -248,7 +253,9 @@ def _views_of(engine, request: GenerationRequest, counter: list, drafted: list |
     if logprob_fn is not None and mode_of(request.mode).compressed and views.config.reads_attention():
         attention_fn = drafter_attention_fn(engine, request.cache_key, counter,
                                             lookahead=views.config.attention_lookahead,
-                                            pool=views.config.attention_pool, drafted=drafted)
+                                            pool=views.config.attention_pool, drafted=drafted,
+                                            rows_read=views.config.attention_rows,
+                                            layers=views.config.attention_layers)
     return views, logprob_fn, attention_fn
 
 

@@ -264,6 +264,11 @@ PRESETS: dict = {
     "attention_lean": {"compressors": [{"type": "tool_output", "head_tokens": 32, "tail_tokens": 16,
                                         "id_keep_tokens": 64, "attention_keep_tokens": 96}],
                        "readmit_tokens": 128, "attention_lookahead": 32, "attention_pool": "max"},
+    # the same keep and re-admission read from the look-ahead's rows alone, upper layers
+    "attention_lookahead": {"compressors": [{"type": "tool_output", "query_keep_tokens": 96, "id_keep_tokens": 64,
+                                             "min_gap": 24, "attention_keep_tokens": 96}],
+                            "readmit_tokens": 96, "attention_lookahead": 32, "attention_pool": "max",
+                            "attention_rows": "lookahead", "attention_layers": "upper"},
     "newest": {"compressors": [{"type": "tool_output", "keep_newest": True}]},
     "newest_query_keep": {"compressors": [{"type": "tool_output", "keep_newest": True, "query_keep_tokens": 96}]},
     "query_keep_recall": {"compressors": [{"type": "tool_output", "query_keep_tokens": 96}], "max_recalls": 1},
@@ -384,6 +389,13 @@ class CompressionConfig(BaseModel):
     # how the read rows' attention is pooled per position: mean, or max (one row reading a
     # position hard counts: the token that decides)
     attention_pool: Literal["mean", "max"] = "mean"
+    # which rows score: the prompt's last rows and the look-ahead's, or the look-ahead's alone
+    # (the rows writing the step's answer; the prompt's rows then only where the look-ahead is
+    # empty), and over which layers: all, or the upper half (evals/probes/cut_row_rank.py: on the
+    # pair's dev steps the 0.5B's look-ahead rows in its upper layers rank the rows full's answer
+    # rests on near the top, its prompt rows and lower layers near the bottom)
+    attention_rows: Literal["prompt_and_lookahead", "lookahead"] = "prompt_and_lookahead"
+    attention_layers: Literal["all", "upper"] = "all"
 
     def reads_attention(self) -> bool:
         """Whether the drafter's attention is read at each step's start (attention keep, or
