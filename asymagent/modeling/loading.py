@@ -42,6 +42,7 @@ class LoadedModel:
     tokenizer: object
     source: str
     fingerprint: str  # sha256 of the weights file we loaded from (GGUF or safetensors)
+    files: tuple = ()  # the weights files read (their stat keys the start's check record)
 
 
 def find_embedded_gguf() -> Path:
@@ -112,7 +113,8 @@ def _load_cached(folder: Path, dtype: torch.dtype, gguf_path: Path) -> LoadedMod
     except Exception:  # a half-written or stale cache: rebuilt by the caller
         return None
     model.eval()
-    return LoadedModel(model, tokenizer, str(gguf_path), meta["fingerprint"])
+    files = tuple(sorted(folder.glob("*.safetensors")))
+    return LoadedModel(model, tokenizer, str(gguf_path), meta["fingerprint"], files)
 
 
 def _write_cache(model, tokenizer, folder: Path, gguf_path: Path, fingerprint: str) -> None:
@@ -180,7 +182,7 @@ def load_gguf(gguf_path: str | os.PathLike, dtype: torch.dtype = torch.float32,
     if use_cache:
         _write_cache(model, tokenizer, cached, gguf_path, fingerprint)
     _log.warning("%s converted in %.1f s", gguf_path.name, time.perf_counter() - start)
-    return LoadedModel(model, tokenizer, str(gguf_path), fingerprint)
+    return LoadedModel(model, tokenizer, str(gguf_path), fingerprint, (gguf_path,))
 
 
 def check_model_source(source: str | os.PathLike, *, gguf_file: str | None = None) -> None:
@@ -236,6 +238,10 @@ def load_model(source: str | os.PathLike, *, gguf_file: str | None = None,
     """
     dtype, quantize = resolve_dtype(dtype)
     loaded = _load_model(str(source), gguf_file, dtype)
+    if loaded.fingerprint != "unknown":  # the start's checks may be recorded for these weights
+        from asymagent.modeling.weights_stamp import mark
+
+        mark(loaded.model, loaded.fingerprint, list(loaded.files), f"{dtype}:{quantize}")
     if quantize == "int8":
         from asymagent.modeling.quantize import quantize_int8
 
@@ -269,7 +275,7 @@ def _load_model(source: str, gguf_file: str | None, dtype: torch.dtype) -> Loade
         model.eval()
         weights = sorted(path.glob("*.safetensors")) or sorted(path.glob("*.bin"))
         fingerprint = file_sha256(weights[0]) if weights else "unknown"
-        return LoadedModel(model, tokenizer, str(path), fingerprint)
+        return LoadedModel(model, tokenizer, str(path), fingerprint, tuple(weights))
     if path.exists() or source.startswith((".", "/", "~")):
         raise ModelNotFoundError(f"Model path not found or not loadable: {source}")
     # An HF id: local cache only (HF_HUB_OFFLINE semantics), never a download.
