@@ -75,22 +75,20 @@ def test_greedy_spec_equals_full_across_turns(family_engine):
     assert all(r.token_ids for r in asym)
 
 
+@pytest.mark.parametrize("family_engine", WINDOWED, indirect=True)
 def test_a_reused_session_answers_as_a_fresh_one_on_every_cpu_kind_windowed(family_engine, cpu_kind):
     """Issue 53 (an AMD EPYC without AMX: gemma3's reused session answered otherwise than a fresh
     one past its window): with the probes forced to each CPU kind's floors (conftest `cpu_kind`),
     a conversation's third turn from its reused cache, past the window, gives the tokens a fresh
     session gives for the same messages, and spec gives full's. The windowed families here; the
-    others in the slow variant below (~7 s a family and kind on 2 cores)."""
-    if family_engine[0] not in WINDOWED:
-        pytest.skip("a family without a sliding window: the slow variant covers it")
+    others in the slow variant below (~2-7 s a family and kind on 2 cores)."""
     _reused_as_fresh(*family_engine, cpu_kind)
 
 
 @pytest.mark.slow
+@pytest.mark.parametrize("family_engine", [f for f in FAMILIES if f not in WINDOWED], indirect=True)
 def test_a_reused_session_answers_as_a_fresh_one_on_every_cpu_kind(family_engine, cpu_kind):
     """The same for the families without a sliding window."""
-    if family_engine[0] in WINDOWED:
-        pytest.skip("a windowed family: the fast variant above covers it")
     _reused_as_fresh(*family_engine, cpu_kind)
 
 
