@@ -8,7 +8,8 @@ turns a refusal into one line on stderr and exit status 2, as argparse does for 
 and anything a verb raises later into `asymagent VERB: error: ...` with exit status 1 (`--debug`
 prints the traceback too; Ctrl-C exits 130). Every verb takes `--log-level` and `--debug`;
 weight-loading progress bars show only on a terminal. It imports a verb's module when that verb
-runs. Every `--help` shows each option's default; `asymagent --version`; `python -m asymagent`
+runs: `main` builds the options of the verb it is given only (the other verbs' modules, e.g.
+serve's server stack, are not imported: ~2 s of every start on the 2-core machine; issue 53). Every `--help` shows each option's default; `asymagent --version`; `python -m asymagent`
 runs the same command.
 
 The engine's CPU thread policy (asymagent/modeling/cpu_threads.py) starts here: `main` sets the
@@ -27,7 +28,7 @@ import traceback
 from asymagent.integrations.cli_checks import LOG_LEVELS, check_common, setup_output
 
 VERBS = {
-    "demo": ("asymagent.integrations.demo", "Run a long-horizon agent task on the embedded default."),
+    "demo": ("asymagent.integrations.demo", "Run a long-horizon agent task (with --pair: the reference pair, asym beside full)."),
     "bench": ("asymagent.evals.bench.bench", "Side-by-side benchmark of all modes and HF peers (JSON)."),
     "eval": ("asymagent.evals.running.cli", "Run a long-horizon agent eval suite (JSON + report)."),
     "serve": ("asymagent.integrations.serve", "OpenAI-compatible HTTP server."),
@@ -73,8 +74,11 @@ def version_string() -> str:
     return f"asymagent {__version__} {describe(runtime_info())}"
 
 
-def build_parser() -> tuple[argparse.ArgumentParser, dict]:
-    """The parser and {verb: its sub-parser} (sub-parsers report check_args errors)."""
+def build_parser(only: str | None = None) -> tuple[argparse.ArgumentParser, dict]:
+    """The parser and {verb: its sub-parser} (sub-parsers report check_args errors). `only`: a
+    verb whose options alone are built (its module alone imported); the other verbs are listed
+    with their help line but parse no options (None: every verb's, as `asymagent --help` needs
+    none of them)."""
     parser = argparse.ArgumentParser(prog="asymagent", description=__doc__.splitlines()[0],
                                      formatter_class=DefaultsHelpFormatter)
     parser.add_argument("--version", action="version", version=version_string())
@@ -85,6 +89,8 @@ def build_parser() -> tuple[argparse.ArgumentParser, dict]:
         p = sub.add_parser(verb, help=help_text, description=help_text,
                            formatter_class=DefaultsHelpFormatter)
         p.set_defaults(verb_module=module)
+        if only is not None and verb != only:
+            continue
         mod = importlib.import_module(module)
         mod.add_arguments(p)
         p.add_argument("--log-level", default=None, choices=LOG_LEVELS,
@@ -122,7 +128,8 @@ def main(argv: list[str] | None = None) -> int:
         from asymagent.modeling.cpu_threads import use_omp_policy
 
         use_omp_policy()
-    parser, _ = build_parser()
+    # the verb is the first argument (the top-level parser has no options but --help/--version)
+    parser, _ = build_parser(argv[0] if argv and argv[0] in VERBS else None)
     args = parser.parse_args(argv)
     if args.log_level is None:
         args.log_level = "info" if args.verb == "serve" else "warning"

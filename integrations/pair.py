@@ -2,9 +2,12 @@
 
 Without `--convert` it assembles the pair's GGUF files from their installed part packages and
 checks their size and sha256 (a refusal, in one line, carries the exact pip command); with it, it
-also loads each model once so the dequantised cache in the engine's dtype exists and later
-loads take seconds, and prints how long each step took. `make setup-pair` installs the parts and
-runs `asymagent pair qwen2.5-coder --convert`.
+also makes the dequantised cache in the engine's dtype (loading each model once) where it is
+missing, so later loads take seconds, and prints how long each step took. Where the cache is
+there already, it says so and loads nothing: before (issue 53), every `make demo` loaded both
+models here only to drop them, ~7 s of its start; whether a cache's weights load is the engine's
+load to find out (a broken cache is dequantised again there). `make setup-pair` installs the
+parts and runs `asymagent pair qwen2.5-coder --convert`.
 """
 
 from __future__ import annotations
@@ -26,7 +29,8 @@ def check_args(args) -> None:
 
 
 def main(args) -> int:
-    from asymagent.modeling.loading import load_model
+    from asymagent.modeling.cpu_dtype import resolve_dtype
+    from asymagent.modeling.loading import converted_cache, load_model
     from asymagent.modeling.pairs import assemble, get_pair
 
     pair = get_pair(args.name)
@@ -35,7 +39,10 @@ def main(args) -> int:
         start = time.perf_counter()
         path = assemble(gguf)
         line = f"  {role}: {path} ({gguf.size / 1e9:.2f} GB, sha256 ok, {time.perf_counter() - start:.1f} s)"
-        if args.convert:
+        cached = converted_cache(path, resolve_dtype(args.dtype)[0]) if args.convert else None
+        if cached is not None:
+            line += f"; converted already: {cached} (the engine loads it at start)"
+        elif args.convert:
             start = time.perf_counter()
             loaded = load_model(path, dtype=args.dtype)
             dtype = str(next(loaded.model.parameters()).dtype).removeprefix("torch.")

@@ -75,6 +75,39 @@ def test_greedy_spec_equals_full_across_turns(family_engine):
     assert all(r.token_ids for r in asym)
 
 
+@pytest.mark.parametrize("family_engine", WINDOWED, indirect=True)
+def test_a_reused_session_answers_as_a_fresh_one_on_every_cpu_kind_windowed(family_engine, cpu_kind):
+    """Issue 53 (an AMD EPYC without AMX: gemma3's reused session answered otherwise than a fresh
+    one past its window): with the probes forced to each CPU kind's floors (conftest `cpu_kind`),
+    a conversation's third turn from its reused cache, past the window, gives the tokens a fresh
+    session gives for the same messages, and spec gives full's. The windowed families here; the
+    others in the slow variant below (~2-7 s a family and kind on 2 cores)."""
+    _reused_as_fresh(*family_engine, cpu_kind)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("family_engine", [f for f in FAMILIES if f not in WINDOWED], indirect=True)
+def test_a_reused_session_answers_as_a_fresh_one_on_every_cpu_kind(family_engine, cpu_kind):
+    """The same for the families without a sliding window."""
+    _reused_as_fresh(*family_engine, cpu_kind)
+
+
+def _reused_as_fresh(family: str, engine, cpu_kind: str) -> None:
+    reused = _conversation(engine, "full", f"reused-{cpu_kind}", max_new_tokens=12)
+    messages = [{"role": "system", "content": SYSTEM}]
+    for text, r in zip(TURNS[:-1], reused):
+        messages += [{"role": "user", "content": text}, {"role": "assistant", "content": r.text}]
+    messages.append({"role": "user", "content": TURNS[-1]})
+    fresh = engine.chat(messages, mode="full", max_new_tokens=12, cache_key=f"fresh-{cpu_kind}")
+    assert reused[-1].stats.verifier_prefill_tokens < reused[-1].stats.full_context_tokens / 2  # reused
+    assert fresh.stats.verifier_prefill_tokens == fresh.stats.full_context_tokens  # fresh
+    if family in WINDOWED:
+        assert fresh.stats.full_context_tokens > 2 * WINDOW
+    assert fresh.token_ids == reused[-1].token_ids, (family, cpu_kind)
+    spec = _conversation(engine, "spec", f"spec-{cpu_kind}", max_new_tokens=12)
+    assert [r.token_ids for r in spec] == [r.token_ids for r in reused], (family, cpu_kind)
+
+
 def test_tool_call_is_schema_valid(family_engine):
     _, engine = family_engine
     r = engine.chat([{"role": "user", "content": "Weather in Paris?"}], tools=[WEATHER],

@@ -97,10 +97,34 @@ def test_the_same_file_from_parts_installed_elsewhere_is_kept_not_rewritten(fake
     (ver.parent / "ver.gguf.verified").write_text("parts from another environment")
     assert pairs.assemble(pair.verifier, progress=False) == ver
     assert ver.stat().st_mtime_ns == mtime and ver.read_bytes() == ver_blob
-    assert (ver.parent / "ver.gguf.verified").read_text() == stamp  # this environment's stamp now
+    assert stamp.split() == pairs._verified(ver.parent / "ver.gguf.verified")[-1:]  # this environment's now
     ver.write_bytes(b"q" * len(ver_blob))  # damaged, same size, under a stale stamp: hashed,
     (ver.parent / "ver.gguf.verified").write_text("stale")  # found wrong, assembled again
     assert pairs.assemble(pair.verifier, progress=False).read_bytes() == ver_blob
+
+
+def test_each_environment_s_parts_are_hashed_once_not_each_time_another_checked_last(fake_pair, monkeypatch):
+    """Two environments holding the parts (two checkouts' venvs: other paths, other stamps) that
+    take turns: the assembled file is hashed once for each, then both stamps are known (before,
+    the one stamp was overwritten and every turn hashed the whole file: 4.5 s on the pair)."""
+    pair, ver_blob, _, site = fake_pair
+    ver = pairs.assemble(pair.verifier, progress=False)
+    stamp_file = ver.parent / "ver.gguf.verified"
+    hashed = []
+    real = pairs.file_sha256
+    monkeypatch.setattr(pairs, "file_sha256", lambda p: hashed.append(p) or real(p))
+    here = pairs._verified(stamp_file)
+    monkeypatch.setattr(pairs, "_stamp", lambda paths: "other-env")
+    for _ in range(3):
+        assert pairs.assemble(pair.verifier, progress=False) == ver
+    assert len(hashed) == 1  # the other environment's parts: hashed once
+    monkeypatch.setattr(pairs, "_stamp", lambda paths: here[0])
+    assert pairs.assemble(pair.verifier, progress=False) == ver and len(hashed) == 1
+    assert set(pairs._verified(stamp_file)) == {here[0], "other-env"}
+    ver.write_bytes(b"corrupted")  # re-assembled: a new file, the old stamps void
+    monkeypatch.setattr(pairs, "_stamp", lambda paths: "third-env")
+    assert pairs.assemble(pair.verifier, progress=False).read_bytes() == ver_blob
+    assert pairs._verified(stamp_file) == ["third-env"]
 
 
 def test_sources_and_names():
@@ -144,3 +168,29 @@ def test_pair_verb_assembles(fake_pair, run_cli, capsys):
     assert cli.main(["pair", "fake"]) in (0, None)
     out = capsys.readouterr().out
     assert "verifier:" in out and "sha256 ok" in out and "drafter:" in out
+
+
+def test_convert_loads_only_where_the_cache_is_missing(fake_pair, monkeypatch, capsys):
+    """`asymagent pair --convert` (run by every `make demo`): a model whose dequantised cache is
+    there is not loaded again (it said "loaded in 4.9 s" before, ~7 s of each demo's start on the
+    pair); one without it is loaded (that load writes the cache)."""
+    import torch
+
+    from asymagent.integrations import cli
+    from asymagent.modeling import loading
+
+    loads = []
+
+    class _Loaded:
+        model = torch.nn.Linear(1, 1).to(torch.bfloat16)
+
+    monkeypatch.setattr(loading, "load_model", lambda path, dtype: loads.append(path) or _Loaded())
+    ver, dra = pairs.pair_paths("fake", progress=False)
+    folder, _ = loading._gguf_cache_path(ver, torch.bfloat16)  # the verifier's cache only
+    folder.mkdir(parents=True)
+    (folder / "asymagent_source.json").write_text("{}")
+    assert cli.main(["pair", "fake", "--convert", "--dtype", "bfloat16"]) in (0, None)
+    out = capsys.readouterr().out
+    assert loads == [dra]  # the drafter, whose cache is missing, alone
+    assert f"converted already: {folder}" in out and "loaded in bfloat16" in out
+    assert loading.converted_cache(ver, torch.float32) is None  # a float32 load never reads bf16

@@ -68,6 +68,7 @@ from asymagent.kv.attention import DecodeAttention, decode_attention, gqa_sdpa_f
 from asymagent.kv.feature_capture import capture_of
 from asymagent.kv.growing_cache import GrowingLayer
 from asymagent.modeling import packed_linear
+from asymagent.modeling.check_record import recorded_check
 from asymagent.modeling.packed_linear import FloorLinear, PackedLinear
 
 ATTR = "asymagent_lean"  # the attached LeanForward on the *ForCausalLM
@@ -501,21 +502,45 @@ def _same_as_transformers(model: torch.nn.Module, lean: LeanForward) -> str | No
 def attach(model: torch.nn.Module, check: bool = True) -> LeanReport:
     """Give `model` a LeanForward (attribute ATTR) when it can run it and, with `check`, when its
     logits equal transformers' bit for bit; idempotent. Call after `pack_linears` and
-    `use_gqa_attention` (the kernels and attention it must match are the model's current ones)."""
+    `use_gqa_attention` (the kernels and attention it must match are the model's current ones).
+    The check's answer for a model loaded from files is recorded (asymagent/modeling/
+    check_record.py: keyed on the weights, machine, threads and code) and read back on the next
+    start."""
     why = why_not(model)
     if why is not None:
         return LeanReport(why=why)
     lean = getattr(model, ATTR, None) or LeanForward(model, fuse=True)
     if check:
-        why = _same_as_transformers(model, lean)
-        if why is not None and lean.fused:  # try again without the fused kernels
-            lean = LeanForward(model, fuse=False)
-            why = _same_as_transformers(model, lean)
-        if why is not None:
+        answer = recorded_check("lean_same_as_transformers", model, lambda: _check(model, lean),
+                                _valid_answer, lean.fused, CHECK_ROWS,
+                                getattr(model.config, "_attn_implementation", None))
+        if answer["why"] is not None:
             setattr(model, ATTR, None)
-            return LeanReport(why=why)
+            return LeanReport(why=answer["why"])
+        if lean.fused and not answer["fused"]:  # equal only without the fused kernels
+            lean = LeanForward(model, fuse=False)
     setattr(model, ATTR, lean)
     return LeanReport(attached=True, fused=lean.fused)
+
+
+def _check(model: torch.nn.Module, lean: LeanForward) -> dict:
+    """{"fused": the lean forward that equals transformers' is the fused one, "why": None, or why
+    neither does}; the fused kernels tried first. The per-layer packed copies the transformers
+    forward re-made on the way are dropped again where the fused ones replace them (~2 GB on the
+    reference pair, never read by the lean forward)."""
+    why, fused = _same_as_transformers(model, lean), lean.fused
+    if why is not None and lean.fused:  # try again without the fused kernels
+        why, fused = _same_as_transformers(model, LeanForward(model, fuse=False)), False
+    if fused and why is None:
+        for lay in lean.layers:
+            for m in (lay.q, lay.k, lay.v, lay.gate, lay.up):
+                m.packed_weight, m.packed_key = None, None
+    return {"fused": fused, "why": why}
+
+
+def _valid_answer(answer) -> bool:
+    return isinstance(answer, dict) and isinstance(answer.get("fused"), bool) and \
+        (answer.get("why") is None or isinstance(answer.get("why"), str))
 
 
 def detach(model: torch.nn.Module) -> None:

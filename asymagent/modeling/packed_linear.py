@@ -42,6 +42,7 @@ from dataclasses import dataclass, field
 import torch
 import torch.nn.functional as F
 
+from asymagent.modeling.check_record import recorded_check
 from asymagent.modeling.probe_cache import cached_probe
 from asymagent.modeling.row_floor import floors_off, linear_rows_floor, pad_rows
 
@@ -267,12 +268,17 @@ def pack_linears(model: torch.nn.Module, max_rows: int = MAX_PACKED_ROWS,
     """Make `model`'s bf16 CPU `nn.Linear` layers PackedLinear in place (see the module doc).
 
     `check`: compare each layer's packed rows with F.linear's first and leave a layer that
-    differs unpacked (its name lands in `not_identical`). A shared module is packed once."""
+    differs unpacked (its name lands in `not_identical`). A shared module is packed once. The
+    check's answer for a model loaded from files is recorded (asymagent/modeling/check_record.py:
+    keyed on the weights, machine, threads and code); where the record answers, the layers are
+    not packed now but on their first packed forward (`current_packed`), so the copies the lean
+    forward replaces by its fused ones (q, k, v, gate, up) are never made."""
     report = PackReport()
     if not enabled():
         report.skipped_why = _DISABLED["why"] or kernel_available() or "ASYMAGENT_PACKED_LINEAR=0"
         return report
     seen: set = set()
+    todo = []  # (name, module, check seed) of the bf16 CPU nn.Linear layers to pack
     for name, module in model.named_modules():
         if id(module) in seen or type(module) not in (torch.nn.Linear, PackedLinear, FloorLinear):
             continue
@@ -283,15 +289,36 @@ def pack_linears(model: torch.nn.Module, max_rows: int = MAX_PACKED_ROWS,
         if type(module) in (PackedLinear, FloorLinear):
             module.max_rows = max_rows
             continue
-        packed = pack_weight(w)
-        if check and not _identical(module, packed, seed=len(seen)):
+        todo.append((name, module, len(seen)))
+    packed: dict = {}  # name -> packed copy made by the check (absent: made on first use)
+    if check and todo:
+        names = [name for name, _, _ in todo]
+
+        def run_check() -> list:
+            differ = []
+            for name, module, seed in todo:
+                packed[name] = pack_weight(module.weight)
+                if not _identical(module, packed[name], seed=seed):
+                    differ.append(name)
+                    del packed[name]  # left unpacked: its copy is not kept
+            return differ
+
+        not_identical = set(recorded_check(
+            "pack_identical", model, run_check,
+            lambda v: isinstance(v, list) and set(v) <= set(names), CHECK_ROWS))
+    else:
+        not_identical = set()
+        packed = {name: pack_weight(module.weight) for name, module, _ in todo}
+    for name, module, _ in todo:
+        w = module.weight
+        if name in not_identical:
             report.not_identical.append(name)
             module.__class__ = FloorLinear  # F.linear, its rows padded to F.linear's floor
             module.max_rows = max_rows
             continue
         module.__class__ = PackedLinear
-        module.packed_weight = packed
-        module.packed_key = _key(w)
+        module.packed_weight = packed.get(name)
+        module.packed_key = _key(w) if name in packed else None
         module.max_rows = max_rows
         report.packed += 1
         report.extra_bytes += w.numel() * w.element_size()

