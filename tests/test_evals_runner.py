@@ -223,12 +223,28 @@ def test_tool_choice_reaches_the_eval_json_and_keeps_old_episode_logs(tiny_engin
         EpisodePlan("records", ("full",), tool_choice="none")
     assert "tool_choice" not in EpisodePlan("records", ("full",)).log_key()
     assert EpisodePlan("records", ("full",), tool_choice="auto").log_key()["tool_choice"] == "auto"
+    plan = EpisodePlan("records", ("full",), tool_choice="auto")
+    assert plan.settings()["tool_choice"] == "auto"  # the eval JSON's settings (episodes.eval_result)
     out = cli.run_eval(tiny_engine, "records", ["full"], [0], max_steps=1, max_new_tokens=8,
                        free=False, progress=False, tool_choice="auto")
     assert out["modes"]["full"]["steps"] == 1
     assert out["modes"]["full"]["text_at_tool_steps"] in (0, 1)
     assert out["modes"]["full"]["text_at_tool_steps"] == sum(
-        isinstance(s["output"], str) and s["stats"]["finish_reason"] != "length"
-        for s in out["per_step"]["full"])
-    plan = EpisodePlan("records", ("full",), tool_choice="auto")
-    assert plan.settings()["tool_choice"] == "auto"  # the eval JSON's settings (episodes.eval_result)
+        runner.answered_in_text(runner.StepRecord.from_dict(s)) for s in out["per_step"]["full"])
+
+
+def test_answered_in_text_tells_text_from_a_cut_call():
+    """Text at a tool step counts, cut short or not; a call the token cap cut short does not."""
+    from asymagent.stats import StepStats
+
+    def rec(output, finish, oracle=None):
+        return runner.StepRecord(0, 0, False, None, None, output, oracle or {"name": "f", "arguments": {}},
+                                 StepStats(finish_reason=finish), 0.0)
+
+    assert runner.answered_in_text(rec("I cannot tell.", "stop"))
+    assert runner.answered_in_text(rec("To find the customer you can", "length"))
+    assert not runner.answered_in_text(rec('{"name": "f", "arguments": {"id": "ab', "length"))
+    assert not runner.answered_in_text(rec('<tool_call>\n{"name": "f"', "length"))
+    assert not runner.answered_in_text(rec("```json\n{\n  \"name\"", "length"))
+    assert not runner.answered_in_text(rec({"name": "f", "arguments": {}}, "tool_calls"))
+    assert not runner.answered_in_text(rec("The answer is 4.", "stop", oracle="The answer is 4."))

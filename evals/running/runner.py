@@ -6,9 +6,9 @@ Glossary
   same histories. Tool steps ask for a constrained call (the suite's `tool_choice`, "required"
   by default, or the run's `tool_choice` when given: `asymagent eval --tool-choice auto` scores
   the tool steps as an agent framework asks for them); the final step is unconstrained ("auto").
-- text at a tool step: the oracle calls a tool and the model ended its turn with text instead
-  (only possible when the step's tool_choice is "auto"; a call cut by max_new_tokens is not
-  text); counted per mode as `text_at_tool_steps`.
+- text at a tool step: the oracle calls a tool and the model wrote text instead (only possible
+  when the step's tool_choice is "auto"; a call cut short by max_new_tokens is not text, text cut
+  short is: `answered_in_text`); counted per mode as `text_at_tool_steps`.
 - step accuracy: the output is the oracle's tool call (same name, equal parsed arguments), or,
   at the final step, a plain answer that carries the episode's key fact.
 - fidelity (vs full): the output's token ids equal mode `full`'s at the same step.
@@ -133,11 +133,17 @@ class StepRecord:
         return cls(**{**data, "stats": StepStats.from_dict(data["stats"])})
 
 
+CUT_CALL_STARTS = ("{", "<tool_call>", "```json")  # how a call the token cap cut short begins
+
+
 def answered_in_text(step: StepRecord) -> bool:
-    """The oracle called a tool here and the model ended its turn with text, no call (a call cut
-    by max_new_tokens, finish_reason "length", is not counted)."""
-    return (isinstance(step.oracle, dict) and isinstance(step.output, str)
-            and step.stats.finish_reason != "length")
+    """The oracle called a tool here and the model wrote text, no call. A call cut short by
+    max_new_tokens (finish_reason "length" and the text opens as a call: a JSON object, a Hermes
+    block, a ```json fence) is not counted; text cut short is."""
+    if not (isinstance(step.oracle, dict) and isinstance(step.output, str)):
+        return False
+    cut_call = step.stats.finish_reason == "length" and step.output.lstrip().startswith(CUT_CALL_STARTS)
+    return not cut_call
 
 
 @dataclass
