@@ -131,3 +131,40 @@ def test_one_conversation_renders_one_prompt_on_every_path(server, qwen_tok, mon
     assert agents.startswith("<|im_start|>system\nBe brief.\n\n# Tools")
     assert '"title": "City"' in agents and '"additionalProperties": false' in agents and \
         '"strict": true' in agents
+
+
+def test_chat_asym_spec_renders_the_servers_prompt_on_both_apis(server, qwen_tok, monkeypatch):
+    """Issue 57, "one prompt for one conversation", ChatAsymSpec included: one LangChain
+    conversation (a question, the model's call, the tool's result) with one bound tool renders
+    the same prompt ids through ChatAsymSpec (the engine in process) as through ChatOpenAI against
+    the server, on chat completions and on the Responses API."""
+    need("langchain_openai")
+    from langchain_core.messages import AIMessage, HumanMessage, ToolMessage
+    from langchain_core.tools import tool
+    from langchain_openai import ChatOpenAI
+
+    from asymagent.integrations.langchain import ChatAsymSpec
+    from test_auto_tool_calls import qwen_engine
+
+    @tool
+    def get_weather(city: str) -> str:
+        """Current weather in a city."""
+        return "18 C, sunny"
+
+    conv = [HumanMessage(ASK),
+            AIMessage("", tool_calls=[{"name": "get_weather", "args": {"city": "Paris"}, "id": "call_1"}]),
+            ToolMessage("18 C, sunny", tool_call_id="call_1")]
+    local = ChatAsymSpec(engine=qwen_engine(qwen_tok), max_tokens=16, mode="full")
+
+    def remote(responses: bool):
+        return ChatOpenAI(base_url=server + "/v1", api_key="x", model="asymagent", max_retries=0,
+                          max_tokens=16, use_responses_api=responses)
+
+    runs = {"ChatAsymSpec": lambda: local.bind_tools([get_weather]).invoke(conv),
+            "ChatOpenAI/chat": lambda: remote(False).bind_tools([get_weather]).invoke(conv),
+            "ChatOpenAI/responses": lambda: remote(True).bind_tools([get_weather]).invoke(conv)}
+    prompts = first_prompts(monkeypatch, qwen_tok, runs)
+    assert prompts["ChatAsymSpec"] == prompts["ChatOpenAI/chat"] == prompts["ChatOpenAI/responses"]
+    text = qwen_tok.decode(prompts["ChatAsymSpec"])
+    assert '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris"}}\n</tool_call>' in text
+    assert "<tool_response>\n18 C, sunny\n</tool_response>" in text
