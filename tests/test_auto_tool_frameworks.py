@@ -10,6 +10,7 @@ a real server with --auto). A framework that is not installed is skipped with it
 from __future__ import annotations
 
 import importlib.util
+import json
 
 import pytest
 from scripted_model import scripted
@@ -94,7 +95,8 @@ def first_prompts(monkeypatch, qwen_tok, runs: dict) -> dict:
 def test_one_conversation_renders_one_prompt_on_every_path(server, qwen_tok, monkeypatch):
     """Issue 57, "one prompt for one conversation", with the frameworks' own requests: the
     server renders openai-agents' Responses and Chat Completions requests token for token alike,
-    and LangChain's on both APIs as the openai client's on both. What openai-agents sends is its
+    LangChain's on both APIs alike, and the openai client's on both alike; LangChain's differs from
+    the openai client's only where its request does (the schema's key order). What openai-agents sends is its
     own: its instructions replace the template's default system prompt, and its tool schema has
     titles, `additionalProperties: false` and `strict` (why the pair answered it without calling,
     docs/serving.md); pydantic-ai sends `additionalProperties` and `strict` too."""
@@ -114,9 +116,55 @@ def test_one_conversation_renders_one_prompt_on_every_path(server, qwen_tok, mon
                         "langchain/responses")}}
     prompts = first_prompts(monkeypatch, qwen_tok, runs)
     assert prompts["openai-agents/responses"] == prompts["openai-agents/chat"]
-    assert prompts["langchain/chat"] == prompts["langchain/responses"] == \
-        prompts["openai/chat"] == prompts["openai/responses"]
+    assert prompts["langchain/chat"] == prompts["langchain/responses"]
+    assert prompts["openai/chat"] == prompts["openai/responses"]
+    # LangChain sends the same schema with its keys in another order (properties, required, type)
+    # and the template writes that order (`tojson`): its prompt is the openai client's with that
+    # one object reordered. (This test asserted the two prompts equal while the renderer's cache
+    # was keyed on sorted JSON, which served the openai client's text to LangChain's request.)
+    params = PLAIN_TOOL["function"]["parameters"]
+    langchain_order = {k: params[k] for k in ("properties", "required", "type")}
+    lc, oa = (qwen_tok.decode(prompts[k]) for k in ("langchain/chat", "openai/chat"))
+    assert json.dumps(params) in oa and lc != oa
+    assert lc == oa.replace(json.dumps(params), json.dumps(langchain_order))
     agents = qwen_tok.decode(prompts["openai-agents/chat"])
     assert agents.startswith("<|im_start|>system\nBe brief.\n\n# Tools")
     assert '"title": "City"' in agents and '"additionalProperties": false' in agents and \
         '"strict": true' in agents
+
+
+def test_chat_asym_spec_renders_the_servers_prompt_on_both_apis(server, qwen_tok, monkeypatch):
+    """Issue 57, "one prompt for one conversation", ChatAsymSpec included: one LangChain
+    conversation (a question, the model's call, the tool's result) with one bound tool renders
+    the same prompt ids through ChatAsymSpec (the engine in process) as through ChatOpenAI against
+    the server, on chat completions and on the Responses API."""
+    need("langchain_openai")
+    from langchain_core.messages import AIMessage, HumanMessage, ToolMessage
+    from langchain_core.tools import tool
+    from langchain_openai import ChatOpenAI
+
+    from asymagent.integrations.langchain import ChatAsymSpec
+    from test_auto_tool_calls import qwen_engine
+
+    @tool
+    def get_weather(city: str) -> str:
+        """Current weather in a city."""
+        return "18 C, sunny"
+
+    conv = [HumanMessage(ASK),
+            AIMessage("", tool_calls=[{"name": "get_weather", "args": {"city": "Paris"}, "id": "call_1"}]),
+            ToolMessage("18 C, sunny", tool_call_id="call_1")]
+    local = ChatAsymSpec(engine=qwen_engine(qwen_tok), max_tokens=16, mode="full")
+
+    def remote(responses: bool):
+        return ChatOpenAI(base_url=server + "/v1", api_key="x", model="asymagent", max_retries=0,
+                          max_tokens=16, use_responses_api=responses)
+
+    runs = {"ChatAsymSpec": lambda: local.bind_tools([get_weather]).invoke(conv),
+            "ChatOpenAI/chat": lambda: remote(False).bind_tools([get_weather]).invoke(conv),
+            "ChatOpenAI/responses": lambda: remote(True).bind_tools([get_weather]).invoke(conv)}
+    prompts = first_prompts(monkeypatch, qwen_tok, runs)
+    assert prompts["ChatAsymSpec"] == prompts["ChatOpenAI/chat"] == prompts["ChatOpenAI/responses"]
+    text = qwen_tok.decode(prompts["ChatAsymSpec"])
+    assert '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris"}}\n</tool_call>' in text
+    assert "<tool_response>\n18 C, sunny\n</tool_response>" in text

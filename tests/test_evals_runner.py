@@ -154,3 +154,97 @@ def test_eval_cli_arguments():
         cli.pick_seeds("dev", 0, None)
     with pytest.raises(ValueError):
         cli.pick_seeds("dev", 1, "a,b")
+
+
+def _records_script(env):
+    """What a scripted model writes on the records suite's oracle histories: the oracle's first
+    call (one JSON object, as the SmolLM2 template asks) before any tool result, a plain sentence
+    after one (where the oracle calls its second tool)."""
+    first = env.oracle_plan()[0]
+
+    def script(prompt: str) -> str:
+        if prompt.count("<|im_start|>tool") == 0:
+            return json.dumps({"name": first["name"], "arguments": first["arguments"]})
+        return "I cannot tell."
+    return script
+
+
+@pytest.mark.parametrize("tool_choice", ["auto", "required", "suite"])
+def test_tool_choice_sets_what_the_tool_steps_ask_for(tiny_engine, monkeypatch, tool_choice):
+    """`--tool-choice` (issue 57): under "auto" a model that writes the oracle's call gets it
+    scored as a call, and a model that answers in text at a tool step is wrong there and counted in
+    `text_at_tool_steps`; under "required" (and the suite's own, which is "required" on records)
+    the same model is held to a call at every tool step, so no text is left to count. The final
+    answer step is "auto" either way; the requests carry the tool_choice asked for."""
+    from scripted_model import scripted
+
+    env = make_env("records")
+    env.reset(0)
+    scripted(monkeypatch, tiny_engine.tokenizer, _records_script(env))
+    asked = []
+    chat = tiny_engine.chat
+
+    def spy(history, request=None, **kw):
+        asked.append(request.tool_choice)
+        return chat(history, request=request, **kw)
+
+    monkeypatch.setattr(tiny_engine, "chat", spy)
+    res = runner.teacher_forced(tiny_engine, "records", [0], ["full"], max_new_tokens=64, max_steps=2,
+                                progress=False, tool_choice=tool_choice)["full"]
+    want = "required" if tool_choice == "suite" else tool_choice
+    assert asked == [want, want]  # both steps are tool steps on records (the plan has > 2 calls)
+    first, second = res.steps
+    assert first.output == env.oracle_plan()[0] and first.correct  # scripted call, parsed and scored
+    summary = res.summary()
+    if want == "auto":
+        assert second.output == "I cannot tell." and not second.correct
+        assert summary["text_at_tool_steps"] == 1 and summary["step_accuracy"] == 0.5
+    else:  # the grammar refused the text: a call came out (the random model may run its
+        # argument string past max_new_tokens: then the cut call, not text)
+        assert isinstance(second.output, dict) or (
+            second.stats.finish_reason == "length" and second.output.startswith('{"name": "'))
+        assert summary["text_at_tool_steps"] == 0
+    assert runner.step_tool_choice("required", "the answer", tool_choice) == "auto"  # final step
+
+
+def test_tool_choice_reaches_the_eval_json_and_keeps_old_episode_logs(tiny_engine):
+    """The flag is parsed, checked, written into the eval JSON's settings; the episode log's key
+    names it only when it is not the suite's own, so logs written before the flag still resume."""
+    from asymagent.evals.running import cli
+    from asymagent.evals.running.episodes import EpisodePlan
+
+    p = argparse.ArgumentParser()
+    cli.add_arguments(p)
+    assert p.parse_args(["records"]).tool_choice == "suite"
+    assert p.parse_args(["records", "--tool-choice", "auto"]).tool_choice == "auto"
+    with pytest.raises(SystemExit):
+        p.parse_args(["records", "--tool-choice", "none"])
+    with pytest.raises(ValueError, match="tool_choice"):
+        EpisodePlan("records", ("full",), tool_choice="none")
+    assert "tool_choice" not in EpisodePlan("records", ("full",)).log_key()
+    assert EpisodePlan("records", ("full",), tool_choice="auto").log_key()["tool_choice"] == "auto"
+    plan = EpisodePlan("records", ("full",), tool_choice="auto")
+    assert plan.settings()["tool_choice"] == "auto"  # the eval JSON's settings (episodes.eval_result)
+    out = cli.run_eval(tiny_engine, "records", ["full"], [0], max_steps=1, max_new_tokens=8,
+                       free=False, progress=False, tool_choice="auto")
+    assert out["modes"]["full"]["steps"] == 1
+    assert out["modes"]["full"]["text_at_tool_steps"] in (0, 1)
+    assert out["modes"]["full"]["text_at_tool_steps"] == sum(
+        runner.answered_in_text(runner.StepRecord.from_dict(s)) for s in out["per_step"]["full"])
+
+
+def test_answered_in_text_tells_text_from_a_cut_call():
+    """Text at a tool step counts, cut short or not; a call the token cap cut short does not."""
+    from asymagent.stats import StepStats
+
+    def rec(output, finish, oracle=None):
+        return runner.StepRecord(0, 0, False, None, None, output, oracle or {"name": "f", "arguments": {}},
+                                 StepStats(finish_reason=finish), 0.0)
+
+    assert runner.answered_in_text(rec("I cannot tell.", "stop"))
+    assert runner.answered_in_text(rec("To find the customer you can", "length"))
+    assert not runner.answered_in_text(rec('{"name": "f", "arguments": {"id": "ab', "length"))
+    assert not runner.answered_in_text(rec('<tool_call>\n{"name": "f"', "length"))
+    assert not runner.answered_in_text(rec("```json\n{\n  \"name\"", "length"))
+    assert not runner.answered_in_text(rec({"name": "f", "arguments": {}}, "tool_calls"))
+    assert not runner.answered_in_text(rec("The answer is 4.", "stop", oracle="The answer is 4."))

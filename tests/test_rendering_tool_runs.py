@@ -296,3 +296,33 @@ def test_compressed_run_and_a_recall_inside_it_match_the_template(qwen, qwen_tok
     comp[4] = messages[4]
     text = qwen_tok.apply_chat_template(hf_messages(comp), tokenize=False, add_generation_prompt=True)
     assert views.compressed_ids() == qwen_tok.encode(text, add_special_tokens=False)
+
+
+def _reordered(tool: dict) -> dict:
+    """The same tool with its parameters' keys in LangChain's order (properties, required, type)
+    instead of openai-agents' (type first): the same schema, a different `tojson` text."""
+    fn = tool["function"]
+    params = {k: fn["parameters"][k] for k in ("properties", "required", "type")}
+    return {"type": "function", "function": {**fn, "parameters": params}}
+
+
+@pytest.mark.parametrize("system", [True, False])
+def test_tools_differing_only_in_key_order_render_each_as_the_template_does(qwen, qwen_tok, system):
+    """Two clients sending the same tool with its keys in a different order (openai-agents puts
+    `type` first, LangChain last) each get the template's rendering of THEIR request, from one
+    renderer and from one conversation's views: the segment cache and the views' identity keep the
+    key order (they were keyed on sort_keys JSON, so the first client's order was served to the
+    second one: on the pair the framework matrix's LangChain requests were rendered with
+    openai-agents' schema text)."""
+    conv = parallel(["Paris"], system)[: 4 if system else 3]
+    views = ContextViews(chat_format=qwen)
+    texts = []
+    for tools in ([WEATHER], [_reordered(WEATHER)], [WEATHER]):
+        theirs = qwen_tok.apply_chat_template(hf_messages(conv), tools=tools, tokenize=False,
+                                              add_generation_prompt=True)
+        assert qwen.render_text(conv, tools) == theirs
+        assert qwen.render_ids(conv, tools) == qwen_tok.encode(theirs, add_special_tokens=False)
+        assert views.build(conv, tools=tools).full_ids == qwen_tok.encode(theirs, add_special_tokens=False)
+        texts.append(theirs)
+    assert texts[0] != texts[1] and texts[0] == texts[2]  # the template does tell the orders apart
+    assert '"parameters": {"properties": {"city"' in texts[1]

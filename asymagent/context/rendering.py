@@ -185,6 +185,14 @@ def call_json(call: dict) -> str:
     return json.dumps({"name": fn["name"], "arguments": args}, ensure_ascii=False)
 
 
+def _as_written(obj) -> str:
+    """A cache key for what a template renders: JSON in the object's own key order. The template
+    writes a tool with `tojson`, which keeps that order, so two tools that differ only in key order
+    render to different tokens and must not share a cached segment (keys made with sort_keys did:
+    the first request's order was then served to every later one)."""
+    return json.dumps(obj, ensure_ascii=False, default=str)
+
+
 NO_TEMPLATE = ("the model has no chat template, which chat needs (text completions and generate do "
                "not): give one (asymagent serve --chat-template FILE|STRING; in Python "
                "tokenizer.chat_template = ...)")
@@ -514,8 +522,7 @@ class MessageRenderer:
         if first and msg["role"] == "system":
             msg = self.system_with_tools(msg, tools, tool_style)
             ttools = self.template_tools_for(tools, tool_style)
-            key = ("first", json.dumps(msg, sort_keys=True),
-                   json.dumps(ttools, sort_keys=True) if ttools else None)
+            key = ("first", _as_written(msg), _as_written(ttools) if ttools else None)
             return self._segment(index, key, lambda: self._render([msg], tools=ttools))
         key = ("msg", msg["role"], msg["content"])
         return self._segment(index, key, lambda: self._isolated_text(msg))
@@ -524,14 +531,14 @@ class MessageRenderer:
         """What precedes a first message that is not a system message (None if nothing)."""
         if tools and not self.template_tools:
             system = self.system_with_tools(None, tools, tool_style)
-            key = ("first", json.dumps(system, sort_keys=True), None)
+            key = ("first", _as_written(system), None)
             return self._segment("preamble", key, lambda: self._render([system]))
         ttools = self.template_tools_for(tools, tool_style)
         if not ttools:
             if not self.preamble_text:
                 return None
             return self._segment("preamble", ("preamble",), lambda: self.preamble_text)
-        key = ("preamble", json.dumps(ttools, sort_keys=True))
+        key = ("preamble", _as_written(ttools))
 
         def make() -> str:
             alone = self._render([_PROBE_USER], tools=ttools)

@@ -81,7 +81,7 @@ class CompressedMessages:
 
 @dataclass
 class _Entry:
-    key: str  # canonical JSON of the message
+    key: str  # the message as JSON, in its own key order (`_key`)
     message: dict  # as given
     role: str
     original: str  # content as the full view renders it (tool calls already as JSON)
@@ -110,7 +110,9 @@ class _Entry:
 
 
 def _key(obj) -> str:
-    return json.dumps(obj, sort_keys=True, ensure_ascii=False, default=str)
+    """A message's (or the tools') identity: JSON in its own key order, since the template renders
+    that order (`tojson` of a tool, a call's dict arguments): a reordered schema is a new prompt."""
+    return json.dumps(obj, ensure_ascii=False, default=str)
 
 
 class ContextViews:

@@ -3,6 +3,7 @@
     asymagent eval records --modes full,compressed,spec,asym --episodes 2 --json out.json --report runs/rep
     asymagent eval injection --episodes 4          # adds asym:acceptance=cda and asym:acceptance=cda,strict_prefix=16
     asymagent eval my_traces.jsonl --modes full,asym
+    asymagent eval records --modes full --tool-choice auto --no-free-running   # tool steps as agent frameworks ask
     asymagent eval fusion --split test --episodes 3 --json f.json --report runs/fusion   # evals/running/fusion.py
     asymagent eval agentdojo --suites banking --user-tasks 0,1 --modes full,asym --attacks none,important_instructions
                                                    # AgentDojo's suites and scoring (evals/agentdojo/, pip install 'asymagent[agentdojo]')
@@ -24,7 +25,7 @@ import json
 import time
 from pathlib import Path
 
-from asymagent.evals.suites.environments import pick_seeds  # noqa: F401  (seed choice shared with eval fusion)
+from asymagent.evals.suites.environments import TOOL_CHOICES, pick_seeds  # noqa: F401  (pick_seeds shared with eval fusion)
 
 DEFAULT_MODES = "full,compressed,spec,asym"
 # the relaxed (paper) gate, with and without strict acceptance for the first 16 tokens: the
@@ -47,6 +48,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="per model turn (default 96; eval agentdojo 256)")
     p.add_argument("--no-free-running", action="store_true", help="teacher-forced scoring only")
     p.add_argument("--no-teacher-forced", action="store_true", help="free-running only (task success)")
+    p.add_argument("--tool-choice", choices=TOOL_CHOICES, default="suite",
+                   help="what teacher-forced tool steps ask for: the suite's own (default: required; "
+                        "auto on the injection suites), auto (the model may answer in text: counted "
+                        "as text_at_tool_steps) or required; the final answer step is always auto")
     p.add_argument("--json", metavar="PATH", help="write the results JSON here")
     p.add_argument("--report", metavar="DIR", help="write report.md + PNG plots here")
     p.add_argument("--verifier", default="default", help="'default', a model source, or pair:NAME")
@@ -198,9 +203,11 @@ def log_path(args) -> str | None:
 
 
 def run_eval(engine, suite: str, labels: list, seeds: list, *, max_steps=None, max_new_tokens: int = 96,
-             free: bool = True, forced: bool = True, progress: bool = True) -> dict:
+             free: bool = True, forced: bool = True, progress: bool = True,
+             tool_choice: str = "suite") -> dict:
     """{"suite", "seeds", "modes": {label: summary}, "per_step"} for a suite name or a traces path,
-    on an engine already built (locally, no episode log)."""
+    on an engine already built (locally, no episode log). `tool_choice`: what teacher-forced tool
+    steps ask for (runner.step_tool_choice)."""
     from asymagent.evals.running import runner
     from asymagent.evals.suites.environments import SUITES
 
@@ -209,7 +216,7 @@ def run_eval(engine, suite: str, labels: list, seeds: list, *, max_steps=None, m
 
         examples = load_traces(suite)
         results = runner.run_traces(engine, examples, labels, max_new_tokens=max_new_tokens,
-                                    progress=progress)
+                                    progress=progress, tool_choice=tool_choice)
         return {"suite": suite, "seeds": [], "trace_ids": [ex.id for ex in examples],
                 "modes": {k: v.summary() for k, v in results.items()},
                 "per_step": {k: [s.to_dict() for s in v.steps] for k, v in results.items()}}
@@ -217,7 +224,7 @@ def run_eval(engine, suite: str, labels: list, seeds: list, *, max_steps=None, m
         raise ValueError(f"unknown suite {suite!r}; use one of {', '.join(SUITES)} or a .jsonl trace file")
     from asymagent.evals.running.episodes import EpisodePlan, eval_result, run_episodes_local
 
-    plan = EpisodePlan(suite, tuple(labels), max_steps, max_new_tokens, forced, free)
+    plan = EpisodePlan(suite, tuple(labels), max_steps, max_new_tokens, forced, free, tool_choice)
     result = eval_result(plan, seeds, run_episodes_local(engine, plan, seeds, progress=progress))
     return {k: result[k] for k in ("suite", "seeds", "modes", "per_step")}
 
@@ -225,10 +232,12 @@ def run_eval(engine, suite: str, labels: list, seeds: list, *, max_steps=None, m
 def evaluate(spec, suite: str, labels: list, seeds: list, *, max_steps=None, max_new_tokens: int = 96,
              free: bool = True, forced: bool = True, ray: bool = False, address: str | None = None,
              workers: int | None = None, worker_cpus: float = 1, jsonl: str | None = None,
-             resume: bool = False, progress: bool = True, concurrency: int = 1) -> dict:
+             resume: bool = False, progress: bool = True, concurrency: int = 1,
+             tool_choice: str = "suite") -> dict:
     """The whole eval JSON (docs/architecture.md §6) for an EngineSpec: locally (one engine in
     this process) or with `ray=True` on Ray actors (`address` None: a local Ray). `jsonl`: the
-    episode log to stream episodes into; `resume`: keep the episodes already there."""
+    episode log to stream episodes into; `resume`: keep the episodes already there.
+    `tool_choice`: what teacher-forced tool steps ask for (suite | auto | required)."""
     from asymagent.evals.suites.environments import SUITES
     from asymagent.evals.running.runner import parse_mode
 
@@ -241,10 +250,12 @@ def evaluate(spec, suite: str, labels: list, seeds: list, *, max_steps=None, max
         setup = spec.build()
         setup.announce("eval")
         result = run_eval(setup.engine, suite, labels, seeds, max_steps=max_steps,
-                          max_new_tokens=max_new_tokens, free=free, forced=forced, progress=progress)
+                          max_new_tokens=max_new_tokens, free=free, forced=forced, progress=progress,
+                          tool_choice=tool_choice)
         result.update(verifier=setup.verifier, drafter=setup.drafter, drafter_fallback=setup.fallback,
                       split="dev", settings={"max_new_tokens": max_new_tokens, "max_steps": max_steps,
                                              "free_running": free, "teacher_forced": forced,
+                                             "tool_choice": tool_choice,
                                              "spec": setup.engine.spec.to_dict()})
     else:
         from dataclasses import asdict
@@ -252,14 +263,14 @@ def evaluate(spec, suite: str, labels: list, seeds: list, *, max_steps=None, max
         from asymagent.evals.running.episodes import EpisodePlan, eval_result, run_episodes_local
         from asymagent.evals.running.ray_eval import run_logged
 
-        plan = EpisodePlan(suite, tuple(labels), max_steps, max_new_tokens, forced, free)
+        plan = EpisodePlan(suite, tuple(labels), max_steps, max_new_tokens, forced, free, tool_choice)
 
         def local(engine, engine_info, log):
             return run_episodes_local(engine, plan, seeds, engine_info=engine_info, log=log,
                                       progress=progress, concurrency=concurrency)
 
         records, resumed, ray_settings = run_logged(
-            spec, plan, seeds, log_key={**asdict(plan), "engine": asdict(spec)}, run_local=local,
+            spec, plan, seeds, log_key={**plan.log_key(), "engine": asdict(spec)}, run_local=local,
             label="eval", jsonl=jsonl, resume=resume, ray=ray, address=address, workers=workers,
             worker_cpus=worker_cpus, progress=progress)
         result = eval_result(plan, seeds, records)
@@ -294,7 +305,8 @@ def main(args) -> int:
                       forced=not args.no_teacher_forced, ray=args.ray is not None, address=args.ray or None,
                       workers=args.workers, worker_cpus=args.worker_cpus, jsonl=log_path(args),
                       resume=args.resume, progress=not args.quiet,
-                      concurrency=getattr(args, "concurrency", 1))
+                      concurrency=getattr(args, "concurrency", 1),
+                      tool_choice=getattr(args, "tool_choice", "suite"))
     if args.json:
         with open(args.json, "w") as f:
             json.dump(result, f, indent=2, default=str)

@@ -15,6 +15,7 @@ which episode ran before it on the same engine.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import time
 from dataclasses import dataclass
@@ -32,15 +33,27 @@ class EpisodePlan:
     max_new_tokens: int = 96
     forced: bool = True  # teacher-forced scoring
     free: bool = True  # free-running task success
+    tool_choice: str = "suite"  # what teacher-forced tool steps ask for: the suite's own, auto, required
 
     def __post_init__(self) -> None:
         if not (self.forced or self.free):
             raise ValueError("nothing to run: both teacher-forced and free-running scoring are off")
+        if self.tool_choice not in runner.TOOL_CHOICES:
+            raise ValueError(f"tool_choice must be one of {runner.TOOL_CHOICES}, got {self.tool_choice!r}")
 
     def settings(self) -> dict:
         """The run settings as the eval JSON's `settings` spells them."""
         return {"max_new_tokens": self.max_new_tokens, "max_steps": self.max_steps,
-                "free_running": self.free, "teacher_forced": self.forced}
+                "free_running": self.free, "teacher_forced": self.forced,
+                "tool_choice": self.tool_choice}
+
+    def log_key(self) -> dict:
+        """The plan as an episode log's key: its fields, `tool_choice` only when not the suite's
+        own (so logs written before the flag existed still resume)."""
+        key = dataclasses.asdict(self)
+        if key["tool_choice"] == "suite":
+            del key["tool_choice"]
+        return key
 
 
 def run_episode(engine, plan: EpisodePlan, seed: int, engine_info: dict | None = None,
@@ -51,7 +64,8 @@ def run_episode(engine, plan: EpisodePlan, seed: int, engine_info: dict | None =
     results: dict = {}
     if plan.forced:
         runner.teacher_forced(engine, plan.suite, [seed], list(plan.labels), max_new_tokens=plan.max_new_tokens,
-                              max_steps=plan.max_steps, results=results, progress=progress)
+                              max_steps=plan.max_steps, results=results, progress=progress,
+                              tool_choice=plan.tool_choice)
     if plan.free:
         runner.free_running(engine, plan.suite, [seed], list(plan.labels), max_new_tokens=plan.max_new_tokens,
                             results=results, progress=progress)

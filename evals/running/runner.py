@@ -4,7 +4,11 @@ Glossary
 - teacher-forced step: the engine sees the oracle's history and produces the next assistant
   message; then the oracle's own action (not the model's) is appended, so every mode sees the
   same histories. Tool steps ask for a constrained call (the suite's `tool_choice`, "required"
-  by default); the final step is unconstrained ("auto").
+  by default, or the run's `tool_choice` when given: `asymagent eval --tool-choice auto` scores
+  the tool steps as an agent framework asks for them); the final step is unconstrained ("auto").
+- text at a tool step: the oracle calls a tool and the model wrote text instead (only possible
+  when the step's tool_choice is "auto"; a call cut short by max_new_tokens is not text, text cut
+  short is: `answered_in_text`); counted per mode as `text_at_tool_steps`.
 - step accuracy: the output is the oracle's tool call (same name, equal parsed arguments), or,
   at the final step, a plain answer that carries the episode's key fact.
 - fidelity (vs full): the output's token ids equal mode `full`'s at the same step.
@@ -23,8 +27,8 @@ import time
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 
-from asymagent.evals.suites.environments import (actions_equal, make_env, parse_call, tool_call_message,
-                                         tool_result_message)
+from asymagent.evals.suites.environments import (TOOL_CHOICES, actions_equal, make_env, parse_call,
+                                                 tool_call_message, tool_result_message)
 from asymagent.spec_config import MODES, SpecConfig
 from asymagent.stats import RunStats, StepStats
 
@@ -85,6 +89,19 @@ def spec_overrides(engine, overrides: dict):
         engine.spec = saved
 
 
+def step_tool_choice(suite_choice: str, oracle, tool_choice: str | None = None) -> str:
+    """The tool_choice a teacher-forced step asks for: "auto" where the oracle answers in text
+    (the final step); at a tool step the run's `tool_choice` ("auto" or "required"), or the
+    suite's own when that is None or "suite"."""
+    if not isinstance(oracle, dict):
+        return "auto"
+    if tool_choice in (None, "suite"):
+        return suite_choice
+    if tool_choice not in TOOL_CHOICES:
+        raise ValueError(f"tool_choice must be one of {TOOL_CHOICES}, got {tool_choice!r}")
+    return tool_choice
+
+
 def output_action(tool_calls: list, text: str) -> dict | str:
     """First tool call as {"name","arguments"} (arguments parsed), or the text when no call."""
     return parse_call(tool_calls[0]) if tool_calls else (text or "")
@@ -114,6 +131,19 @@ class StepRecord:
     def from_dict(cls, data: dict) -> "StepRecord":
         """Inverse of `to_dict` (episode logs, results sent back by Ray workers)."""
         return cls(**{**data, "stats": StepStats.from_dict(data["stats"])})
+
+
+CUT_CALL_STARTS = ("{", "<tool_call>", "```json")  # how a call the token cap cut short begins
+
+
+def answered_in_text(step: StepRecord) -> bool:
+    """The oracle called a tool here and the model wrote text, no call. A call cut short by
+    max_new_tokens (finish_reason "length" and the text opens as a call: a JSON object, a Hermes
+    block, a ```json fence) is not counted; text cut short is."""
+    if not (isinstance(step.oracle, dict) and isinstance(step.output, str)):
+        return False
+    cut_call = step.stats.finish_reason == "length" and step.output.lstrip().startswith(CUT_CALL_STARTS)
+    return not cut_call
 
 
 @dataclass
@@ -151,6 +181,7 @@ class ModeResult:
             "acceptance_by_position": self.run.acceptance_by_position(),
             "mean_compression_ratio": totals["mean_compression_ratio"],
             "escalations": totals["escalations"],
+            "text_at_tool_steps": sum(answered_in_text(s) for s in self.steps),
             "per_step_correct": [s.correct for s in self.steps],
             "per_step_compression_ratio": [s.stats.compression_ratio for s in self.steps],
             "per_step_trace_id": [s.trace_id for s in self.steps] if any(
@@ -203,12 +234,14 @@ def _chat(engine, label: str, history: list, tools: list, tool_choice, max_new_t
 
 def teacher_forced(engine, suite: str, seeds, labels: list, *, max_new_tokens: int = 96,
                    max_steps: int | None = None, results: dict | None = None,
-                   progress: bool = True) -> dict:
+                   progress: bool = True, tool_choice: str | None = None) -> dict:
     """Score every label on the oracle's histories; returns {label: ModeResult}.
 
     Labels run interleaved at every step (same history, same moment), `full` first when present
     so fidelity can be computed. `max_steps` caps the assistant turns scored per episode. Every
     episode starts on cold cache sessions (no prefix reuse from the previous seed).
+    `tool_choice`: what tool steps ask for ("auto" | "required"; None or "suite": the suite's own,
+    `step_tool_choice`).
     """
     labels = _ordered(labels)
     results = results if results is not None else {}
@@ -225,7 +258,7 @@ def teacher_forced(engine, suite: str, seeds, labels: list, *, max_new_tokens: i
         bar = _progress(min(limit, len(env.oracle_plan()) + 1) * len(labels), f"{suite}:{seed}", progress)
         for step in range(limit):
             oracle = env.oracle_action(history)
-            choice = env.tool_choice if isinstance(oracle, dict) else "auto"
+            choice = step_tool_choice(env.tool_choice, oracle, tool_choice)
             full_ids = None
             for label in labels:
                 r, secs = _chat(engine, label, history, task.tools, choice, max_new_tokens, f"tf-{label}")
@@ -294,8 +327,10 @@ def free_running(engine, suite: str, seeds, labels: list, *, max_new_tokens: int
 
 
 def run_traces(engine, examples: list, labels: list, *, max_new_tokens: int = 96,
-               results: dict | None = None, progress: bool = True) -> dict:
-    """Score user traces (asymagent.evals.suites.traces): one teacher-forced step per example."""
+               results: dict | None = None, progress: bool = True,
+               tool_choice: str | None = None) -> dict:
+    """Score user traces (asymagent.evals.suites.traces): one teacher-forced step per example.
+    A tool step asks for "required" (or the run's `tool_choice`, as `teacher_forced`)."""
     from asymagent.evals.suites.traces import score_output
 
     labels = _ordered(labels)
@@ -304,7 +339,8 @@ def run_traces(engine, examples: list, labels: list, *, max_new_tokens: int = 96
         results.setdefault(label, ModeResult(label))
     bar = _progress(len(examples) * len(labels), "traces", progress)
     for ex in examples:
-        choice = "required" if ex.is_tool_step and ex.tools else "auto"
+        oracle = {} if ex.is_tool_step and ex.tools else ""  # a tool step or an answer step
+        choice = step_tool_choice("required", oracle, tool_choice)
         full_ids = None
         for label in labels:
             r, secs = _chat(engine, label, ex.messages, ex.tools, choice, max_new_tokens, f"tr-{label}")

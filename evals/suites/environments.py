@@ -148,6 +148,11 @@ def actions_equal(a: dict | str | None, b: dict | str | None) -> bool:
     return False
 
 
+# what a run may ask teacher-forced tool steps for (`asymagent eval --tool-choice`): "suite" is
+# each suite's own `Environment.tool_choice`
+TOOL_CHOICES = ("suite", "auto", "required")
+
+
 @dataclass
 class Environment(ABC):
     """Base class of a suite: subclasses build the world in `_build(rng)` and answer tools in `_call`.
