@@ -57,3 +57,29 @@ def test_cli_writes_the_survey(tmp_path, capsys):
     assert [r["user_task"] for r in rows] == ["user_task_1"]
     assert rows[0]["calls"] == ["get_most_recent_transactions"] and len(rows[0]["shares"]) == 2
     assert "banking   user_task_1" in capsys.readouterr().out
+
+
+def test_replay_gives_back_the_outputs_and_their_cut(tmp_path, smollm_tokenizer):
+    """evals/agentdojo/replay.py: a recorded trajectory replayed through AgentDojo (no model) is
+    scored as it was, and shows the tool outputs whole and as the verifier's view has them."""
+    from asymagent.evals.agentdojo.replay import cut_outputs, recorded_actions, replay
+    from asymagent.evals.running.episode_log import EpisodeLog
+
+    key = "workspace/user_task_14/none"
+    search = {"calls": [{"name": "search_emails", "arguments": {"query": "family reunion", "sender": None}}]}
+    log = EpisodeLog(tmp_path / "x.episodes.jsonl", {"benchmark": "agentdojo"})
+    log.append({"seed": key, "modes": {"full": {"free": {"steps": [
+        {"action": search}, {"action": "It is on 2024-06-10 13:00."}]}}}})
+    actions = recorded_actions(str(log.path), key, "full")
+    assert actions == [search, "It is on 2024-06-10 13:00."]
+    episode, steps = replay(key, actions)
+    assert episode["utility"] is True and episode["function_trace"] == ["search_emails"]
+    assert replay(key, [search, "It is on the 10th of April at 1 PM."])[0]["utility"] is False
+    history, tools = steps[-1].history, steps[-1].tools
+    [cut] = cut_outputs(history, tools, smollm_tokenizer)
+    assert cut.name == "search_emails" and cut.full == history[-1]["content"]
+    assert "June\n    10th 2024 at 1 PM" in cut.full and cut.view_tokens < cut.full_tokens
+    [whole] = cut_outputs(history, tools, smollm_tokenizer, CompressionConfig.none())
+    assert whole.view == whole.full and whole.view_tokens == whole.full_tokens
+    with pytest.raises(KeyError):
+        recorded_actions(str(log.path), "workspace/user_task_15/none", "full")
