@@ -53,9 +53,14 @@ def test_cli_writes_the_survey(tmp_path, capsys):
     out = tmp_path / "gt.json"
     assert main(["--suites", "banking", "--user-tasks", "1", "--tokenizer", str(find_embedded_gguf()),
                  "--json", str(out)]) == 0
-    rows = json.loads(out.read_text())
-    assert [r["user_task"] for r in rows] == ["user_task_1"]
-    assert rows[0]["calls"] == ["get_most_recent_transactions"] and len(rows[0]["shares"]) == 2
+    result = json.loads(out.read_text())
+    row = result["tasks"]["banking/user_task_1"]
+    assert list(result["tasks"]) == ["banking/user_task_1"]
+    assert row["calls"] == ["get_most_recent_transactions"] and len(row["shares"]) == 2
+    summary = result["suites"]["banking"]
+    assert summary["tasks"] == 1 and summary["max_output_tokens"] == row["output_tokens"][0]
+    assert summary["min_share_at_answer"] == summary["median_share_at_answer"] == row["shares"][-1]
+    assert summary["cut_below_0_9"] == (["user_task_1"] if row["shares"][-1] < 0.9 else [])
     assert "banking   user_task_1" in capsys.readouterr().out
 
 

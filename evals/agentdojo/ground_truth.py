@@ -87,6 +87,19 @@ def survey(suite_name: str, tokenizer, compression=None, user_tasks: str | None 
             for t in pick_ids(suite.user_tasks, user_tasks, "user_task")]
 
 
+def suite_summary(rows: list) -> dict:
+    """Per suite: tasks, the longest output, the view's share at the answer (min, median), and the
+    tasks whose share at the answer is under 0.9 (where the view cuts a tenth of the context or more)."""
+    out: dict = {}
+    for suite in dict.fromkeys(r.suite for r in rows):
+        mine = [r for r in rows if r.suite == suite]
+        last = sorted(r.shares[-1] for r in mine)
+        out[suite] = {"tasks": len(mine), "max_output_tokens": max((t for r in mine for t in r.output_tokens), default=0),
+                      "min_share_at_answer": last[0], "median_share_at_answer": last[len(last) // 2],
+                      "cut_below_0_9": [r.user_task for r in mine if r.shares[-1] < 0.9]}
+    return out
+
+
 def _tokenizer(source: str):
     """A tokenizer from a folder, a .gguf file or a cached HF id (never a download)."""
     from pathlib import Path
@@ -121,7 +134,10 @@ def main(argv=None) -> int:
               f"{r.shares[-1]:.2f}, mean over {len(r.shares)} steps {r.mean_share:.2f}  {r.calls}")
     if args.json:
         with open(args.json, "w") as f:
-            json.dump([{**asdict(r), "mean_share": r.mean_share} for r in rows], f, indent=1)
+            json.dump({"tokenizer": args.tokenizer, "compression": args.compression or "default",
+                       "benchmark_version": BENCHMARK_VERSION, "suites": suite_summary(rows),
+                       "tasks": {f"{r.suite}/{r.user_task}": {**asdict(r), "mean_share": r.mean_share} for r in rows}},
+                      f, indent=1)
     return 0
 
 
