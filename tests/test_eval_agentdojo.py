@@ -196,11 +196,19 @@ def test_episode_keys_and_flags_are_checked_before_any_model_loads():
                     "slack/user_task_2/none", "slack/user_task_2/important_instructions/injection_task_1"]
     assert len(episode_keys(["travel"], ["none"], max_user_tasks=5)) == 5
     assert episode_keys(["slack"], ["dos"], user_tasks="1") == ["slack/user_task_1/dos/injection_task_1"]
+    # the attacks on some of the selected user tasks only, the others without attack
+    assert episode_keys(["workspace"], ["none", "important_instructions"], user_tasks="14,26,27",
+                        injection_tasks="1", attacked_user_tasks="26") == [
+        "workspace/user_task_14/none", "workspace/user_task_26/none",
+        "workspace/user_task_26/important_instructions/injection_task_1", "workspace/user_task_27/none"]
+    with pytest.raises(ValueError, match="not among the selected"):
+        episode_keys(["workspace"], ["none", "important_instructions"], user_tasks="14", attacked_user_tasks="26")
     p = argparse.ArgumentParser()
     cli.add_arguments(p)
     for argv, message in [(["agentdojo", "--attacks", "nope"], "unknown attacks"),
                           (["agentdojo", "--suites", "finance"], "unknown AgentDojo suite"),
                           (["agentdojo", "--user-tasks", "99"], "unknown user_task"),
+                          (["agentdojo", "--user-tasks", "1", "--attacked-user-tasks", "2"], "not among the selected"),
                           (["agentdojo", "--modes", "full,fast"], "unknown mode"),
                           (["agentdojo", "--modes", "full,asym@nopreset"], "unknown compression preset"),
                           (["agentdojo", "--modes", "asym"], "add full"),

@@ -92,7 +92,8 @@ def keys_of(args) -> list:
     suites = [s.strip() for s in (args.suites or "banking").split(",") if s.strip()]
     attacks = [a.strip() for a in args.attacks.split(",") if a.strip()]
     return episode_keys(suites, attacks, user_tasks=args.user_tasks, injection_tasks=args.injection_tasks,
-                        max_user_tasks=args.max_user_tasks, version=args.benchmark_version)
+                        max_user_tasks=args.max_user_tasks, version=args.benchmark_version,
+                        attacked_user_tasks=getattr(args, "attacked_user_tasks", None))
 
 
 def check_args(args) -> None:

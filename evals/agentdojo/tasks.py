@@ -80,8 +80,11 @@ def pick_ids(available, wanted: str | None, prefix: str, limit: int | None = Non
 
 
 def episode_keys(suites: list, attacks: list, *, user_tasks: str | None = None, injection_tasks: str | None = None,
-                 max_user_tasks: int | None = None, version: str = BENCHMARK_VERSION) -> list:
-    """Every episode of the run, suite by suite, user task by user task, attack by attack."""
+                 max_user_tasks: int | None = None, version: str = BENCHMARK_VERSION,
+                 attacked_user_tasks: str | None = None) -> list:
+    """Every episode of the run, suite by suite, user task by user task, attack by attack; the
+    attacks only on `attacked_user_tasks` of the selected ones when given (ValueError if it names
+    a user task not selected)."""
     from agentdojo.attacks.attack_registry import ATTACKS
 
     bad = [a for a in attacks if a != NO_ATTACK and a not in ATTACKS]
@@ -92,8 +95,14 @@ def episode_keys(suites: list, attacks: list, *, user_tasks: str | None = None, 
         suite = get_suite(name, version)
         users = pick_ids(suite.user_tasks, user_tasks, "user_task", max_user_tasks)
         injections = pick_ids(suite.injection_tasks, injection_tasks, "injection_task")
+        attacked = pick_ids(suite.user_tasks, attacked_user_tasks, "user_task") if attacked_user_tasks else users
+        if set(attacked) - set(users):
+            raise ValueError(f"--attacked-user-tasks names {sorted(set(attacked) - set(users))}, not among the "
+                             "selected user tasks")
         for user in users:
             for attack in attacks:
+                if attack != NO_ATTACK and user not in attacked:
+                    continue
                 if attack == NO_ATTACK:
                     keys.append(str(EpisodeKey(name, user)))
                 else:  # a denial-of-service attack runs with one injection task, as AgentDojo runs it

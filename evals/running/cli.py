@@ -93,6 +93,9 @@ def add_agentdojo_arguments(p: argparse.ArgumentParser) -> None:
                    help="eval agentdojo: the first N user tasks of each suite (a stated sample)")
     p.add_argument("--injection-tasks", default=None, metavar="IDS",
                    help="eval agentdojo: comma list of injection tasks run under each attack (default all)")
+    p.add_argument("--attacked-user-tasks", default=None, metavar="IDS",
+                   help="eval agentdojo: run the attacks on these of the selected user tasks only "
+                        "(default: every one); the others run without attack")
     p.add_argument("--attacks", default="none",
                    help="eval agentdojo: comma list of AgentDojo attacks, `none` for no attack "
                         "(e.g. none,important_instructions,tool_knowledge)")
