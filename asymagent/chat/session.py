@@ -117,6 +117,34 @@ def drafter_vote_fn(engine, cache_key: str, counter: list, kind: str) -> Callabl
     return vote
 
 
+def drafter_reading(engine, cache, full_ids: list, rows: int, lookahead: int = 0,
+                    per_layer: bool = False) -> tuple:
+    """(capture, look-ahead tokens): the drafter's reading of the end of the full view. `cache`
+    (the drafter's full-view cache) holds `full_ids` but its last `rows`; those rows are fed, then
+    up to `lookahead` tokens of its own greedy continuation one by one (the first never a stop: an
+    empty answer reads nothing; the 0.5B often ranks <|im_end|> first at long agent contexts, then
+    the call), all under `capture_attention` (forward 0: the prompt's rows; forwards 1..: the
+    look-ahead's). The look-ahead is cropped away again: the cache holds the view."""
+    from asymagent.kv.attention import capture_attention
+    from asymagent.kv.lean_forward import general_loop
+
+    stops = set(engine.eos_ids)
+    ahead: list = []
+    with torch.inference_mode(), capture_attention(rows, per_layer=per_layer) as capture, general_loop():
+        hidden = cache.forward_hidden(full_ids[len(full_ids) - rows:])  # [rows, H]
+        while len(ahead) < lookahead:
+            logits = engine.head.full_logits(hidden[-1:])[0]  # [V]
+            if not ahead:
+                logits[list(stops)] = float("-inf")
+            token = int(logits.argmax())
+            if token in stops:
+                break
+            ahead.append(token)
+            hidden = cache.forward_hidden([token])  # [1, H]
+    cache.crop(len(full_ids))
+    return capture, ahead
+
+
 def drafter_attention_fn(engine, cache_key: str, counter: list, *, lookahead: int = 0,
                          pool: str = "mean", drafted: list | None = None, rows_read: str = "prompt_and_lookahead",
                          layers: str = "all") -> Callable[[list], list]:
@@ -124,18 +152,14 @@ def drafter_attention_fn(engine, cache_key: str, counter: list, *, lookahead: in
     rows, and the rows of its own greedy continuation of up to `lookahead` tokens (Speculative
     Prefill's look-ahead: the tokens that decide the step, not only its prompt), give each
     position of the full view (asymagent/kv/attention.py AttentionCapture, rows pooled by
-    `pool`). Computed while prefilling the drafter's full-view cache, which keeps the view (the
-    look-ahead is cropped away) for the decoding and the next step: only the appended block is
-    fed. The look-ahead tokens are left in `drafted` (copied drafts for the verifier: the
-    drafter's reading of the whole history, asymagent/decoding/suffix_drafter.py). `counter[0]`
-    is increased by the tokens fed. `rows_read` "lookahead" scores by the look-ahead's rows alone
-    (the prompt's where it is empty); `layers` "upper" by the upper half of the drafter's layers
+    `pool`; `drafter_reading`). Computed while prefilling the drafter's full-view cache, which
+    keeps the view for the decoding and the next step: only the appended block is fed. The
+    look-ahead tokens are left in `drafted` (copied drafts for the verifier: the drafter's reading
+    of the whole history, asymagent/decoding/suffix_drafter.py). `counter[0]` is increased by the
+    tokens fed. `rows_read` "lookahead" scores by the look-ahead's rows alone (the prompt's where
+    it is empty); `layers` "upper" by the upper half of the drafter's layers
     (CompressionConfig.attention_rows / attention_layers)."""
-    from asymagent.kv.attention import capture_attention
-    from asymagent.kv.lean_forward import general_loop
-
     session = engine.caches.session(cache_key)
-    stops = set(engine.eos_ids)
 
     @torch.inference_mode()
     def attention_fn(full_ids: list) -> list:
@@ -144,25 +168,13 @@ def drafter_attention_fn(engine, cache_key: str, counter: list, *, lookahead: in
         cache.crop(min(cache.reuse_prefix(full_ids), len(full_ids) - rows))
         counter[0] += len(full_ids) - len(cache)
         cache.prefill(full_ids[len(cache):len(full_ids) - rows])
-        ahead = []
-        with capture_attention(rows, per_layer=layers == "upper") as capture, general_loop():
-            hidden = cache.forward_hidden(full_ids[len(full_ids) - rows:])  # [rows, H]
-            while len(ahead) < lookahead:
-                logits = engine.head.full_logits(hidden[-1:])[0]  # [V]
-                if not ahead:  # an empty answer reads nothing: the first token is never a stop
-                    logits[list(stops)] = float("-inf")  # (the 0.5B often ranks <|im_end|> first
-                token = int(logits.argmax())  # at long agent contexts, then the call)
-                if token in stops:
-                    break
-                ahead.append(token)
-                hidden = cache.forward_hidden([token])  # [1, H]
-        cache.crop(len(full_ids))  # the look-ahead leaves the cache: it holds the view
+        capture, ahead = drafter_reading(engine, cache, full_ids, rows, lookahead, per_layer=layers == "upper")
         counter[0] += len(ahead)
         if drafted is not None:
             drafted[:] = ahead
         picked = range(capture.layers // 2, capture.layers) if layers == "upper" else None
-        first = 1 if rows_read == "lookahead" and ahead else 0  # forward 0: the prompt's rows
-        return capture.scores(len(full_ids), pool, picked, first)
+        read = slice(1, None) if rows_read == "lookahead" and ahead else slice(None)  # forward 0: the prompt's rows
+        return capture.scores(len(full_ids), pool, picked, read)
 
     return attention_fn
 

@@ -203,19 +203,20 @@ class AttentionCapture:
             self.by_layer[-1].append(pooled)
         self.layers = max(self.layers, (layer or 0) + 1)
 
-    def scores(self, length: int, pool: str = "mean", layers: range | None = None, first: int = 0) -> list:
+    def scores(self, length: int, pool: str = "mean", layers: range | None = None,
+               forwards: slice = slice(None)) -> list:
         """[length] attention per key position (mean over layers, or over `layers` only: a
-        per-layer capture; rows pooled by `pool`; the rows of the forwards from the `first`-th
-        on: e.g. 1 leaves a prompt's rows out and reads a look-ahead's decode rows), zeros where
-        nothing was captured."""
-        if len(self.forwards) <= first or not self.layers:
+        per-layer capture; rows pooled by `pool`; the rows of the `forwards` picked: e.g.
+        slice(0, 1) a prompt's rows, slice(1, None) the look-ahead's decode rows after it), zeros
+        where nothing was captured."""
+        if not self.forwards[forwards] or not self.layers:
             return [0.0] * length
         if layers is None:
-            rows = torch.cat([_fit(f, length) for f in self.forwards[first:]]) / self.layers  # [R, length]
+            rows = torch.cat([_fit(f, length) for f in self.forwards[forwards]]) / self.layers  # [R, length]
         else:
             if self.by_layer is None:
                 raise ValueError("scores(layers=...) needs a capture made with per_layer=True")
-            picked = [sum(_fit(f[i], length) for i in layers if i < len(f)) for f in self.by_layer[first:]]
+            picked = [sum(_fit(f[i], length) for i in layers if i < len(f)) for f in self.by_layer[forwards]]
             rows = torch.cat(picked) / len(layers)  # [R, length]
         pooled = rows.amax(0) if pool == "max" else rows.mean(0)
         return pooled.tolist()

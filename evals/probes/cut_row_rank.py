@@ -46,29 +46,18 @@ def _rows(tokenizer, full: list, compressed_text: str) -> list:
 
 
 def _attention(engine, key: str, full: list, rows: int, lookahead: int) -> tuple:
-    """(capture of the newest block's last `rows` rows, capture of `lookahead` greedy decode
-    rows, the look-ahead's token ids), both kept per layer."""
+    """(the capture, per layer, of the newest block's last `rows` rows (forward 0) and of the
+    look-ahead's `lookahead` greedy decode rows (forwards 1..), the look-ahead's token ids): the
+    reading attention keep makes (chat/session.py `drafter_reading`), from an empty cache."""
     import torch
 
-    from asymagent.decoding.stopping import eos_ids
-    from asymagent.kv.attention import capture_attention
-    from asymagent.kv.lean_forward import general_loop
+    from asymagent.chat.session import drafter_reading
 
     cache = engine.caches.session(key).get("drafter_full")
     cache.crop(0)
-    stop = eos_ids(engine.drafter, engine.tokenizer)
-    ahead: list = []
     with torch.inference_mode():
         cache.prefill(full[:len(full) - rows])
-        with capture_attention(rows, per_layer=True) as block, general_loop():
-            first = cache.forward_logits(full[len(full) - rows:], 1)[-1]  # [V]
-        first[list(stop)] = float("-inf")  # an empty answer reads nothing (session.py's rule)
-        t = int(first.argmax())
-        with capture_attention(1, per_layer=True) as look, general_loop():
-            while len(ahead) < lookahead and t not in stop:
-                ahead.append(t)
-                t = int(cache.forward_logits([t], 1)[-1].argmax())
-    return block, look, ahead
+    return drafter_reading(engine, cache, full, rows, lookahead, per_layer=True)
 
 
 def _bands(depth: int) -> list:
@@ -79,12 +68,14 @@ def _bands(depth: int) -> list:
             + [(f"_L0-{half - 1}", range(0, half))])
 
 
-def _signals(capture, length: int, pool: str, prefix: str) -> dict:
-    """name -> [length] scores of one capture: all layers, the bands, and each layer alone."""
-    if not capture.forwards:
+def _signals(capture, read: slice, length: int, pool: str, prefix: str) -> dict:
+    """name -> [length] scores of the capture's `read` forwards: all layers, the bands, and each
+    layer alone."""
+    if not capture.forwards[read]:
         return {}
-    out = {prefix + name: capture.scores(length, pool, layers) for name, layers in _bands(capture.layers)}
-    out.update({f"{prefix}@{i}": capture.scores(length, pool, range(i, i + 1)) for i in range(capture.layers)})
+    out = {prefix + name: capture.scores(length, pool, layers, read) for name, layers in _bands(capture.layers)}
+    out.update({f"{prefix}@{i}": capture.scores(length, pool, range(i, i + 1), read)
+                for i in range(capture.layers)})
     return out
 
 
@@ -116,9 +107,9 @@ def rank_step(engine, messages: list, tools: list, marks: list, *, rows: int = 2
     common = next((i for i, (a, b) in enumerate(zip(before, full)) if a != b), min(len(before), len(full)))
     block = min(rows, len(full) - common)
     logprobs = drafter_logprob_fn(engine, key, [0])(full)
-    block_capture, look_capture, ahead = _attention(engine, key, full, block, lookahead)
-    signals = {**_signals(block_capture, len(full), "max", "attention"),
-               **_signals(look_capture, len(full), "max", "lookahead")}
+    capture, ahead = _attention(engine, key, full, block, lookahead)
+    signals = {**_signals(capture, slice(0, 1), len(full), "max", "attention"),
+               **_signals(capture, slice(1, None), len(full), "max", "lookahead")}
     lexical_views = ContextViews(tok, CompressionConfig(readmit_lexical_tokens=budget), engine.chat_format)
     lexical_views.build(messages, tools)
     back = "".join(e.readmit for e in lexical_views.entries)
@@ -127,7 +118,7 @@ def rank_step(engine, messages: list, tools: list, marks: list, *, rows: int = 2
               for a, b, text in cut if a < common]  # rows of earlier outputs, not the newest block
     out = {"full_tokens": len(full), "compressed_tokens": len(pair.compressed_ids),
            "newest_block_tokens": len(full) - common, "cut_rows": len(scored),
-           "cut_tokens": sum(r["tokens"] for r in scored), "depth": block_capture.layers,
+           "cut_tokens": sum(r["tokens"] for r in scored), "depth": capture.layers,
            "lookahead_text": tok.decode(ahead), "marked": []}
     per_layer = [n for n in signals if "@" in n]
     for signal in [n for n in signals if "@" not in n] + ["surprise"]:
