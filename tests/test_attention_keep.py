@@ -347,3 +347,81 @@ def test_margin_readmit_through_the_engine_re_decodes_on_the_grown_view(smollm_t
     again = Engine(verifier=verifier, drafter=drafter, tokenizer=tokenizer, spec=SpecConfig(k=2),
                    compression=config).chat(messages, mode="asym", max_new_tokens=6, cache_key="r2")
     assert again.token_ids == r.token_ids
+
+
+def test_attention_fn_reads_the_last_rows_asked_in_the_upper_layers(smollm_tokenizer):
+    """drafter_attention_fn(..., layers="upper")(ids, rows=R): the attention the last R rows of
+    the ids give each position in the drafter's upper half of layers, the same as prefilling the
+    rest and capturing those R rows; rows=None reads ATTENTION_ROWS rows."""
+    from conftest import make_tiny_llama
+
+    from asymagent import Engine
+    from asymagent.chat.session import ATTENTION_ROWS, drafter_attention_fn
+    from asymagent.kv.lean_forward import general_loop
+
+    model = make_tiny_llama(vocab_size=49152, layers=4, hidden=64, seed=4, max_positions=4096)
+    engine = Engine(verifier=model, drafter=model, tokenizer=smollm_tokenizer)
+    ids = smollm_tokenizer(" ".join(f"row {i} -> team T{i % 7}" for i in range(40)))["input_ids"]
+    fn = drafter_attention_fn(engine, "k1", [0], pool="max", layers="upper")
+    for rows in (20, None):
+        scores = fn(ids, rows)
+        read = rows or ATTENTION_ROWS
+        cache = engine.caches.session(f"ref{read}").get("drafter_full")
+        with torch.inference_mode():
+            cache.prefill(ids[:-read])
+            with capture_attention(read, per_layer=True) as capture, general_loop():
+                cache.forward_hidden(ids[-read:])
+        expected = capture.scores(len(ids), "max", range(2, 4))
+        assert torch.allclose(torch.tensor(scores), torch.tensor(expected), atol=1e-6)
+    assert fn(ids, 20) != fn(ids, None)  # another reading
+
+
+def test_margin_readmit_reads_the_answers_rows_when_asked(smollm_tokenizer, monkeypatch):
+    """recall_evidence "margin_readmit" with attention_rows "lookahead" (preset
+    id_keep_margin_readmit_upper): at a hesitation the drafter reads the rows of the answer so far
+    (the tokens after the prompt, at least ATTENTION_ROWS) in its upper layers; the default reads
+    the last ATTENTION_ROWS rows in every layer. Both recall, and a request repeated gives the
+    same tokens."""
+    import asymagent.chat.session as session_mod
+    from asymagent import Engine
+    from asymagent.spec_config import SpecConfig
+    from conftest import make_tiny_llama
+
+    asked = []
+    real = session_mod.drafter_attention_fn
+
+    def spy(*args, **kwargs):
+        fn = real(*args, **kwargs)
+
+        def wrapped(ids, rows=None):
+            asked.append((kwargs.get("layers", "all"), len(ids), rows))
+            return fn(ids, rows)
+        return wrapped
+
+    monkeypatch.setattr(session_mod, "drafter_attention_fn", spy)
+    verifier = make_tiny_llama(vocab_size=49152, layers=2, hidden=64, seed=0, max_positions=8192)
+    drafter = make_tiny_llama(vocab_size=49152, layers=2, hidden=64, seed=1, max_positions=8192)
+    base = dict(max_recalls=1, recall_evidence="margin_readmit", recall_margin=100.0, readmit_tokens=64,
+                readmit_ratio=1e-9)
+    messages = _agent_history(2)
+    outputs = {}
+    for name, extra in (("default", {}), ("answer", {"attention_rows": "lookahead", "attention_layers": "upper"})):
+        asked.clear()
+        e = Engine(verifier=verifier, drafter=drafter, tokenizer=smollm_tokenizer, spec=SpecConfig(k=2),
+                   compression=CompressionConfig(**base, **extra))
+        r = e.chat(messages, mode="asym", max_new_tokens=12, cache_key=name)
+        assert r.stats.recalls == 1 and asked
+        layers, length, rows = asked[0]
+        if name == "default":
+            assert layers == "all" and rows is None
+        else:
+            prompt = r.stats.full_context_tokens
+            assert layers == "upper" and rows == max(session_mod.ATTENTION_ROWS, length - prompt)
+        outputs[name] = r.token_ids
+        again = Engine(verifier=verifier, drafter=drafter, tokenizer=smollm_tokenizer, spec=SpecConfig(k=2),
+                       compression=CompressionConfig(**base, **extra)).chat(
+            messages, mode="asym", max_new_tokens=12, cache_key=name + "2")
+        assert again.token_ids == r.token_ids
+    preset = CompressionConfig.preset("id_keep_margin_readmit_upper")
+    assert (preset.recall_evidence, preset.attention_rows, preset.attention_layers) == \
+        ("margin_readmit", "lookahead", "upper") and not preset.reads_attention()

@@ -162,9 +162,10 @@ def drafter_attention_fn(engine, cache_key: str, counter: list, *, lookahead: in
     session = engine.caches.session(cache_key)
 
     @torch.inference_mode()
-    def attention_fn(full_ids: list) -> list:
+    def attention_fn(full_ids: list, rows: int | None = None) -> list:
+        """`rows`: the last rows read (None: ATTENTION_ROWS; margin_readmit reads the answer's)."""
         cache = session.get("drafter_full")
-        rows = min(ATTENTION_ROWS, len(full_ids))
+        rows = min(rows or ATTENTION_ROWS, len(full_ids))
         cache.crop(min(cache.reuse_prefix(full_ids), len(full_ids) - rows))
         counter[0] += len(full_ids) - len(cache)
         cache.prefill(full_ids[len(cache):len(full_ids) - rows])
@@ -334,10 +335,15 @@ def recall_step(engine, turn: ChatTurn, request: GenerationRequest,
             raise ValueError("recall_evidence 'margin_readmit' reads the drafter model's attention; "
                              "this engine has none")
         attention = drafter_attention_fn(engine, request.cache_key, turn.drafter_tokens,
-                                         pool=config.attention_pool)
+                                         pool=config.attention_pool, layers=config.attention_layers)
+        prompt = len(turn.full_ids)
 
         def readmit(prefix_ids: list) -> list:
-            return views.readmit_at(attention(prefix_ids))
+            # attention_rows "lookahead": the rows of the answer so far (the verifier's own tokens
+            # up to the hesitation, at least ATTENTION_ROWS rows), read by the drafter over the full
+            # history: the tokens that decide the step, as the look-ahead's are at a step's start
+            rows = max(ATTENTION_ROWS, len(prefix_ids) - prompt) if config.attention_rows == "lookahead" else None
+            return views.readmit_at(attention(prefix_ids, rows))
     return recall_loop(views, turn.full_ids, turn.compressed_ids, again,
                        evidence=config.recall_evidence, min_len=engine.spec.copy_min_len,
                        scope=config.recall_scope, max_tokens=config.recall_max_tokens,

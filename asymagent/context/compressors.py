@@ -318,6 +318,13 @@ PRESETS: dict = {
                                                 "id_keep_tokens": 64, "min_gap": 24}],
                                "max_recalls": 2, "recall_evidence": "margin_readmit", "recall_margin": 0.5,
                                "readmit_tokens": 96, "attention_pool": "max"},
+    # ... read by the rows of the answer so far in the drafter's upper layers (evals/probes/cut_row_rank.py:
+    # the rows that write the step's answer, in the upper layers, rank the rows it rests on near the top)
+    "id_keep_margin_readmit_upper": {"compressors": [{"type": "tool_output", "query_keep_tokens": 96,
+                                                      "id_keep_tokens": 64, "min_gap": 24}],
+                                     "max_recalls": 2, "recall_evidence": "margin_readmit", "recall_margin": 0.5,
+                                     "readmit_tokens": 96, "attention_pool": "max",
+                                     "attention_rows": "lookahead", "attention_layers": "upper"},
     "query_keep_pt_recall_any": {"compressors": [{"type": "tool_output", "query_keep_tokens": 96,
                                                   "query_keep_rank": "per_token"}],
                                  "max_recalls": 2, "recall_evidence": "copy_any"},
