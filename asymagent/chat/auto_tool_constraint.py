@@ -21,7 +21,11 @@ marker too under Hermes templates: from `{{` + a name key in any spelling + `:` 
 schema-valid JSON arguments, closed by `}}`; `{{ name }}` in an answer stays free text. Under
 templates that ignore `tools` a doubled call `{{"` cannot start.
 One call, then only the stop token (the turn ends, as under "required"); with `parallel`, free
-text and further calls may follow. The matcher plumbing (masks, rollback, jump-forward, stop
+text and further calls may follow. The turn never ends before it says something: its first token is
+neither a stop token nor whitespace alone (an empty answer under "auto" is a turn with neither
+text nor call, which a framework takes as the agent's final answer, ''; the reference pair ended
+2 of its 15 test steps so, docs/serving.md; a model kept from stopping may write blanks instead:
+the tiny random ones wrote newlines to the length limit). The matcher plumbing (masks, rollback, jump-forward, stop
 tokens) is GrammarConstraint's, so speculation, batching and seeded sampling work as for a
 forced call: drafts are masked and verified against the masked target.
 """
@@ -29,6 +33,9 @@ forced call: drafts are masked and verified against the masked target.
 from __future__ import annotations
 
 import json
+from functools import lru_cache
+
+import torch
 
 from asymagent.chat.grammar_constraint import (GrammarConstraint, json_schema_grammar,
                                                uses_hermes_format, xgrammar_error)
@@ -51,6 +58,18 @@ DOUBLED = ('{{"', '{{ "')
 # prefixes, not whole tags: on the reference pair the 1.5B, kept from `<tools>`, wrote `<tools/>`
 # over and over (2026-12-07, `serve --pair`): any `<tools...` / `<tool_response...` is refused
 HERMES_EXCLUDES = ("<tools", "</tools", "<tool_response", "</tool_response", "</tool_call>")
+
+
+@lru_cache(maxsize=8)
+def _blank_ids(tokenizer, vocab_size: int) -> tuple:
+    pieces = tokenizer.batch_decode([[i] for i in range(min(len(tokenizer), vocab_size))])
+    return tuple(i for i, p in enumerate(pieces) if p and not p.strip())
+
+
+def blank_token_ids(tokenizer, vocab_size: int) -> tuple:
+    """Ids of the tokens that decode to whitespace alone (spaces, newlines, tabs), computed once
+    per tokenizer."""
+    return _blank_ids(tokenizer, int(vocab_size))
 
 
 def call_head(name: str, opening: str = "") -> str:
@@ -113,6 +132,26 @@ class AutoToolConstraint(GrammarConstraint):
         except (RuntimeError, ValueError) as exc:  # xgrammar refuses a schema or the structure
             raise ToolSchemaError(f"the tools cannot be compiled into a call grammar: "
                                   f"{xgrammar_error(exc)}"[:500]) from None
+
+    def _refused_first(self) -> list:
+        """The tokens the turn may not open with: the stop tokens and whitespace-only tokens."""
+        return [*self.stop_ids, *blank_token_ids(self.tokenizer, self.vocab_size)]
+
+    def allowed_mask(self) -> torch.Tensor:
+        """[V] bool: GrammarConstraint's; at the turn's first token without the refused openings."""
+        mask = super().allowed_mask()
+        if self._history or self._matcher.is_terminated():
+            return mask
+        opened = mask.clone()
+        opened[self._refused_first()] = False
+        return opened if opened.any() else mask  # the grammar admits nothing else: never a dead end
+
+    def advance(self, token_id: int) -> bool:
+        """GrammarConstraint's, refusing a refused opening as the turn's first token."""
+        if not self._history and int(token_id) in self._refused_first() and \
+                self.allowed_mask()[int(token_id)] == 0:
+            return False
+        return super().advance(token_id)
 
     @property
     def tool_names(self) -> list[str]:
