@@ -306,6 +306,23 @@ def test_an_auto_turn_never_ends_silent(qwen_tok):
     assert walk(c, qwen_tok, CALL) == "ok" and qwen_tok.decode(c.forced_tokens()) == "<|im_end|>"
 
 
+def test_a_call_in_a_syntax_the_parser_does_not_read_cannot_start(qwen_tok, smollm_tokenizer):
+    """What the pair wrote under auto at its first steps (a tag named after a tool, a generic call
+    tag) and Qwen3-Coder's `<function=...>` cannot start in the free text, under both families; a
+    tag merely sharing a prefix with a tool's name, and HTML, stay free."""
+    read_file = {"type": "function", "function": {"name": "read_file", "parameters": {
+        "type": "object", "properties": {"path": {"type": "string"}}, "required": ["path"]}}}
+    for tok, hermes in ((qwen_tok, True), (smollm_tokenizer, False)):
+        c = AutoToolConstraint(tok, [WEATHER, read_file], hermes=hermes)
+        for refused in ('<read_file path="/etc/audit/policy.md"/>', "Plan: <get_weather/>",
+                        "<get_weather>Paris</get_weather>", '<call function="get_weather"/>',
+                        "<function=get_weather>"):
+            assert walk(c, tok, refused) != "ok", (hermes, refused)
+        for free in ("<read_files> is a tag of mine", "<b>bold</b> and <call> and <function>",
+                     "Use read_file on the path."):
+            assert walk(c, tok, free) == "ok", (hermes, free)
+
+
 def test_a_model_that_wants_to_end_silent_says_something_in_every_mode(engine, qwen_tok, monkeypatch):
     """A model pushed to stop at once (the pair's empty turns under auto): without tools the turn
     is empty; with tools offered under auto it writes something, the same tokens in every mode."""

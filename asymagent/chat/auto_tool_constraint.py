@@ -14,7 +14,9 @@ Once the marker is written, the name must be one of the tools and the arguments 
 that tool's parameters schema, written compact as json.dumps writes them (the forced grammar's form,
 asymagent/chat/tool_constraint.py), so the text parses back to exactly one call. What the family
 never writes in an answer cannot start in the free text: an echo of the tool list (`<tools>`), a
-tool response (`<tool_response>`), a stray `</tool_call>`. A call doubled in braces, the form
+tool response (`<tool_response>`), a stray `</tool_call>`, a call spelled in a syntax the
+parser does not read (a tag named after a tool, `<call function=...>`, `<function=...>`:
+foreign_call_tags). A call doubled in braces, the form
 Qwen2.5's template shows and its models copy (`{{'name': ...}}}`, `<{{name": ...}}}>`), is a call
 marker too under Hermes templates: from `{{` + a name key in any spelling + `:` on
 (asymagent/chat/doubled_calls.py) the rest is held, in that spelling, to a tool's name and
@@ -55,6 +57,8 @@ OPENINGS = ("", " ", "\n", "\n  ", "\n    ", "\n\t")
 CLOSINGS = ["}", " }", "\n}"]  # how the call object may close (its arguments are compact)
 # a call doubled in braces: held under Hermes templates (DOUBLED_TRIGGERS), refused otherwise
 DOUBLED = ('{{"', '{{ "')
+# call syntaxes of other formats, refused in an answer (foreign_call_tags)
+FOREIGN_CALL_OPENINGS = ("<call function=", "<function=")
 # prefixes, not whole tags: on the reference pair the 1.5B, kept from `<tools>`, wrote `<tools/>`
 # over and over (2026-12-07, `serve --pair`): any `<tools...` / `<tool_response...` is refused
 HERMES_EXCLUDES = ("<tools", "</tools", "<tool_response", "</tool_response", "</tool_call>")
@@ -80,6 +84,18 @@ def call_head(name: str, opening: str = "") -> str:
         '"arguments": '
 
 
+def foreign_call_tags(functions: list[dict]) -> list[str]:
+    """Openings of a call in a syntax the parser does not read, refused in the free text: a tag
+    named after an offered tool (`<read_file path="..."/>`), a generic call tag
+    (`<call function="get_handbook"/>`; the reference pair planned its first step in both under
+    "auto", 2026-12-07, docs/serving.md) and `<function=NAME>` (Qwen3-Coder's XML calls). Refused,
+    the model writes its call in its template's format (held by the grammar) or plain text. A tag is
+    refused only when named exactly so (followed by a space, `/` or `>`): `<b>` stays free whatever
+    the tools are called."""
+    tags = [t for f in functions for t in (f"<{f['name']} ", f"<{f['name']}/", f"<{f['name']}>")]
+    return tags + list(FOREIGN_CALL_OPENINGS)
+
+
 def auto_tool_structure(functions: list[dict], hermes: bool, parallel: bool) -> dict:
     """xgrammar structural tag (JSON-able): free text with triggered call tags, one tag per tool
     and form (Hermes block, bare object, doubled-brace object), arguments under the tool's
@@ -101,7 +117,7 @@ def auto_tool_structure(functions: list[dict], hermes: bool, parallel: bool) -> 
     return {"type": "structural_tag", "format": {
         "type": "triggered_tags", "triggers": triggers, "tags": tags, "at_least_one": False,
         "stop_after_first": not parallel,
-        "excludes": list(HERMES_EXCLUDES if hermes else DOUBLED)}}
+        "excludes": list(HERMES_EXCLUDES if hermes else DOUBLED) + foreign_call_tags(functions)}}
 
 
 class AutoToolConstraint(GrammarConstraint):
