@@ -285,58 +285,6 @@ def test_a_model_that_wants_to_echo_the_tool_list_cannot(engine, qwen_tok, monke
         assert "<tools>" not in raw and '{{"' not in raw, (mode, raw)
 
 
-def test_an_auto_turn_never_ends_silent(qwen_tok):
-    """The turn's first token is neither a stop token nor whitespace alone (mask and advance);
-    after it, whitespace and the stop token are the grammar's as before."""
-    from asymagent.chat.auto_tool_constraint import blank_token_ids
-
-    c = AutoToolConstraint(qwen_tok, [WEATHER])
-    stops, newline = list(c.stop_ids), qwen_tok.encode("\n", add_special_tokens=False)[0]
-    blanks = blank_token_ids(qwen_tok, c.vocab_size)
-    assert newline in blanks and qwen_tok.encode("Hi", add_special_tokens=False)[0] not in blanks
-    first = c.allowed_mask()
-    assert not first[stops].any() and not first[list(blanks)].any() and first.any()
-    assert not c.advance(stops[0]) and not c.advance(newline) and c.num_accepted == 0
-    for t in qwen_tok.encode("Hi.", add_special_tokens=False):
-        assert c.advance(t)
-    assert c.allowed_mask()[stops].all() and c.allowed_mask()[newline]
-    assert c.advance(stops[0]) and c.is_terminated()
-    c.rollback(c.num_accepted)  # back to the first token: refused again
-    assert not c.allowed_mask()[stops].any()
-    assert walk(c, qwen_tok, CALL) == "ok" and qwen_tok.decode(c.forced_tokens()) == "<|im_end|>"
-
-
-def test_a_call_in_a_syntax_the_parser_does_not_read_cannot_start(qwen_tok, smollm_tokenizer):
-    """What the pair wrote under auto at its first steps (a tag named after a tool, a generic call
-    tag) and Qwen3-Coder's `<function=...>` cannot start in the free text, under both families; a
-    tag merely sharing a prefix with a tool's name, and HTML, stay free."""
-    read_file = {"type": "function", "function": {"name": "read_file", "parameters": {
-        "type": "object", "properties": {"path": {"type": "string"}}, "required": ["path"]}}}
-    for tok, hermes in ((qwen_tok, True), (smollm_tokenizer, False)):
-        c = AutoToolConstraint(tok, [WEATHER, read_file], hermes=hermes)
-        for refused in ('<read_file path="/etc/audit/policy.md"/>', "Plan: <get_weather/>",
-                        "<get_weather>Paris</get_weather>", '<call function="get_weather"/>',
-                        "<function=get_weather>"):
-            assert walk(c, tok, refused) != "ok", (hermes, refused)
-        for free in ("<read_files> is a tag of mine", "<b>bold</b> and <call> and <function>",
-                     "Use read_file on the path."):
-            assert walk(c, tok, free) == "ok", (hermes, free)
-
-
-def test_a_model_that_wants_to_end_silent_says_something_in_every_mode(engine, qwen_tok, monkeypatch):
-    """A model pushed to stop at once (the pair's empty turns under auto): without tools the turn
-    is empty; with tools offered under auto it writes something, the same tokens in every mode."""
-    scripted(monkeypatch, qwen_tok, lambda prompt: "")
-    free = engine.chat(QUESTION, max_new_tokens=8, mode="full", cache_key="silent-free")
-    assert free.token_ids[:1] == [qwen_tok.convert_tokens_to_ids("<|im_end|>")] and free.text == ""
-    runs = {}
-    for mode in ("full", "spec", "asym"):
-        out = engine.chat(QUESTION, tools=[WEATHER], max_new_tokens=8, mode=mode, cache_key=f"silent-{mode}")
-        assert out.text.strip() or out.tool_calls, mode
-        runs[mode] = out.token_ids
-    assert runs["spec"] == runs["full"] == runs["asym"]
-
-
 @pytest.mark.parametrize("tools", [[WEATHER], [WEATHER, TIME]])
 def test_the_scripted_call_is_held_and_identical_in_every_mode(engine, qwen_tok, monkeypatch, tools):
     scripted(monkeypatch, qwen_tok, pair_script)

@@ -14,20 +14,14 @@ Once the marker is written, the name must be one of the tools and the arguments 
 that tool's parameters schema, written compact as json.dumps writes them (the forced grammar's form,
 asymagent/chat/tool_constraint.py), so the text parses back to exactly one call. What the family
 never writes in an answer cannot start in the free text: an echo of the tool list (`<tools>`), a
-tool response (`<tool_response>`), a stray `</tool_call>`, a call spelled in a syntax the
-parser does not read (a tag named after a tool, `<call function=...>`, `<function=...>`:
-foreign_call_tags). A call doubled in braces, the form
+tool response (`<tool_response>`), a stray `</tool_call>`. A call doubled in braces, the form
 Qwen2.5's template shows and its models copy (`{{'name': ...}}}`, `<{{name": ...}}}>`), is a call
 marker too under Hermes templates: from `{{` + a name key in any spelling + `:` on
 (asymagent/chat/doubled_calls.py) the rest is held, in that spelling, to a tool's name and
 schema-valid JSON arguments, closed by `}}`; `{{ name }}` in an answer stays free text. Under
 templates that ignore `tools` a doubled call `{{"` cannot start.
 One call, then only the stop token (the turn ends, as under "required"); with `parallel`, free
-text and further calls may follow. The turn never ends before it says something: its first token is
-neither a stop token nor whitespace alone (an empty answer under "auto" is a turn with neither
-text nor call, which a framework takes as the agent's final answer, ''; the reference pair ended
-2 of its 15 test steps so, docs/serving.md; a model kept from stopping may write blanks instead:
-the tiny random ones wrote newlines to the length limit). The matcher plumbing (masks, rollback, jump-forward, stop
+text and further calls may follow. The matcher plumbing (masks, rollback, jump-forward, stop
 tokens) is GrammarConstraint's, so speculation, batching and seeded sampling work as for a
 forced call: drafts are masked and verified against the masked target.
 """
@@ -35,9 +29,6 @@ forced call: drafts are masked and verified against the masked target.
 from __future__ import annotations
 
 import json
-from functools import lru_cache
-
-import torch
 
 from asymagent.chat.grammar_constraint import (GrammarConstraint, json_schema_grammar,
                                                uses_hermes_format, xgrammar_error)
@@ -57,23 +48,9 @@ OPENINGS = ("", " ", "\n", "\n  ", "\n    ", "\n\t")
 CLOSINGS = ["}", " }", "\n}"]  # how the call object may close (its arguments are compact)
 # a call doubled in braces: held under Hermes templates (DOUBLED_TRIGGERS), refused otherwise
 DOUBLED = ('{{"', '{{ "')
-# call syntaxes of other formats, refused in an answer (foreign_call_tags)
-FOREIGN_CALL_OPENINGS = ("<call function=", "<function=")
 # prefixes, not whole tags: on the reference pair the 1.5B, kept from `<tools>`, wrote `<tools/>`
 # over and over (2026-12-07, `serve --pair`): any `<tools...` / `<tool_response...` is refused
 HERMES_EXCLUDES = ("<tools", "</tools", "<tool_response", "</tool_response", "</tool_call>")
-
-
-@lru_cache(maxsize=8)
-def _blank_ids(tokenizer, vocab_size: int) -> tuple:
-    pieces = tokenizer.batch_decode([[i] for i in range(min(len(tokenizer), vocab_size))])
-    return tuple(i for i, p in enumerate(pieces) if p and not p.strip())
-
-
-def blank_token_ids(tokenizer, vocab_size: int) -> tuple:
-    """Ids of the tokens that decode to whitespace alone (spaces, newlines, tabs), computed once
-    per tokenizer."""
-    return _blank_ids(tokenizer, int(vocab_size))
 
 
 def call_head(name: str, opening: str = "") -> str:
@@ -82,18 +59,6 @@ def call_head(name: str, opening: str = "") -> str:
     between = opening or " "
     return "{" + opening + '"name": ' + json.dumps(name, ensure_ascii=False) + "," + between + \
         '"arguments": '
-
-
-def foreign_call_tags(functions: list[dict]) -> list[str]:
-    """Openings of a call in a syntax the parser does not read, refused in the free text: a tag
-    named after an offered tool (`<read_file path="..."/>`), a generic call tag
-    (`<call function="get_handbook"/>`; the reference pair planned its first step in both under
-    "auto", 2026-12-07, docs/serving.md) and `<function=NAME>` (Qwen3-Coder's XML calls). Refused,
-    the model writes its call in its template's format (held by the grammar) or plain text. A tag is
-    refused only when named exactly so (followed by a space, `/` or `>`): `<b>` stays free whatever
-    the tools are called."""
-    tags = [t for f in functions for t in (f"<{f['name']} ", f"<{f['name']}/", f"<{f['name']}>")]
-    return tags + list(FOREIGN_CALL_OPENINGS)
 
 
 def auto_tool_structure(functions: list[dict], hermes: bool, parallel: bool) -> dict:
@@ -117,7 +82,7 @@ def auto_tool_structure(functions: list[dict], hermes: bool, parallel: bool) -> 
     return {"type": "structural_tag", "format": {
         "type": "triggered_tags", "triggers": triggers, "tags": tags, "at_least_one": False,
         "stop_after_first": not parallel,
-        "excludes": list(HERMES_EXCLUDES if hermes else DOUBLED) + foreign_call_tags(functions)}}
+        "excludes": list(HERMES_EXCLUDES if hermes else DOUBLED)}}
 
 
 class AutoToolConstraint(GrammarConstraint):
@@ -148,26 +113,6 @@ class AutoToolConstraint(GrammarConstraint):
         except (RuntimeError, ValueError) as exc:  # xgrammar refuses a schema or the structure
             raise ToolSchemaError(f"the tools cannot be compiled into a call grammar: "
                                   f"{xgrammar_error(exc)}"[:500]) from None
-
-    def _refused_first(self) -> list:
-        """The tokens the turn may not open with: the stop tokens and whitespace-only tokens."""
-        return [*self.stop_ids, *blank_token_ids(self.tokenizer, self.vocab_size)]
-
-    def allowed_mask(self) -> torch.Tensor:
-        """[V] bool: GrammarConstraint's; at the turn's first token without the refused openings."""
-        mask = super().allowed_mask()
-        if self._history or self._matcher.is_terminated():
-            return mask
-        opened = mask.clone()
-        opened[self._refused_first()] = False
-        return opened if opened.any() else mask  # the grammar admits nothing else: never a dead end
-
-    def advance(self, token_id: int) -> bool:
-        """GrammarConstraint's, refusing a refused opening as the turn's first token."""
-        if not self._history and int(token_id) in self._refused_first() and \
-                self.allowed_mask()[int(token_id)] == 0:
-            return False
-        return super().advance(token_id)
 
     @property
     def tool_names(self) -> list[str]:
