@@ -59,7 +59,11 @@ def test_a_listing_keeps_its_rows_apart():
     table = "| id | name |\n|---|---|\n" + "".join(f"| {i} | n{i} |\n" for i in range(6))
     bullets = "".join(f"- item {i} with a long description that goes on and on for a while\n" for i in range(6))
     aligned = "".join(f"ID-{i}    alpha beta gamma delta epsilon zeta eta theta iota kappa\n" for i in range(6))
-    for text in (csv, table, bullets, aligned):
+    logs = "".join(f"2024-05-0{i} 12:00:0{i} worker {i} started the nightly export of the ledger shards\n"
+                   for i in range(1, 7))
+    long_lines = "".join(f"Message {i} from the support team which runs well past any width text is wrapped at "
+                         f"so it is a line of its own and not the start of a wrapped paragraph\n" for i in range(4))
+    for text in (csv, table, bullets, aligned, logs, long_lines):
         assert units.block_units(text, 1000, words) == query_keep.split_units(text), text
 
 

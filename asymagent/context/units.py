@@ -10,11 +10,13 @@ says what a unit is:
 - `"block"` (`block_units`): units that follow the text's structure, whole while they cost at
   most `max_tokens` (`keep_unit_max_tokens`), else split into their parts:
   * a *row*: a line and its wrap continuations. Line k+1 continues line k when both are non-blank
-    at the same indentation, line k is long (at least `WRAP_SHARE` of the text's widest line, which
-    is at least `MIN_WRAP` characters: text wrapped at a width), and line k+1 starts no item of
-    its own (a bullet, a number, a `key:`, a table bar, a closing bracket) and neither line looks
-    like a table row (a tab, a `|`, a run of aligned spaces, or both holding the same number, two
-    or more, of `,` or `;`): a wrapped paragraph is one row, a listing's rows stay apart;
+    at the same indentation, line k is long but no longer than text is wrapped at (at least
+    `WRAP_SHARE` of the text's widest line of at most `MAX_WRAP` characters, that width at least
+    `MIN_WRAP`; itself at most `MAX_WRAP`), line k+1 starts no item of its own (a bullet, a
+    number, a `key:`, a table bar, a closing bracket), neither line looks like a table row (a tab,
+    a `|`, a run of aligned spaces, or both holding the same number, two or more, of `,` or `;`)
+    and they do not start with words of one numeric shape (`2024-05-01`, `2024-05-02`: a log's or
+    a listing's rows): a wrapped paragraph is one row, a listing's rows stay apart;
   * a *block*: a row and the rows after it indented deeper than it (before the next row at its
     indentation or less), blank lines included: a list item's fields, a key's wrapped value; a
     line of closing brackets joins the block before it;
@@ -37,8 +39,9 @@ from dataclasses import dataclass, field
 from asymagent.context.query_keep import split_units
 
 KEEP_UNITS = ("line", "block")
-WRAP_SHARE = 0.6  # a line at least this share of the widest line may wrap onto the next
+WRAP_SHARE = 0.6  # a line at least this share of the widest wrappable line may wrap onto the next
 MIN_WRAP = 40  # narrower texts are not treated as wrapped
+MAX_WRAP = 120  # a longer line is a line of its own, not text wrapped at a width
 _ITEM = re.compile(r"\s*([-*+\u2022]\s|\d{1,3}[.)]\s|#|\||[\]\})]|[A-Za-z_][\w.\-]*( [\w.\-]+){0,2}:(\s|$))")
 _CLOSER = re.compile(r"\s*[\]\})]+[,;]?\s*$")
 _TABLE = re.compile(r"\t|\||\S {2,}\S")
@@ -62,15 +65,26 @@ def _same_separators(a: str, b: str) -> bool:
     return any(a.count(c) == b.count(c) >= 2 for c in ",;")
 
 
+def _shape(line: str) -> str:
+    """The first word's character classes (digits 9, letters a, runs collapsed), if it holds a digit."""
+    word = line.split(None, 1)[0] if line.strip() else ""
+    if not any(c.isdigit() for c in word):
+        return ""
+    return re.sub(r"(.)\1+", r"\1", re.sub(r"[A-Za-z]", "a", re.sub(r"[0-9]", "9", word)))
+
+
 def _wraps(prev: str, nxt: str, width: int) -> bool:
-    """Whether line `nxt` continues line `prev` (module docstring, a row)."""
+    """Whether line `nxt` continues line `prev` (module docstring, a row); `width`: the text's
+    widest line of at most MAX_WRAP characters."""
     if not prev.strip() or not nxt.strip() or _indent(prev) != _indent(nxt):
         return False
-    if width < MIN_WRAP or len(prev.rstrip()) < WRAP_SHARE * width:
+    n = len(prev.rstrip())
+    if width < MIN_WRAP or n < WRAP_SHARE * width or n > MAX_WRAP:
         return False
     if _ITEM.match(nxt) or _TABLE.search(prev.strip()) or _TABLE.search(nxt.strip()):
         return False
-    return not _same_separators(prev, nxt)
+    shape = _shape(prev)
+    return not _same_separators(prev, nxt) and not (shape and shape == _shape(nxt))
 
 
 def _rows(text: str) -> list:
@@ -79,7 +93,7 @@ def _rows(text: str) -> list:
     for line in text.splitlines(keepends=True):
         lines.append((pos, pos + len(line), line.rstrip("\r\n")))
         pos += len(line)
-    width = max((len(t.rstrip()) for _, _, t in lines), default=0)
+    width = max((len(t.rstrip()) for _, _, t in lines if len(t.rstrip()) <= MAX_WRAP), default=0)
     rows, prev = [], None
     for s, e, t in lines:
         if not t.strip():

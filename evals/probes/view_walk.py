@@ -18,8 +18,6 @@ Per suite and config:
 
 from __future__ import annotations
 
-import argparse
-import json
 from dataclasses import asdict, dataclass
 
 
@@ -97,16 +95,16 @@ def measure(suites: list, seeds: list, configs: list, tokenizer) -> list:
 
 def main(argv=None) -> int:
     from asymagent.evals.agentdojo.ground_truth import _tokenizer
+    from asymagent.evals.probes.harness import command, finish, parser
     from asymagent.evals.suites.environments import pick_seeds
 
-    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p = parser(__doc__, "view_walk")
     p.add_argument("--suites", default="records,tickets,fs_audit,injection,domain:parcels")
     p.add_argument("--split", choices=("dev", "test"), default="dev")
     p.add_argument("--episodes", type=int, default=8)
     p.add_argument("--seeds", default=None)
     p.add_argument("--configs", default="default,id_keep_blocks", help="comma list: default, presets or files")
     p.add_argument("--tokenizer", required=True, help="a tokenizer folder, .gguf file or cached HF id")
-    p.add_argument("--json", default=None)
     args = p.parse_args(argv)
     tok = _tokenizer(args.tokenizer)
     seeds = pick_seeds(args.split, args.episodes, args.seeds)
@@ -115,12 +113,9 @@ def main(argv=None) -> int:
     for r in rows:
         print(f"{r.suite:16s} {r.config:16s} steps {r.steps:3d} share {r.share:.3f} prefill share "
               f"{r.prefill_share:.3f} ({r.verifier_prefill}/{r.full_prefill}) rewrites {r.rewrites} changed {r.changed}")
-    if args.json:
-        with open(args.json, "w") as f:
-            json.dump({"tokenizer": args.tokenizer, "split": args.split, "seeds": seeds,
-                       "configs": args.configs.split(","),
-                       "rows": {f"{r.suite}/{r.config}": asdict(r) for r in rows}}, f, indent=1)
-    return 0
+    return finish({"command": command("view_walk", argv), "tokenizer": args.tokenizer, "split": args.split,
+                   "seeds": seeds, "configs": args.configs.split(","),
+                   "rows": {f"{r.suite}/{r.config}": asdict(r) for r in rows}}, args.json, indent=1)
 
 
 if __name__ == "__main__":
