@@ -5,6 +5,8 @@ from __future__ import annotations
 import json
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from pydantic import ValidationError
 
 from asymagent.context import id_keep, query_keep, units
@@ -156,3 +158,15 @@ def test_line_is_bit_identical_and_block_keeps_the_sentence_in_the_view(smollm_t
     ctx = MessageContext("tool", text, False, 0, "search", False, hf, q)
     ctx_line = MessageContext("tool", text, False, 0, "search", False, hf, q, units=query_keep.split_units)
     assert comp.transform(text, ctx) == comp.transform(text, ctx_line)
+
+
+_LINE = st.text(alphabet=st.sampled_from(list("ab 12-:,.|{}[]\t")), max_size=90)
+
+
+@settings(max_examples=200, deadline=None)
+@given(lines=st.lists(st.tuples(st.integers(0, 6), _LINE), max_size=25), cap=st.integers(1, 40))
+def test_block_units_are_ordered_disjoint_and_cover_the_text(lines, cap):
+    text = "".join(" " * indent + line + "\n" for indent, line in lines)
+    spans = units.block_units(text, cap, words)
+    assert covered(text, spans)
+    assert all(text[s:e].strip() for s, e in spans)
