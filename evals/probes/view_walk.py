@@ -112,7 +112,8 @@ def main(argv=None) -> int:
                    [c.strip() for c in args.configs.split(",") if c.strip()], tok)
     for r in rows:
         print(f"{r.suite:16s} {r.config:16s} steps {r.steps:3d} share {r.share:.3f} prefill share "
-              f"{r.prefill_share:.3f} ({r.verifier_prefill}/{r.full_prefill}) rewrites {r.rewrites} changed {r.changed}")
+              f"{r.prefill_share:.3f} ({r.verifier_prefill}/{r.full_prefill}) rewrites {r.rewrites} "
+              f"changed {r.changed}")
     return finish({"command": command("view_walk", argv), "tokenizer": args.tokenizer, "split": args.split,
                    "seeds": seeds, "configs": args.configs.split(","),
                    "rows": {f"{r.suite}/{r.config}": asdict(r) for r in rows}}, args.json, indent=1)
