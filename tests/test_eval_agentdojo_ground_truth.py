@@ -88,3 +88,19 @@ def test_replay_gives_back_the_outputs_and_their_cut(tmp_path, smollm_tokenizer)
     assert whole.view == whole.full and whole.view_tokens == whole.full_tokens
     with pytest.raises(KeyError):
         recorded_actions(str(log.path), "workspace/user_task_15/none", "full")
+
+
+def test_whole_units_keep_the_month_with_the_kept_date(smollm_tokenizer):
+    """Task 14's inbox (AgentDojo wraps an email's body every ~80 columns): with lines the view
+    keeps the date's line and cuts the month on the line before it; with whole units
+    (`keep_unit: block`, preset id_keep_blocks) the sentence comes whole (docs/evals.md)."""
+    from asymagent.evals.agentdojo.replay import cut_outputs, replay
+
+    search = {"calls": [{"name": "search_emails", "arguments": {"query": "family reunion", "sender": None}}]}
+    _, steps = replay("workspace/user_task_14/none", [search, "done"])
+    history, tools = steps[-1].history, steps[-1].tools
+    [lines] = cut_outputs(history, tools, smollm_tokenizer)
+    [blocks] = cut_outputs(history, tools, smollm_tokenizer, CompressionConfig.preset("id_keep_blocks"))
+    assert "10th 2024 at 1 PM" in lines.view and "June" not in lines.view
+    assert "on June\n    10th 2024 at 1 PM." in blocks.view
+    assert blocks.view_tokens < blocks.full_tokens

@@ -34,6 +34,9 @@ CONFIGS = [
                       "query_keep_tokens": 24, "id_keep_tokens": 24}]},
     {"compressors": [{"type": "tool_output", "head_tokens": 8, "tail_tokens": 4, "min_omitted": 1,
                       "query_keep_tokens": 24, "id_keep_tokens": 24, "min_gap": 6}]},
+    {"compressors": [{"type": "tool_output", "head_tokens": 8, "tail_tokens": 4, "min_omitted": 1,
+                      "query_keep_tokens": 24, "id_keep_tokens": 24, "min_gap": 6}],
+     "keep_unit": "block", "keep_unit_max_tokens": 12, "readmit_lexical_tokens": 16},
 ]
 
 text = st.text(alphabet=st.sampled_from(list("abc xyz,.:{}[]\"0123456789\néü東🚀")), max_size=60)

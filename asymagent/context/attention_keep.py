@@ -7,7 +7,8 @@ position is captured (asymagent/kv/attention.py `AttentionCapture`: max over hea
 rows and the layers): the idea of Speculative Prefill, where a small model's attention picks the
 prompt tokens a large one keeps. This module turns those per-token scores into rows to keep:
 
-- a row (a unit of `query_keep.split_units`: a line, or a JSON object of a long line) scores the
+- a row (a unit of `CompressionConfig.keep_unit`: by default `query_keep.split_units`, a line or a
+  JSON object of a long line; context/units.py's blocks with "block") scores the
   largest attention any of its tokens gets (a row the step reads hard at one token, the name in
   a `component -> team` line, is one it needs; a mean would drown it in the row's other tokens);
 - **at entry** (`select`): a tool output cut by `tool_output` keeps, besides its head, tail and
@@ -32,27 +33,30 @@ from asymagent.context.query_keep import has_call_format, split_units
 READMIT_HEADER = "[earlier output, brought back]"
 
 
-def row_scores(text: str, scores: list, offset: int = 0) -> list:
+def row_scores(text: str, scores: list, offset: int = 0, split=split_units) -> list:
     """[(start, end, score)] for the units of `text`: each unit's largest token score, where
-    `scores` holds (start, end, score) over the text the units sit in at `offset`."""
+    `scores` holds (start, end, score) over the text the units sit in at `offset`; split(text) ->
+    units (`split_units`, or context/units.py's blocks: `CompressionConfig.keep_unit`)."""
     out = []
-    for s, e in split_units(text):
+    for s, e in split(text):
         inside = [v for a, b, v in scores if a >= s + offset and b <= e + offset and b > a]
         if inside:
             out.append((s, e, max(inside)))
     return out
 
 
-def select(middle: str, offset: int, scores: list, budget: int, count, *, taken: list = ()) -> list:
+def select(middle: str, offset: int, scores: list, budget: int, count, *, taken: list = (),
+           split=split_units) -> list:
     """Spans of `middle` to keep for the drafter's attention, in order.
 
     middle: the elided text, at `offset` in the content the `scores` (start, end, score) cover;
-    budget: tokens to spend; count(text) -> tokens; taken: spans already kept (not taken again).
+    budget: tokens to spend; count(text) -> tokens; taken: spans already kept (not taken again);
+    split: the units (`row_scores`).
     """
     if budget <= 0 or not scores or not middle.strip():
         return []
     already = set(taken)
-    ranked = sorted(((-v, s, e) for s, e, v in row_scores(middle, scores, offset)
+    ranked = sorted(((-v, s, e) for s, e, v in row_scores(middle, scores, offset, split)
                      if (s, e) not in already and not has_call_format(middle[s:e])))
     kept, left = [], budget
     for _, s, e in ranked:
@@ -63,9 +67,9 @@ def select(middle: str, offset: int, scores: list, budget: int, count, *, taken:
     return sorted(kept)
 
 
-def cut_rows(original: str, compressed: str) -> list:
-    """[(start, end)] units of `original` the compressed text does not show."""
-    return [(s, e) for s, e in split_units(original) if original[s:e].strip() not in compressed]
+def cut_rows(original: str, compressed: str, split=split_units) -> list:
+    """[(start, end)] units (`split`) of `original` the compressed text does not show."""
+    return [(s, e) for s, e in split(original) if original[s:e].strip() not in compressed]
 
 
 def readmit(candidates: list, positions: int, ratio: float, budget: int, count) -> list:

@@ -30,7 +30,7 @@ from typing import Annotated, Literal, Union
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
-from asymagent.context import attention_keep, id_keep, query_keep
+from asymagent.context import attention_keep, id_keep, query_keep, units
 from asymagent.context.token_counting import TokenCounter
 
 _JSON_PUNCT = set('{}[]:,"')
@@ -52,6 +52,9 @@ class MessageContext:
     # the drafter's attention over the content at its entry: (char start, char end, score) per
     # token of `original` (context/attention_keep.py); empty without a drafter
     attention: tuple = ()
+    # text -> [(start, end)] the units the row-level keeps take or leave (CompressionConfig.keep_unit,
+    # context/units.py): lines by default
+    units: object = query_keep.split_units
 
 
 class ToolOutputCompressor(BaseModel):
@@ -99,16 +102,17 @@ class ToolOutputCompressor(BaseModel):
         budget = self.query_keep_tokens >> ctx.shrink
         if budget and ctx.query:
             spans = query_keep.select(middle, ctx.query, budget, ctx.counter.count, context=text,
-                                      rank=self.query_keep_rank)
+                                      rank=self.query_keep_rank, split=ctx.units)
         id_budget = self.id_keep_tokens >> ctx.shrink
         attention_budget = self.attention_keep_tokens >> ctx.shrink
         if attention_budget and ctx.attention and text == ctx.original:
             spans = sorted(spans + attention_keep.select(middle, len(head_text), list(ctx.attention),
                                                          attention_budget, ctx.counter.count,
-                                                         taken=spans))
+                                                         taken=spans, split=ctx.units))
         if id_budget:
             spans = sorted(spans + id_keep.select(middle, id_budget, ctx.counter.count, taken=spans,
-                                                  seen=id_keep.identifiers(head_text + tail_text)))
+                                                  seen=id_keep.identifiers(head_text + tail_text),
+                                                  split=ctx.units))
         if spans:
             return query_keep.render(head_text, middle, tail_text, spans, ctx.counter.count,
                                      min_gap=self.min_gap >> ctx.shrink)
@@ -269,6 +273,10 @@ PRESETS: dict = {
                                              "min_gap": 24, "attention_keep_tokens": 96}],
                             "readmit_tokens": 96, "attention_lookahead": 32, "attention_pool": "max",
                             "attention_rows": "lookahead", "attention_layers": "upper"},
+    # the default view with whole logical units kept (context/units.py): a wrapped sentence or a
+    # small record, not a line of it
+    "id_keep_blocks": {"compressors": [{"type": "tool_output", "query_keep_tokens": 96, "id_keep_tokens": 64,
+                                        "min_gap": 24}], "keep_unit": "block"},
     "newest": {"compressors": [{"type": "tool_output", "keep_newest": True}]},
     "newest_query_keep": {"compressors": [{"type": "tool_output", "keep_newest": True, "query_keep_tokens": 96}]},
     "query_keep_recall": {"compressors": [{"type": "tool_output", "query_keep_tokens": 96}], "max_recalls": 1},
@@ -403,6 +411,13 @@ class CompressionConfig(BaseModel):
     # rests on near the top, its prompt rows and lower layers near the bottom)
     attention_rows: Literal["prompt_and_lookahead", "lookahead"] = "prompt_and_lookahead"
     attention_layers: Literal["all", "upper"] = "all"
+    # the unit every row-level keep takes or leaves (query, identifier and attention keep; lexical
+    # and attention re-admission): "line" (a line; each JSON object of a long line), or "block"
+    # (context/units.py: a wrapped paragraph, a record with its indented lines, whole while it
+    # costs at most keep_unit_max_tokens; else its row and its parts; a wrapped paragraph's
+    # sentences; a listing's rows stay apart)
+    keep_unit: Literal["line", "block"] = "line"
+    keep_unit_max_tokens: int = Field(64, ge=1)  # the default view's identifier keep budget
 
     def reads_attention(self) -> bool:
         """Whether the drafter's attention is read at each step's start (attention keep, or
@@ -466,6 +481,10 @@ class CompressionConfig(BaseModel):
         if isinstance(value, (str, os.PathLike)):
             return cls.from_file(value)
         raise ValueError(f"cannot make a CompressionConfig from {type(value).__name__}")
+
+    def units(self, count):
+        """text -> [(start, end)] the keep units of this config (`keep_unit`, context/units.py)."""
+        return units.splitter(self.keep_unit, self.keep_unit_max_tokens, count)
 
     def get(self, kind: type):
         """The first configured compressor of class `kind`, or None."""

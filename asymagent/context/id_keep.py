@@ -50,16 +50,18 @@ def identifiers(text: str) -> set:
     return out
 
 
-def select(middle: str, budget: int, count, *, seen: set = frozenset(), taken: list = ()) -> list:
+def select(middle: str, budget: int, count, *, seen: set = frozenset(), taken: list = (),
+           split=split_units) -> list:
     """Spans of `middle` to keep for their identifiers, in order.
 
     middle: the elided text;  budget: tokens to spend;  count(text) -> tokens;  seen: identifiers
     already visible (the kept head and tail);  taken: spans of `middle` already kept (by query
-    keep: their identifiers count as seen, and they are not taken again).
+    keep: their identifiers count as seen, and they are not taken again);  split(text) -> units
+    (`split_units`, or context/units.py's blocks: `CompressionConfig.keep_unit`).
     """
     if budget <= 0 or not middle.strip():
         return []
-    units = split_units(middle)
+    units = split(middle)
     shown = set(seen)
     for s, e in taken:
         shown |= identifiers(middle[s:e])

@@ -85,21 +85,23 @@ def split_units(text: str, long_line: int = 400) -> list:
 RANKS = ("score", "per_token")
 
 
-def select(middle: str, query: set, budget: int, count, *, context: str = "", rank: str = "score") -> list:
+def select(middle: str, query: set, budget: int, count, *, context: str = "", rank: str = "score",
+           split=split_units) -> list:
     """Spans of `middle` to keep, in order.
 
     middle:  the elided text;  query: `words` of the recent turns;  budget: tokens to spend;
     count(text) -> tokens;  context: the whole output (document frequencies are counted over
     its units, so rows in the kept head and tail count too);  rank: "score" or "per_token"
-    (the order candidates are taken in, module docstring).
+    (the order candidates are taken in, module docstring);  split(text) -> [(start, end)] units
+    (`split_units`, or context/units.py's block units: `CompressionConfig.keep_unit`).
     """
     if rank not in RANKS:
         raise ValueError(f"query_keep rank must be one of {RANKS}, got {rank!r}")
     if budget <= 0 or not query or not middle.strip():
         return []
-    units = split_units(middle)
+    units = split(middle)
     unit_words = [words(middle[s:e]) for s, e in units]
-    all_units = [words(context[s:e]) for s, e in split_units(context)] if context else unit_words
+    all_units = [words(context[s:e]) for s, e in split(context)] if context else unit_words
     n = max(len(all_units), 1)
     df: dict = {}
     for ws in all_units:

@@ -115,6 +115,23 @@ def _key(obj) -> str:
     return json.dumps(obj, ensure_ascii=False, default=str)
 
 
+def _joined_units(rows: list, units):
+    """A `split` for the text "\n".join(rows), optionally followed by more text: each row one unit
+    (rows are units already), then `units` of what follows (lexical re-admission's query)."""
+    doc = "\n".join(rows)
+    spans, pos = [], 0
+    for r in rows:
+        spans.append((pos, pos + len(r)))
+        pos += len(r) + 1
+
+    def split(text: str) -> list:
+        if not text.startswith(doc):
+            return units(text)
+        return spans + [(len(doc) + a, len(doc) + b) for a, b in units(text[len(doc):])]
+
+    return split
+
+
 class ContextViews:
     """Builds (full, compressed) views of one conversation, append-stable across calls."""
 
@@ -126,6 +143,7 @@ class ContextViews:
         self.chat_format = chat_format
         tok = tokenizer if tokenizer is not None else getattr(chat_format, "tokenizer", None)
         self.counter = counter or make_counter(tok)
+        self._units = self.config.units(self.counter.count)  # the keeps' units (keep_unit)
         self.total_rewrites = 0
         self._last_body: list | None = None  # compressed ids (no generation prompt) last built
         self._pending_reset = False  # a `verifier_tokens` sync reset the memo (the next build reports it)
@@ -263,15 +281,16 @@ class ContextViews:
         shown = "".join(x.readmit for x in self.entries if not x.restored)
         rows = []
         for _, e in self._cut_outputs(frozenset({id(target)})):
-            for a, b in query_keep.split_units(e.original):
+            for a, b in self._units(e.original):
                 row = e.original[a:b].strip()
                 if row and row not in e.compressed_text and row not in shown and row not in rows:
                     rows.append(row)
         if not rows:
             return False
         doc, asked = "\n".join(rows), target.original
+        split = query_keep.split_units if self.config.keep_unit == "line" else _joined_units(rows, self._units)
         spans = query_keep.select(doc, query_keep.words(asked), budget, self.counter.count,
-                                  context=doc + "\n" + asked, rank="per_token")
+                                  context=doc + "\n" + asked, rank="per_token", split=split)
         chosen = [doc[a:b].strip() for a, b in spans]
         if not chosen:
             return False
@@ -300,7 +319,7 @@ class ContextViews:
 
     def _context(self, e: _Entry) -> MessageContext:
         return MessageContext(e.role, e.original, e.demoted, e.shrink, e.tool_name,
-                              e.has_tool_calls, self.counter, e.query, e.newest, e.attention)
+                              e.has_tool_calls, self.counter, e.query, e.newest, e.attention, self._units)
 
     def _transformed(self, e: _Entry) -> str:
         """The content after the text compressors, in order (system messages are kept)."""
@@ -421,7 +440,8 @@ class ContextViews:
         out = []
         for i, e in self._cut_outputs(skip):
             shown = e.compressed_text + blocks
-            for s, t, v in attention_keep.row_scores(e.original, list(self._scored(i, e, scores, offsets))):
+            for s, t, v in attention_keep.row_scores(e.original, list(self._scored(i, e, scores, offsets)),
+                                                     split=self._units):
                 if e.original[s:t].strip() not in shown:
                     out.append((v, (i, s), e.original[s:t]))
         return out

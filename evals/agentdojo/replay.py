@@ -8,7 +8,7 @@ only) shows what the verifier read of each tool output. Used to read why a mode'
 differs from full's (docs/evals.md, AgentDojo):
 
     python -m asymagent.evals.agentdojo.replay runs/x.episodes.jsonl workspace/user_task_26/none \\
-        --mode full --tokenizer DIR [--show list_files]
+        --mode full --tokenizer DIR [--show list_files] [--compression PRESET_OR_FILE]
 """
 
 from __future__ import annotations
@@ -99,13 +99,20 @@ def main(argv=None) -> int:
     p.add_argument("--mode", default="full")
     p.add_argument("--tokenizer", required=True)
     p.add_argument("--show", default=None, help="print the view of this tool's outputs whole")
+    p.add_argument("--compression", default=None, help="a CompressionConfig file or preset name (default view)")
     args = p.parse_args(argv)
+    from asymagent.context.compressors import PRESETS, CompressionConfig
+
+    compression = None
+    if args.compression:
+        compression = (CompressionConfig.preset(args.compression) if args.compression in PRESETS
+                       else CompressionConfig.from_file(args.compression))
     episode, steps = replay(args.key, recorded_actions(args.log, args.key, args.mode))
     tok = _tokenizer(args.tokenizer)
     print(f"{args.key} {args.mode}: utility {episode['utility']} security {episode['security']} "
           f"calls {episode['function_trace']} answer {episode['answer']!r}")
     history = steps[-1].history if steps else []
-    for c in cut_outputs(history, steps[-1].tools if steps else [], tok):
+    for c in cut_outputs(history, steps[-1].tools if steps else [], tok, compression):
         print(f"[{c.index}] {c.name}: {c.full_tokens} tokens, view {c.view_tokens}")
         if args.show and c.name == args.show:
             print(c.view)
