@@ -115,6 +115,9 @@ class TrainConfig:
     teacher_share: float = knob(0.4, "most of the budget the teacher forwards may take", group=FEATURE_GROUP)
     feature_tokens: int = knob(120000, "teacher tokens to collect (features + top-k targets)",
                                group=FEATURE_GROUP)
+    feature_context: int = knob(6144, "teacher tokens read per trace conversation (its first ones: "
+                                      "a whole agent episode in one teacher forward, the features "
+                                      "of a long history as the engine reads them)", group=FEATURE_GROUP)
     feature_vocab: int = knob(32768, "draft vocabulary of the head (its LM head rows; 0: the full "
                                      "vocabulary)", group=FEATURE_GROUP)
     feature_topk: int = knob(8, "top-k of the verifier's distribution kept as the target", group=FEATURE_GROUP)
@@ -125,6 +128,8 @@ class TrainConfig:
         if self.kind == "feature":
             if self.ttt_steps < 1 or self.feature_topk < 1 or self.feature_tokens < 16:
                 raise ValueError("--ttt-steps and --feature-topk must be >= 1, --feature-tokens >= 16")
+            if self.feature_context < 16:
+                raise ValueError("--feature-context must be >= 16")
             if self.budget_min < 0 or not 0.0 < self.teacher_share < 1.0:
                 raise ValueError("--budget-min must be >= 0 and --teacher-share in (0, 1)")
         if self.layers < 1:

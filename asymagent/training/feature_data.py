@@ -42,17 +42,32 @@ class TeacherSet:
         return 1000.0 * self.seconds / self.tokens if self.tokens else 0.0
 
 
+LOGIT_CHUNK = 512  # positions per LM-head chunk: [512, V] fp32 = 310 MB at Qwen's V = 152k
+
+
 @torch.inference_mode()
 def teacher_forward(model, ids: list, layers: tuple, topk: int) -> TeacherSeq:
-    """The verifier over `ids` (one forward, transformers'): features of `layers` and top-k log-probs."""
+    """The verifier over `ids` (one forward, transformers'): features of `layers` and top-k log-probs.
+
+    The LM head runs over LOGIT_CHUNK positions at a time (the model's own forward keeps one
+    position's logits), so a whole agent episode (thousands of tokens) fits one teacher forward
+    without a [T, V] logits tensor."""
     x = torch.tensor([ids], dtype=torch.long, device=next(model.parameters()).device)  # [1, T]
-    out = model(input_ids=x, output_hidden_states=True, use_cache=False)
+    out = model(input_ids=x, output_hidden_states=True, use_cache=False, logits_to_keep=1)
     feats = torch.cat([out.hidden_states[i + 1][0] for i in layers], dim=-1)  # [T, L*H]
-    logits = out.logits[0].float()  # [T, V]
-    top, top_ids = logits.topk(topk, dim=-1)  # [T, k]
-    top_lp = top - torch.logsumexp(logits, dim=-1, keepdim=True)  # [T, k] log-probs
-    return TeacherSeq(ids=x[0].cpu(), feats=feats.to(torch.bfloat16).cpu(), top_ids=top_ids.cpu(),
-                      top_lp=top_lp.cpu())
+    last = out.hidden_states[-1][0]  # [T, H] after the final norm (what the LM head reads)
+    head = model.get_output_embeddings()
+    cap = getattr(model.config, "final_logit_softcapping", None)
+    tops, top_ids = [], []
+    for a in range(0, last.shape[0], LOGIT_CHUNK):
+        logits = head(last[a:a + LOGIT_CHUNK]).float()  # [c, V]
+        if cap:
+            logits = torch.tanh(logits / cap) * cap
+        top, idx = logits.topk(topk, dim=-1)  # [c, k]
+        tops.append(top - torch.logsumexp(logits, dim=-1, keepdim=True))  # [c, k] log-probs
+        top_ids.append(idx)
+    return TeacherSeq(ids=x[0].cpu(), feats=feats.to(torch.bfloat16).cpu(),
+                      top_ids=torch.cat(top_ids).cpu(), top_lp=torch.cat(tops).cpu())
 
 
 def agent_sequences(tokenizer, seed: int, max_len: int):
@@ -73,16 +88,23 @@ def interleave(first: list, rest):
 
 
 def trace_sequences(tokenizer, paths: list, max_len: int) -> list:
-    """Captured traces (asymagent/traces.py): each conversation rendered with the chat template."""
+    """Captured traces (asymagent/traces.py) and the suites' train split (evals/suites/
+    train_traces.py): each conversation's full view as the engine renders it (ContextViews, the
+    tools in the prompt), its first `max_len` tokens (a history prefix, as the engine reads one)."""
+    from asymagent.context.views import ContextViews
     from asymagent.traces import conversations, load_traces
 
     out = []
     for path in paths:
-        for msgs, _tools in conversations(load_traces(path)):
+        for msgs, tools in conversations(load_traces(path)):
             try:
-                out.append(render_messages(tokenizer, msgs)[-max_len:])
-            except Exception:  # noqa: BLE001 - a message the template cannot render: skipped
-                continue
+                ids = list(ContextViews(tokenizer).build(msgs, tools).full_ids)
+            except Exception:  # noqa: BLE001 - a conversation the views refuse: the template alone
+                try:
+                    ids = render_messages(tokenizer, msgs)
+                except Exception:  # noqa: BLE001 - a message the template cannot render: skipped
+                    continue
+            out.append(ids[:max_len])
     return out
 
 

@@ -79,15 +79,28 @@ def step_losses(head: FeatureHead, embed, weight: torch.Tensor, to_draft: torch.
     return total, agree
 
 
+def windows(seq, length: int) -> list:
+    """Consecutive windows of `length` + 1 positions covering a teacher sequence (one shared
+    position between neighbours: every position t >= 1 is scored once)."""
+    t = len(seq.ids)
+    return [(seq.ids[a:a + length + 1], seq.feats[a:a + length + 1], seq.top_ids[a:a + length + 1],
+             seq.top_lp[a:a + length + 1]) for a in range(0, max(t - 1, 1), length)
+            if min(a + length + 1, t) - a >= 2]
+
+
 @torch.no_grad()
 def evaluate(head, embed, weight, to_draft, seqs: list, steps: int, length: int) -> list:
-    """Per chain step, top-1 agreement with the verifier over held-out teacher sequences."""
+    """Per chain step, top-1 agreement with the verifier over every window of the held-out
+    teacher sequences (weighted by the window's scored positions)."""
     sums, n = [0.0] * steps, 0
-    rng = random.Random(0)
     for s in seqs:
-        _, agree = step_losses(head, embed, weight, to_draft, window(s, length, rng), steps)
-        sums = [a + b for a, b in zip(sums, agree)]
-        n += 1
+        for rows in windows(s, length):
+            w = len(rows[0]) - 1
+            if w <= steps:  # a tail too short for every chain step: left out
+                continue
+            _, agree = step_losses(head, embed, weight, to_draft, rows, steps)
+            sums = [a + w * b for a, b in zip(sums, agree)]
+            n += w
     return [a / n for a in sums] if n else []
 
 
@@ -108,7 +121,7 @@ def teacher_data(verifier, tokenizer, cfg: TrainConfig, layers: tuple, deadline:
 
     seqs = []
     if cfg.traces:
-        seqs += trace_sequences(tokenizer, cfg.traces, cfg.seq_len + 1)
+        seqs += trace_sequences(tokenizer, cfg.traces, max(cfg.feature_context, cfg.seq_len + 1))
     if cfg.self_turns > 0:  # the verifier's own turns: its continuations are the targets' text
         prompts = [p[-(cfg.seq_len - cfg.self_max_new):] for p in
                    self_gen_prompts(tokenizer, cfg.self_turns, cfg.seed)]
