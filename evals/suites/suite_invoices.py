@@ -7,6 +7,11 @@ payment terms, and ends with the invoice total (the sum of its lines). An output
 tokens, long enough that a head/tail view of a tool output has a middle to cut; the facts the
 task needs (vendor, total) sit where invoices put them (the top and the last line).
 
+The ledger answers a record with the count of vendors recorded so far, as a ledger API returns
+its state (measured on the pair, docs/log.md "The demo's view at work": with the bare
+"Recorded X: Y EUR." the 1.5B repeated its first record_invoice call to the budget, in mode full
+as in asym).
+
 Oracle: read_document(doc), record_invoice(vendor, total) for each document in the order the
 user lists them, then the grand total. Side effects are graded as a set (`record_invoice` calls
 equal to the oracle's), the answer by its values (the count and the grand total).
@@ -85,8 +90,9 @@ class InvoicesEnv(Environment):
         if name == "read_document":
             d = self.docs.get(arguments["doc_id"])
             return d["text"] if d else f"ERROR: no document {arguments['doc_id']}"
-        self.recorded[arguments["vendor"]] = float(arguments["amount"])
-        return f"Recorded {arguments['vendor']}: {float(arguments['amount']):.2f} EUR."
+        self.recorded[arguments["vendor"]] = float(arguments["amount"])  # one total a vendor
+        return (f"Recorded {arguments['vendor']}: {float(arguments['amount']):.2f} EUR "
+                f"({len(self.recorded)} recorded so far).")
 
     def _mutating_tools(self) -> set:
         return {"record_invoice"}
