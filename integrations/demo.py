@@ -8,8 +8,7 @@ loop answers); the environment's oracle only grades the end. Per step it prints 
 action, the full history's tokens against what the verifier read, and the latency; then the two
 episodes side by side, the totals, both final answers and whether each is right, and asym's
 speed over full's. `--pair qwen2.5-coder` runs the reference pair (`make demo` sets it up) on
-the episode it was picked for (PAIR_EPISODE: vendor invoices whose line items the verifier's
-default view cuts, so asym's verifier reads a shorter history than full's); where this machine lacks the memory for the pair
+the episode it was picked for (PAIR_EPISODE); where this machine lacks the memory for the pair
 (asymagent/modeling/pair_memory.py) it says so and runs the embedded default, whose 135M
 verifier does not finish such a task on its own.
 
@@ -42,15 +41,17 @@ NOTE = ("Teacher-forced run: at every step the model's own action is decoded (to
 # (docs/log.md "The demo's loop and episode"): with every turn a call and the answer a
 # final_answer call (integrations/demo_free.py), the pair in mode full did not finish records 2,
 # tickets 0 or fs_audit 0; on injection (read the vendor documents, record each invoice, give the
-# grand total) dev seeds 0-3 it made every call right, and with the calculator (docs/log.md "The
-# demo's calculator") seed 0 was right in both modes. But those documents (~100-150 tokens) are
-# under the default view's cut (64 head + 32 tail + 24 saved tokens): asym's verifier read the
-# whole history at every turn, so the demo showed speculation and never the compressed view.
-# The same job on invoices laid out as invoices are (evals/suites/suite_invoices.py: ~300-400
-# tokens, line items in the middle, the total last): the default view cuts every document from
-# turn 2 on (tokenizer-only walk: ~0.7 of the history at the answer; docs/log.md "The demo's view
-# at work"). Seed 0 is the first dev seed, fixed before the pair ran it.
-PAIR_EPISODE = ("invoices", 0)
+# grand total, ignoring an instruction planted in one document), dev seeds 0-3, both modes made
+# every call right and got only the sum wrong, and seed 0 (the first) became the default. With
+# the calculator (docs/log.md "The demo's calculator", 16:09-16:15 UTC): seed 0 right in both
+# modes (asym 1.39x), seeds 0-3 2 of 4 right in each mode (1: summed without the tool; 3:
+# invented vendors). Seed 0 was kept, not re-picked for passing. Its documents (~100-150 tokens)
+# are under the default view's cut, so asym's verifier reads the whole history there. Tried
+# 2026-12-07 22:00-22:50 UTC (docs/log.md "The demo's view at work: not found"): the same job on
+# longer invoices the default view cuts (suite invoices, seeds 0-3): the view cut from turn 2 on,
+# but the 1.5B, in mode full as in asym, repeated its first record_invoice to the budget, or
+# answered after the first record: no seed right in either mode, so the episode stays.
+PAIR_EPISODE = ("injection", 0)
 SMALL_EPISODE = ("records", 0)
 
 

@@ -49,9 +49,8 @@ def test_recording_a_wrong_amount_or_a_wrong_sum_is_not_success():
 
 @pytest.mark.parametrize("seed", (0, 1, 2, 3))
 def test_the_default_view_cuts_each_invoice_from_the_second_turn_and_keeps_vendor_and_total(seed, smollm_tokenizer):
-    """The demo's episode on the pair (PAIR_EPISODE) relies on this: the verifier's default view
-    is shorter than the full history from the turn after the first document, and what it keeps
-    of a document still names the vendor and the total the task records."""
+    """The verifier's default view is shorter than the full history from the turn after the first
+    document, and what it keeps of a document still names the vendor and the total the task records."""
     from asymagent.context.views import ContextViews
     from asymagent.integrations.calculator_tool import calculator_tool
     from asymagent.integrations.demo_free import answer_tool

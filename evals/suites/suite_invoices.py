@@ -7,10 +7,10 @@ payment terms, and ends with the invoice total (the sum of its lines). An output
 tokens, long enough that a head/tail view of a tool output has a middle to cut; the facts the
 task needs (vendor, total) sit where invoices put them (the top and the last line).
 
-The ledger answers a record with the count of vendors recorded so far, as a ledger API returns
-its state (measured on the pair, docs/log.md "The demo's view at work": with the bare
-"Recorded X: Y EUR." the 1.5B repeated its first record_invoice call to the budget, in mode full
-as in asym).
+Tried as `make demo`'s episode on the reference pair, 2026-12-07 (docs/log.md "The demo's view
+at work: not found"): the default view cut every document from the second turn on, but the
+pair's 1.5B, in mode full as in asym, repeated its first record_invoice call to the budget (or,
+with a ledger reply counting the records, answered after the first): not the demo's episode.
 
 Oracle: read_document(doc), record_invoice(vendor, total) for each document in the order the
 user lists them, then the grand total. Side effects are graded as a set (`record_invoice` calls
@@ -90,9 +90,8 @@ class InvoicesEnv(Environment):
         if name == "read_document":
             d = self.docs.get(arguments["doc_id"])
             return d["text"] if d else f"ERROR: no document {arguments['doc_id']}"
-        self.recorded[arguments["vendor"]] = float(arguments["amount"])  # one total a vendor
-        return (f"Recorded {arguments['vendor']}: {float(arguments['amount']):.2f} EUR "
-                f"({len(self.recorded)} recorded so far).")
+        self.recorded[arguments["vendor"]] = float(arguments["amount"])
+        return f"Recorded {arguments['vendor']}: {float(arguments['amount']):.2f} EUR."
 
     def _mutating_tools(self) -> set:
         return {"record_invoice"}
