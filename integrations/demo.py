@@ -45,7 +45,12 @@ NOTE = ("Teacher-forced run: at every step the model's own action is decoded (to
 # every call right and got only the sum wrong, and seed 0 (the first) became the default. With
 # the calculator (docs/log.md "The demo's calculator", 16:09-16:15 UTC): seed 0 right in both
 # modes (asym 1.39x), seeds 0-3 2 of 4 right in each mode (1: summed without the tool; 3:
-# invented vendors). Seed 0 was kept, not re-picked for passing.
+# invented vendors). Seed 0 was kept, not re-picked for passing. Its documents (~100-150 tokens)
+# are under the default view's cut, so asym's verifier reads the whole history there. Tried
+# 2026-12-07 22:00-22:50 UTC (docs/log.md "The demo's view at work: not found"): the same job on
+# longer invoices the default view cuts (suite invoices, seeds 0-3): the view cut from turn 2 on,
+# but the 1.5B, in mode full as in asym, repeated its first record_invoice to the budget, or
+# answered after the first record: no seed right in either mode, so the episode stays.
 PAIR_EPISODE = ("injection", 0)
 SMALL_EPISODE = ("records", 0)
 

@@ -60,6 +60,7 @@ def totals(episode) -> dict:
             "ms_per_token": 1000 * t["per_token_s"],
             "verifier_share": t["mean_compression_ratio"],
             "last_context_tokens": episode.steps[-1]["stats"].full_context_tokens if episode.steps else 0,
+            "last_verifier_tokens": episode.steps[-1]["stats"].verifier_context_tokens if episode.steps else 0,
             "answer": episode.answer, "right": bool(episode.success)}
 
 
@@ -78,7 +79,9 @@ def totals_table(episodes, width: int | None = None):
                             ("new_tokens", "new tokens", str),
                             ("ms_per_token", "time per new token", lambda v: f"{v:.0f} ms"),
                             ("last_context_tokens", "history at the last turn", lambda v: f"{v} tokens"),
-                            ("verifier_share", "verifier read (share of the history)",
+                            ("last_verifier_tokens", "verifier read at the last turn",
+                             lambda v: f"{v} tokens"),
+                            ("verifier_share", "verifier read (share of the history, all turns)",
                              lambda v: f"{100 * v:.0f}%"),
                             ("right", "task done right (oracle's check)",
                              lambda v: "yes" if v else "NO")):

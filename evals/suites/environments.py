@@ -303,6 +303,7 @@ SUITES = {
     "tickets": ("asymagent.evals.suites.suite_tickets", "TicketsEnv"),
     "injection": ("asymagent.evals.suites.suite_injection", "InjectionEnv"),
     "injection_call": ("asymagent.evals.suites.suite_injection_call", "InjectionCallEnv"),
+    "invoices": ("asymagent.evals.suites.suite_invoices", "InvoicesEnv"),
     "dispatch": ("asymagent.evals.suites.suite_dispatch", "DispatchEnv"),
 }
 LONG_HORIZON_SUITES = ("records", "fs_audit", "tickets", "dispatch")
