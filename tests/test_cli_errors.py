@@ -53,4 +53,4 @@ def test_real_process_prints_no_traceback(tmp_path):
     assert proc.returncode == 2
     assert proc.stderr.strip().splitlines() == [
         "asymagent eval: error: unknown suite 'recordz'; use one of records, fs_audit, tickets, "
-        "injection, injection_call, dispatch, fusion or a .jsonl trace file"]
+        "injection, injection_call, invoices, dispatch, fusion or a .jsonl trace file"]
