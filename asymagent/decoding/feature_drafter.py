@@ -6,7 +6,9 @@ position. Each round the drafter
 1. brings the head's own KV cache (`HeadState`, kept on the capture, so it lives as long as the
    verifier's cache and follows its prefix reuse) up to the positions whose features exist:
    position t reads (g_t, x_{t+1}); with the verifier's cache holding every token of its view
-   but the last, the last such position predicts the token after the view;
+   but the last, the last such position predicts the token after the view; after a
+   jump-forward the view ends with up to MAX_PENDING tokens no forward has read yet (no
+   features): the head runs over them on its own outputs, as over its drafts, then drafts;
 2. drafts a greedy chain: d_1 from that output, then d_j from the head's own output at the
    previous position and d_{j-1} (the chain's keys are written past the committed positions and
    overwritten next round).
@@ -28,6 +30,10 @@ from asymagent.kv.feature_capture import FeatureCapture
 from asymagent.kv.growing_cache import _capacity
 
 PREFILL_CHUNK = 512  # head positions fed per forward when it catches up on a long history
+# most view tokens without features (jump-forward tokens the next verifier forward feeds) the
+# head runs over on its own outputs before drafting; more: no drafts (a plain step). Each costs
+# one head layer, no LM head (~1/28 of the pair's verifier forward)
+MAX_PENDING = 16
 
 
 class FeatureRuntime:
@@ -145,12 +151,21 @@ def sync(rt: FeatureRuntime, st: HeadState, capture: FeatureCapture, ids: list, 
 
 
 @torch.inference_mode()
-def chain(rt: FeatureRuntime, st: HeadState, k: int) -> list:
-    """Greedy chain of `k` drafts after position st.n - 1 (its keys past n are scratch)."""
-    a = st.last
+def chain(rt: FeatureRuntime, st: HeadState, k: int, pending: list = ()) -> list:
+    """Greedy chain of `k` drafts after position st.n - 1 (its keys past n are scratch).
+
+    `pending`: tokens of the view after x_n that no verifier forward has read yet, so they have
+    no features (jump-forward tokens, forced by the constraint: the next forward feeds them).
+    Each is fed like a draft, the head's own output standing in for the missing feature (what
+    the head is trained on past its first step, EAGLE-3's training-time test); the chain then
+    continues after the last of them."""
+    a, pos = st.last, st.n - 1
+    for token in pending:
+        pos += 1
+        a = _run(rt, st, a[None], [int(token)], pos)[0]
     tokens = [rt.argmax(a)]
     for j in range(1, k):
-        a = _run(rt, st, a[None], [tokens[-1]], st.n - 1 + j)[0]
+        a = _run(rt, st, a[None], [tokens[-1]], pos + j)[0]
         tokens.append(rt.argmax(a))
     return tokens
 
@@ -180,9 +195,10 @@ class FeatureDrafter:
         capture, st = self.state()
         ids = self.verifier.view.ids()
         valid = capture.valid(len(cache.tokens))
-        if valid != len(ids) - 1 or not sync(self.rt, st, capture, ids, valid):
-            return Drafts(tokens=[], source=self.name)  # features behind the view: a plain step
-        drafts, masks = allowed_prefix(self.constraint, chain(self.rt, st, k))
+        pending = len(ids) - 1 - valid  # view tokens after x_valid without features (jump-forward)
+        if not 0 <= pending <= MAX_PENDING or not sync(self.rt, st, capture, ids, valid):
+            return Drafts(tokens=[], source=self.name)  # features far behind the view: a plain step
+        drafts, masks = allowed_prefix(self.constraint, chain(self.rt, st, k, ids[valid + 1:]))
         return Drafts(tokens=drafts, source=self.name, masks=masks)
 
     def update(self, outcome: RoundOutcome) -> None:
