@@ -313,11 +313,12 @@ def test_a_head_switched_on_later_drafts_in_an_old_session(trained_pair):
 
 
 class _ForcedRuns:
-    """Any token for `free` positions, then `forced` tokens the constraint alone determines
-    (jump-forward: emitted without a forward, fed by the next one), repeating; never ends."""
+    """`free` positions of any token that is a multiple of `every`, then `forced` tokens the
+    constraint alone determines (jump-forward: emitted without a forward, fed by the next one),
+    repeating; never ends."""
 
-    def __init__(self, free: int = 4, forced: int = 3, vocab: int = 256) -> None:
-        self.free, self.forced, self.vocab, self.n = free, forced, vocab, 0
+    def __init__(self, free: int = 4, forced: int = 3, vocab: int = 256, every: int = 1) -> None:
+        self.free, self.forced, self.vocab, self.n, self.every = free, forced, vocab, 0, every
 
     def _token(self, n: int) -> int:  # the forced token at output position n (varied: few copies)
         return (n * 37) % 240 + 10
@@ -328,7 +329,7 @@ class _ForcedRuns:
     def allowed_mask(self):
         mask = torch.zeros(self.vocab, dtype=torch.bool)
         if self._slot(self.n) < self.free:
-            mask[:] = True
+            mask[::self.every] = True
         else:
             mask[self._token(self.n)] = True
         return mask
@@ -351,12 +352,15 @@ class _ForcedRuns:
         return False
 
 
-@pytest.mark.parametrize("family", ["llama", "qwen2"])
-def test_the_head_drafts_after_a_jump_forward(family, monkeypatch):
-    """Defect (issue 56, the pair's 15 no-draft forwards): after a jump-forward the view ends with
+@pytest.mark.parametrize("family,every", [("llama", 1), ("qwen2", 1), ("qwen2", 3)])
+def test_the_head_drafts_after_a_jump_forward_and_under_a_constraint(family, every, monkeypatch):
+    """Defects (issue 56, the pair's no-draft forwards): after a jump-forward the view ends with
     tokens no verifier forward has read (no features yet), and the head returned no drafts, so
-    every forward after forced tokens without a copy was a plain step. It now runs over them on
-    its own outputs and drafts; greedy tokens stay the verifier's."""
+    every forward after forced tokens without a copy was a plain step; it now runs over them on
+    its own outputs and drafts. And the head drafted its plain argmax, cut by the constraint
+    afterwards (no draft where the constraint forbids its first token, `every` = 3: two of three
+    tokens forbidden); it now drafts its best allowed token, as the drafter model does. Greedy
+    tokens stay the verifier's."""
     from asymagent.decoding.feature_drafter import FeatureDrafter
 
     verifier = _verifier(family)
@@ -375,8 +379,9 @@ def test_the_head_drafts_after_a_jump_forward(family, monkeypatch):
     for i, p in enumerate(_prompts(3, seed=14)):
         for turn in range(2):  # the second turn reuses the verifier's and the head's caches
             kw = dict(max_new_tokens=20, cache_key=f"j{i}")
-            r = engine.generate(p, mode="spec", constraint=_ForcedRuns(), **kw)
-            assert r.token_ids == full.generate(p, mode="full", constraint=_ForcedRuns(), **kw).token_ids
+            r = engine.generate(p, mode="spec", constraint=_ForcedRuns(every=every), **kw)
+            want = full.generate(p, mode="full", constraint=_ForcedRuns(every=every), **kw).token_ids
+            assert r.token_ids == want
             forced += r.stats.forced_tokens
             p = p + r.token_ids + p[:5]
     assert forced > 0
