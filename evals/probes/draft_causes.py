@@ -1,6 +1,6 @@
 """Why a verifier forward drafted nothing: counters per decode step, by mode (issue 56).
 
-`install()` wraps the decode loop's step (asymagent/decoding/loop.py `_step`) and
+`install()` wraps the decode loop's step (asymagent/decoding/loop.py `decode_step`) and
 `FeatureDrafter.propose` of the running process and counts, per mode, what each verifier
 forward of the decode loop did: the draft source of a round (`feature_after_jump_forward`: the
 head drafted after tokens no forward had read), or why a plain step ran:
@@ -54,7 +54,7 @@ def _propose(original):
     return propose
 
 
-def _step(original):
+def _wrap_step(original):
     def step(decoder, plan, choice, speculating, where):
         _now.clear()
         probe = plan.adaptive_k and speculating and choice.want_probe()  # read-only
@@ -80,7 +80,7 @@ def _step(original):
 def install() -> None:
     """Wrap the loop's step and the head's proposal in this process; print the counts at exit."""
     feature_drafter.FeatureDrafter.propose = _propose(feature_drafter.FeatureDrafter.propose)
-    loop._step = _step(loop._step)
+    loop.decode_step = _wrap_step(loop.decode_step)
     atexit.register(_dump)
 
 
