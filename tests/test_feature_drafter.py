@@ -310,3 +310,80 @@ def test_a_head_switched_on_later_drafts_in_an_old_session(trained_pair):
     r = engine.generate(p + first, mode="spec", max_new_tokens=12, cache_key="old")
     assert r.stats.draft_source.get("feature", 0) > 0
     assert r.token_ids == Engine(verifier=verifier).generate(p + first, mode="full", max_new_tokens=12).token_ids
+
+
+class _ForcedRuns:
+    """`free` positions of any token that is a multiple of `every`, then `forced` tokens the
+    constraint alone determines (jump-forward: emitted without a forward, fed by the next one),
+    repeating; never ends."""
+
+    def __init__(self, free: int = 4, forced: int = 3, vocab: int = 256, every: int = 1) -> None:
+        self.free, self.forced, self.vocab, self.n, self.every = free, forced, vocab, 0, every
+
+    def _token(self, n: int) -> int:  # the forced token at output position n (varied: few copies)
+        return (n * 37) % 240 + 10
+
+    def _slot(self, n: int) -> int:
+        return n % (self.free + self.forced)
+
+    def allowed_mask(self):
+        mask = torch.zeros(self.vocab, dtype=torch.bool)
+        if self._slot(self.n) < self.free:
+            mask[::self.every] = True
+        else:
+            mask[self._token(self.n)] = True
+        return mask
+
+    def advance(self, token_id: int) -> bool:
+        if not bool(self.allowed_mask()[token_id]):
+            return False
+        self.n += 1
+        return True
+
+    def rollback(self, num_tokens: int) -> None:
+        self.n -= num_tokens
+
+    def forced_tokens(self) -> list:
+        slot = self._slot(self.n)
+        left = self.free + self.forced - slot
+        return [] if slot < self.free else [self._token(self.n + i) for i in range(left)]
+
+    def is_terminated(self) -> bool:
+        return False
+
+
+@pytest.mark.parametrize("family,every", [("llama", 1), ("qwen2", 1), ("qwen2", 3)])
+def test_the_head_drafts_after_a_jump_forward_and_under_a_constraint(family, every, monkeypatch):
+    """Defects (issue 56, the pair's no-draft forwards): after a jump-forward the view ends with
+    tokens no verifier forward has read (no features yet), and the head returned no drafts, so
+    every forward after forced tokens without a copy was a plain step; it now runs over them on
+    its own outputs and drafts. And the head drafted its plain argmax, cut by the constraint
+    afterwards (no draft where the constraint forbids its first token, `every` = 3: two of three
+    tokens forbidden); it now drafts its best allowed token, as the drafter model does. Greedy
+    tokens stay the verifier's."""
+    from asymagent.decoding.feature_drafter import FeatureDrafter
+
+    verifier = _verifier(family)
+    engine = _engine(verifier, _head(verifier))
+    full = Engine(verifier=verifier)
+    asked: list = []
+    propose = FeatureDrafter.propose
+
+    def logged(self, k):
+        drafts = propose(self, k)
+        asked.append((k, len(drafts)))
+        return drafts
+
+    monkeypatch.setattr(FeatureDrafter, "propose", logged)
+    forced = 0
+    for i, p in enumerate(_prompts(3, seed=14)):
+        for turn in range(2):  # the second turn reuses the verifier's and the head's caches
+            kw = dict(max_new_tokens=20, cache_key=f"j{i}")
+            r = engine.generate(p, mode="spec", constraint=_ForcedRuns(every=every), **kw)
+            want = full.generate(p, mode="full", constraint=_ForcedRuns(every=every), **kw).token_ids
+            assert r.token_ids == want
+            forced += r.stats.forced_tokens
+            p = p + r.token_ids + p[:5]
+    assert forced > 0
+    empty = [k for k, n in asked if k >= 1 and n == 0]
+    assert asked and not empty, f"{len(empty)} of {len(asked)} proposals drafted nothing"

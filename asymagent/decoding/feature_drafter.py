@@ -6,7 +6,9 @@ position. Each round the drafter
 1. brings the head's own KV cache (`HeadState`, kept on the capture, so it lives as long as the
    verifier's cache and follows its prefix reuse) up to the positions whose features exist:
    position t reads (g_t, x_{t+1}); with the verifier's cache holding every token of its view
-   but the last, the last such position predicts the token after the view;
+   but the last, the last such position predicts the token after the view; after a
+   jump-forward the view ends with up to MAX_PENDING tokens no forward has read yet (no
+   features): the head runs over them on its own outputs, as over its drafts, then drafts;
 2. drafts a greedy chain: d_1 from that output, then d_j from the head's own output at the
    previous position and d_{j-1} (the chain's keys are written past the committed positions and
    overwritten next round).
@@ -19,15 +21,20 @@ from __future__ import annotations
 
 import torch
 
-from asymagent.decoding.constraint import allowed_prefix
+from asymagent.decoding.constraint import close_masks
 from asymagent.decoding.drafts import Drafts, RoundOutcome
 from asymagent.decoding.feature_head import FeatureHead, head_logits, load_head
+from asymagent.decoding.sampling import apply_mask, gather_mask
 from asymagent.kv.cache import common_prefix_len
 from asymagent.kv import feature_capture
 from asymagent.kv.feature_capture import FeatureCapture
 from asymagent.kv.growing_cache import _capacity
 
 PREFILL_CHUNK = 512  # head positions fed per forward when it catches up on a long history
+# most view tokens without features (jump-forward tokens the next verifier forward feeds) the
+# head runs over on its own outputs before drafting; more: no drafts (a plain step). Each costs
+# one head layer, no LM head (~1/28 of the pair's verifier forward)
+MAX_PENDING = 16
 
 
 class FeatureRuntime:
@@ -59,9 +66,15 @@ class FeatureRuntime:
     def token_of(self, index: int) -> int:
         return index if self.vocab is None else int(self.vocab[index])
 
-    def argmax(self, out: torch.Tensor) -> int:
-        """a [H] -> the head's greedy token (full-vocabulary id)."""
-        return self.token_of(int(head_logits(out, self.head.norm_out, self.weight).argmax()))
+    def argmax(self, out: torch.Tensor, mask: torch.Tensor | None = None) -> int | None:
+        """a [H] -> the head's greedy token (full-vocabulary id) among those a constraint's
+        `mask` ([V'] bool, None: any) allows; None when it allows none of the draft vocabulary."""
+        logits = head_logits(out, self.head.norm_out, self.weight)  # [N]
+        if mask is not None:
+            logits = apply_mask(logits, mask if self.vocab is None else gather_mask(mask, self.vocab))
+            if not torch.isfinite(logits).any():
+                return None
+        return self.token_of(int(logits.argmax()))
 
 
 class HeadState:
@@ -145,14 +158,40 @@ def sync(rt: FeatureRuntime, st: HeadState, capture: FeatureCapture, ids: list, 
 
 
 @torch.inference_mode()
-def chain(rt: FeatureRuntime, st: HeadState, k: int) -> list:
-    """Greedy chain of `k` drafts after position st.n - 1 (its keys past n are scratch)."""
-    a = st.last
-    tokens = [rt.argmax(a)]
-    for j in range(1, k):
-        a = _run(rt, st, a[None], [tokens[-1]], st.n - 1 + j)[0]
-        tokens.append(rt.argmax(a))
-    return tokens
+def chain(rt: FeatureRuntime, st: HeadState, k: int, pending: list = (), constraint=None) -> tuple:
+    """Greedy chain of up to `k` drafts after position st.n - 1 (its keys past n are scratch):
+    (drafts, the constraint's K+1 masks or None).
+
+    `pending`: tokens of the view after x_n that no verifier forward has read yet, so they have
+    no features (jump-forward tokens, forced by the constraint: the next forward feeds them).
+    Each is fed like a draft, the head's own output standing in for the missing feature (what
+    the head is trained on past its first step, EAGLE-3's training-time test); the chain then
+    continues after the last of them.
+
+    Under a `constraint` each draft is the head's best token among those it allows (as the
+    drafter model drafts, constraint.py's protocol: mask, pick, advance; rolled back at the end),
+    so a grammar position the head's plain argmax would break still gets drafts; the chain stops
+    where the constraint allows none of the draft vocabulary or completes."""
+    a, pos = st.last, st.n - 1
+    for token in pending:
+        pos += 1
+        a = _run(rt, st, a[None], [int(token)], pos)[0]
+    tokens: list = []
+    masks: list = []  # [V'] bool masks at d_1..d_K (constraint only)
+    for j in range(k):
+        if j:
+            a = _run(rt, st, a[None], [tokens[-1]], pos + j)[0]
+        mask = None if constraint is None else constraint.allowed_mask()
+        token = rt.argmax(a, mask)
+        if token is None or (constraint is not None and not constraint.advance(token)):
+            break
+        tokens.append(token)
+        masks.append(mask)
+        if constraint is not None and constraint.is_terminated():
+            break
+    if constraint is None or not tokens:
+        return tokens, None
+    return tokens, close_masks(constraint, masks, len(tokens))
 
 
 class FeatureDrafter:
@@ -180,9 +219,10 @@ class FeatureDrafter:
         capture, st = self.state()
         ids = self.verifier.view.ids()
         valid = capture.valid(len(cache.tokens))
-        if valid != len(ids) - 1 or not sync(self.rt, st, capture, ids, valid):
-            return Drafts(tokens=[], source=self.name)  # features behind the view: a plain step
-        drafts, masks = allowed_prefix(self.constraint, chain(self.rt, st, k))
+        pending = len(ids) - 1 - valid  # view tokens after x_valid without features (jump-forward)
+        if not 0 <= pending <= MAX_PENDING or not sync(self.rt, st, capture, ids, valid):
+            return Drafts(tokens=[], source=self.name)  # features far behind the view: a plain step
+        drafts, masks = chain(self.rt, st, k, ids[valid + 1:], self.constraint)
         return Drafts(tokens=drafts, source=self.name, masks=masks)
 
     def update(self, outcome: RoundOutcome) -> None:

@@ -86,7 +86,7 @@ def decode_loop(decoder: Decoder, generated: list, plan: RequestPlan,
             [int(t) for t in constraint.forced_tokens()[: min(remaining, left)]]
         jumped = bool(new)
         if not jumped:
-            out = _step(decoder, plan, choice, speculating, (len(generated), remaining, left))
+            out = decode_step(decoder, plan, choice, speculating, (len(generated), remaining, left))
             if out.drafted and mode.fused:  # 0 drafted: a plain step ran
                 jsd_window.append(out.jsd)
             result.tally.record(out)
@@ -129,7 +129,7 @@ def decode_loop(decoder: Decoder, generated: list, plan: RequestPlan,
     return result
 
 
-def _step(decoder: Decoder, plan: RequestPlan, choice: DraftChoice, speculating: bool,
+def decode_step(decoder: Decoder, plan: RequestPlan, choice: DraftChoice, speculating: bool,
           where: tuple) -> RoundOutcome:
     """One model step: a speculative round or a plain verifier step. `where` is (tokens
     emitted so far, tokens still allowed, positions left in the context)."""
