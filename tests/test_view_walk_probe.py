@@ -21,7 +21,7 @@ def test_walk_measures_shares_prefill_and_changed_steps(smollm_tokenizer, tmp_pa
 def test_main_writes_the_rows_and_its_command(smollm_tokenizer, tmp_path, monkeypatch):
     from asymagent.evals.probes import view_walk
 
-    monkeypatch.setattr("asymagent.evals.agentdojo.ground_truth._tokenizer", lambda source: smollm_tokenizer)
+    monkeypatch.setattr("asymagent.evals.probes.harness.load_tokenizer", lambda source: smollm_tokenizer)
     out = tmp_path / "walk.json"
     assert view_walk.main(["--suites", "records", "--seeds", "0", "--configs", "default,id_keep_blocks",
                            "--tokenizer", "tok", "--json", str(out)]) == 0

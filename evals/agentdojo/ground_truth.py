@@ -100,18 +100,6 @@ def suite_summary(rows: list) -> dict:
     return out
 
 
-def _tokenizer(source: str):
-    """A tokenizer from a folder, a .gguf file or a cached HF id (never a download)."""
-    from pathlib import Path
-
-    from transformers import AutoTokenizer
-
-    path = Path(source).expanduser()
-    if path.suffix == ".gguf":
-        return AutoTokenizer.from_pretrained(str(path.parent), gguf_file=path.name)
-    return AutoTokenizer.from_pretrained(str(path) if path.exists() else source, local_files_only=True)
-
-
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--suites", default="workspace,travel,banking,slack")
@@ -120,13 +108,10 @@ def main(argv=None) -> int:
     p.add_argument("--compression", default=None, help="a CompressionConfig file or preset name (default view)")
     p.add_argument("--json", default=None)
     args = p.parse_args(argv)
-    from asymagent.context.views import CompressionConfig
+    from asymagent.evals.probes.harness import compression_config, load_tokenizer
 
-    compression = None
-    if args.compression:
-        compression = (CompressionConfig.preset(args.compression) if args.compression in _presets()
-                       else CompressionConfig.from_file(args.compression))
-    tok = _tokenizer(args.tokenizer)
+    compression = compression_config(args.compression) if args.compression else None
+    tok = load_tokenizer(args.tokenizer)
     rows = [r for s in args.suites.split(",") if s.strip()
             for r in survey(s.strip(), tok, compression, args.user_tasks)]
     for r in rows:
@@ -139,12 +124,6 @@ def main(argv=None) -> int:
                        "tasks": {f"{r.suite}/{r.user_task}": {**asdict(r), "mean_share": r.mean_share} for r in rows}},
                       f, indent=1)
     return 0
-
-
-def _presets() -> dict:
-    from asymagent.context.compressors import PRESETS
-
-    return PRESETS
 
 
 if __name__ == "__main__":

@@ -91,7 +91,7 @@ def recorded_actions(log_path: str, key: str, mode: str) -> list:
 
 
 def main(argv=None) -> int:
-    from asymagent.evals.agentdojo.ground_truth import _tokenizer
+    from asymagent.evals.probes.harness import compression_config, load_tokenizer
 
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("log", help="an episode log (.jsonl) or a run's JSON")
@@ -101,14 +101,9 @@ def main(argv=None) -> int:
     p.add_argument("--show", default=None, help="print the view of this tool's outputs whole")
     p.add_argument("--compression", default=None, help="a CompressionConfig file or preset name (default view)")
     args = p.parse_args(argv)
-    from asymagent.context.compressors import PRESETS, CompressionConfig
-
-    compression = None
-    if args.compression:
-        compression = (CompressionConfig.preset(args.compression) if args.compression in PRESETS
-                       else CompressionConfig.from_file(args.compression))
+    compression = compression_config(args.compression) if args.compression else None
     episode, steps = replay(args.key, recorded_actions(args.log, args.key, args.mode))
-    tok = _tokenizer(args.tokenizer)
+    tok = load_tokenizer(args.tokenizer)
     print(f"{args.key} {args.mode}: utility {episode['utility']} security {episode['security']} "
           f"calls {episode['function_trace']} answer {episode['answer']!r}")
     history = steps[-1].history if steps else []

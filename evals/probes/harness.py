@@ -4,7 +4,9 @@ A probe here is only its measurement. Its `main(argv=None)` builds the parser wi
 `parser(__doc__, "name")` (the docstring's first line as the description, `--json PATH`), measures,
 and returns `finish(doc, args.json)`, which writes the figures (nothing without a path) and
 returns the exit status. `command(name, argv)` is the command line a JSON records; `timed(fn)`
-and `median_ms_of(seconds)` are the timing every A/B repeats.
+and `median_ms_of(seconds)` are the timing every A/B repeats. `load_tokenizer(source)` and
+`compression_config(name)` read the `--tokenizer` and view options of the tokenizer-only tools
+(view_walk here, evals/agentdojo's ground_truth and replay).
 """
 
 from __future__ import annotations
@@ -73,3 +75,22 @@ def timed(fn: Callable, *args, **kwargs) -> tuple[Any, float]:
 def median_ms_of(seconds: Iterable[float]) -> float:
     """The median of wall-clock seconds, in milliseconds."""
     return 1e3 * statistics.median(seconds)
+
+
+def load_tokenizer(source: str):
+    """A tokenizer from a folder, a .gguf file or a cached HF id (never a download)."""
+    from transformers import AutoTokenizer
+
+    path = Path(source).expanduser()
+    if path.suffix == ".gguf":
+        return AutoTokenizer.from_pretrained(str(path.parent), gguf_file=path.name)
+    return AutoTokenizer.from_pretrained(str(path) if path.exists() else source, local_files_only=True)
+
+
+def compression_config(name: str | None):
+    """A CompressionConfig from a preset name, "default" (or None), or a YAML/JSON file."""
+    from asymagent.context.compressors import PRESETS, CompressionConfig
+
+    if name is None or name == "default":
+        return CompressionConfig.default()
+    return CompressionConfig.preset(name) if name in PRESETS else CompressionConfig.from_file(name)

@@ -36,16 +36,6 @@ class WalkRow:
     changed: int  # steps whose verifier view differs from the baseline config's
 
 
-def _new_tokens(prev: list, ids: list) -> int:
-    """Tokens of `ids` past their common prefix with `prev` (what a cache holding prev prefills)."""
-    n = 0
-    for a, b in zip(prev, ids):
-        if a != b:
-            break
-        n += 1
-    return len(ids) - n
-
-
 def walk(conv, tokenizer, compression) -> list:
     """[(full ids, verifier ids, rewrites)] at each assistant turn of one conversation."""
     from asymagent.context.views import ContextViews
@@ -59,31 +49,25 @@ def walk(conv, tokenizer, compression) -> list:
     return out
 
 
-def config_of(name: str):
-    from asymagent.context.compressors import PRESETS, CompressionConfig
-
-    if name == "default":
-        return CompressionConfig.default()
-    return CompressionConfig.preset(name) if name in PRESETS else CompressionConfig.from_file(name)
-
-
 def measure(suites: list, seeds: list, configs: list, tokenizer) -> list:
     """WalkRow per (suite, config), the first config the baseline of `changed`."""
+    from asymagent.evals.probes.harness import compression_config
     from asymagent.evals.running.fusion import conversations
+    from asymagent.kv.cache import common_prefix_len
 
     rows = []
     for suite in suites:
         convs = conversations(suite, seeds)
         base = None
         for name in configs:
-            walks = [walk(c, tokenizer, config_of(name)) for c in convs]
+            walks = [walk(c, tokenizer, compression_config(name)) for c in convs]
             shares, vp, fp, rw, changed, k = [], 0, 0, 0, 0, 0
             for w_i, w in enumerate(walks):
                 prev_f, prev_v = [], []
                 for j, (f, v, r) in enumerate(w):
                     shares.append(len(v) / max(len(f), 1))
-                    vp += _new_tokens(prev_v, v)
-                    fp += _new_tokens(prev_f, f)
+                    vp += len(v) - common_prefix_len(prev_v, v)  # what a cache holding prev_v prefills
+                    fp += len(f) - common_prefix_len(prev_f, f)
                     rw += r
                     changed += int(base is not None and base[w_i][j][1] != v)
                     prev_f, prev_v = f, v
@@ -94,8 +78,7 @@ def measure(suites: list, seeds: list, configs: list, tokenizer) -> list:
 
 
 def main(argv=None) -> int:
-    from asymagent.evals.agentdojo.ground_truth import _tokenizer
-    from asymagent.evals.probes.harness import command, finish, parser
+    from asymagent.evals.probes.harness import command, finish, load_tokenizer, parser
     from asymagent.evals.suites.environments import pick_seeds
 
     p = parser(__doc__, "view_walk")
@@ -106,7 +89,7 @@ def main(argv=None) -> int:
     p.add_argument("--configs", default="default,id_keep_blocks", help="comma list: default, presets or files")
     p.add_argument("--tokenizer", required=True, help="a tokenizer folder, .gguf file or cached HF id")
     args = p.parse_args(argv)
-    tok = _tokenizer(args.tokenizer)
+    tok = load_tokenizer(args.tokenizer)
     seeds = pick_seeds(args.split, args.episodes, args.seeds)
     rows = measure([s.strip() for s in args.suites.split(",") if s.strip()], seeds,
                    [c.strip() for c in args.configs.split(",") if c.strip()], tok)
