@@ -112,8 +112,8 @@ def force_floors(monkeypatch, attention: int, linear: int, grouped: bool) -> Non
                         max(linear, real_linear(dtype, shape, threads, packed)))
     real_lowbit = weight_only._row_floor
 
-    def lowbit(kind, dtype, shape, threads):
-        floor = real_lowbit(kind, dtype, shape, threads)
+    def lowbit(kind, dtype, shape, threads, kernel="torch"):
+        floor = real_lowbit(kind, dtype, shape, threads, kernel)
         return None if floor is None else max(linear, floor)
 
     monkeypatch.setattr(weight_only, "_row_floor", lowbit)

@@ -50,12 +50,14 @@ from __future__ import annotations
 
 import functools
 import logging
+import os
 import time
 from dataclasses import dataclass, field
 
 import torch
 import torch.nn.functional as F
 
+from asymagent.kernels import cpu_int4
 from asymagent.modeling.gguf_blocks import ABOVE_4_BITS, Q4K_GROUP, GgufBlocks, Q4KGrid
 from asymagent.modeling.packed_linear import unpack_linears
 from asymagent.modeling.probe_cache import cached_probe
@@ -70,6 +72,7 @@ MAX_ROWS = 32  # forwards of up to this many rows take the low-bit kernel (as Pa
 FLOOR_CANDIDATES = (1, 2, 4)  # row floors the probe tries, smallest first
 LINEAR_NAMES = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
 HEAD = "lm_head"  # the output head: int8 in both kinds (module doc)
+INT4_KERNELS = ("tiles", "torch")  # int4w's kernels (module doc); ASYMAGENT_INT4_KERNEL forces one
 
 
 class WeightOnlyUnavailable(RuntimeError):
@@ -102,6 +105,27 @@ def int4_group(n_in: int) -> int:
     raise WeightOnlyUnavailable(f"int4w needs a layer's inputs divisible by {min(INT4_GROUPS)}, got {n_in}")
 
 
+def int4_kernel(dtype: torch.dtype, asked: str | None = None) -> tuple:
+    """(kernel, why) int4w runs for activations of `dtype`: "tiles" (kernels/cpu_int4.py: 1..32 rows
+    at one read of the weight) where it built and this CPU has a path for `dtype`, else "torch"
+    (`_weight_int4pack_mm_for_cpu`). `asked` (or $ASYMAGENT_INT4_KERNEL) forces one; "tiles"
+    forced where it cannot run is an error."""
+    asked = asked or os.environ.get("ASYMAGENT_INT4_KERNEL") or None
+    if asked not in (None, *INT4_KERNELS):
+        raise ValueError(f"unknown int4 kernel {asked!r}; use one of {', '.join(INT4_KERNELS)}")
+    if asked == "torch":
+        return "torch", "asked for"
+    why = cpu_int4.available()
+    path = cpu_int4.path_for(dtype) if why is None else None
+    if why is None and path is None:
+        why = f"no path of the tile kernel takes {dtype} activations on this CPU ({cpu_int4.cpu_paths()})"
+    if why is not None:
+        if asked == "tiles":
+            raise WeightOnlyUnavailable(f"the int4 tile kernel cannot run here: {why}")
+        return "torch", why
+    return "tiles", f"path {path}: one weight pass for 1..32 rows"
+
+
 @dataclass
 class LowBitWeight:
     """One layer's low-bit weight: `kind`, the kernel's tensors, and the activation dtype they take."""
@@ -111,10 +135,14 @@ class LowBitWeight:
     qparams: torch.Tensor  # int8w: scales [N]; int4w: scales and zeros [K / group, N, 2]
     group: int  # int4w's group size (0 for int8w)
     dtype: torch.dtype  # activations (and qparams) dtype
+    kernel: str = "torch"  # int4w: "tiles" (kernels/cpu_int4.py; qweight its records, qparams empty) or "torch"
+    path: str | None = None  # the tile kernel's path (amx, avx512bf16, avx2)
+    n_out: int = 0  # output channels (the tile kernel's records are padded to 64)
 
     @classmethod
-    def make(cls, kind: str, weight: torch.Tensor, dtype: torch.dtype) -> "LowBitWeight":
-        """Quantise a float weight [N, K] for activations of `dtype` (the weight's values in float32)."""
+    def make(cls, kind: str, weight: torch.Tensor, dtype: torch.dtype, kernel: str | None = None) -> "LowBitWeight":
+        """Quantise a float weight [N, K] for activations of `dtype` (the weight's values in float32);
+        `kernel`: int4w's kernel (`int4_kernel`: None picks)."""
         w = weight.detach().to(torch.float32)  # [N, K]
         n_out, n_in = w.shape
         if kind == "int8w":
@@ -126,12 +154,18 @@ class LowBitWeight:
         lo, hi = wg.amin(dim=-1), wg.amax(dim=-1)  # [N, G]
         scale = ((hi - lo) / 15.0).clamp(min=1e-12)  # [N, G]
         q = torch.round((wg - lo[..., None]) / scale[..., None]).clamp(0, 15)  # [N, G, g]
-        return cls.from_grid(Q4KGrid(q.to(torch.int32).view(n_out, n_in), scale, lo), dtype, group)
+        return cls.from_grid(Q4KGrid(q.to(torch.int32).view(n_out, n_in), scale, lo), dtype, group, kernel)
 
     @classmethod
-    def from_grid(cls, grid: Q4KGrid, dtype: torch.dtype, group: int = Q4K_GROUP) -> "LowBitWeight":
+    def from_grid(cls, grid: Q4KGrid, dtype: torch.dtype, group: int = Q4K_GROUP,
+                  kernel: str | None = None) -> "LowBitWeight":
         """int4w from a grid w = scale * q + lo per `group` inputs: a GGUF's Q4_K blocks as the file
-        holds them (gguf_blocks.py), or `make`'s min/max rounding of a float weight."""
+        holds them (gguf_blocks.py), or `make`'s min/max rounding of a float weight; through the
+        tile kernel where `int4_kernel` picks it, else torch's op."""
+        if group == cpu_int4.GROUP and int4_kernel(dtype, kernel)[0] == "tiles":
+            tiles = cpu_int4.pack_int4(grid.q, grid.scale, grid.lo)  # [N/64, K/32, 4, 320] uint8
+            return cls("int4w", tiles, torch.empty(0, dtype=dtype), group, dtype, "tiles",
+                       cpu_int4.path_for(dtype), grid.q.shape[0])
         packed = torch.ops.aten._convert_weight_to_int4pack_for_cpu(grid.q, 1)  # [N, K / 2] uint8
         # the kernel computes (q - 8) * s + z: z = lo + 8 s gives lo + q s
         sz = torch.stack([grid.scale, grid.lo + 8.0 * grid.scale], dim=-1)  # [N, G, 2]
@@ -141,34 +175,37 @@ class LowBitWeight:
         """x [M, K] (self.dtype) -> [M, N] through the low-bit kernel."""
         if self.kind == "int8w":
             return torch._weight_int8pack_mm(x, self.qweight, self.qparams)
+        if self.kernel == "tiles":
+            return cpu_int4.int4_linear(x, self.qweight, self.n_out, self.path)
         return torch.ops.aten._weight_int4pack_mm_for_cpu(x, self.qweight, self.group, self.qparams)
 
     def nbytes(self) -> int:
         return sum(t.numel() * t.element_size() for t in (self.qweight, self.qparams))
 
 
-def row_floor(kind: str, dtype: torch.dtype, shape: tuple, threads: int | None = None) -> int | None:
+def row_floor(kind: str, dtype: torch.dtype, shape: tuple, threads: int | None = None,
+              kernel: str = "torch") -> int | None:
     """Input rows a few-row forward of a `kind` layer of `shape` [out, in] needs so that each row
     gets the bits it gets among up to 32 rows (module doc), or None if no candidate floor holds.
     `ASYMAGENT_ROW_FLOORS=0`: 1 (no padding, no probe)."""
     if floors_off():
         return 1
-    return _row_floor(kind, dtype, tuple(shape), torch.get_num_threads() if threads is None else threads)
+    return _row_floor(kind, dtype, tuple(shape), torch.get_num_threads() if threads is None else threads, kernel)
 
 
 @functools.cache
-def _row_floor(kind: str, dtype: torch.dtype, shape: tuple, threads: int) -> int | None:
+def _row_floor(kind: str, dtype: torch.dtype, shape: tuple, threads: int, kernel: str = "torch") -> int | None:
     """Probed once per machine, torch and key (asymagent/modeling/probe_cache.py keeps the answer;
     0 there: no candidate holds)."""
-    floor = cached_probe(f"weight_only_floor:{kind}", (dtype, shape, threads),
-                         lambda: _probe_row_floor(kind, dtype, shape) or 0)
+    name = f"weight_only_floor:{kind}" + ("" if kernel == "torch" else f":{kernel}")
+    floor = cached_probe(name, (dtype, shape, threads), lambda: _probe_row_floor(kind, dtype, shape, kernel) or 0)
     return floor or None
 
 
-def _probe_row_floor(kind: str, dtype: torch.dtype, shape: tuple) -> int | None:
+def _probe_row_floor(kind: str, dtype: torch.dtype, shape: tuple, kernel: str = "torch") -> int | None:
     g = torch.Generator().manual_seed(0)
     n_out, n_in = shape
-    layer = LowBitWeight.make(kind, torch.randn(n_out, n_in, generator=g) / n_in ** 0.5, dtype)
+    layer = LowBitWeight.make(kind, torch.randn(n_out, n_in, generator=g) / n_in ** 0.5, dtype, kernel)
     inputs = [torch.randn(32, n_in, generator=g).to(dtype) for _ in range(2)]  # [32, in]
     return linear_rows_floor(FLOOR_CANDIDATES, inputs, layer.matmul)
 
@@ -208,6 +245,8 @@ class WeightOnlyReport:
     # where each layer's low-bit values came from: "min/max" (rounded from the float weight),
     # "Q4_K" (the GGUF's own grid), "int8: Q6_K" ... (kept above 4 bits by the file): counts
     sources: dict = field(default_factory=dict)
+    kernel: str = ""  # int4w: the kernel its 4-bit layers run ("tiles" or "torch"), and why
+    kernel_why: str = ""
 
 
 def _targets(model: torch.nn.Module) -> list:
@@ -226,14 +265,16 @@ def _targets(model: torch.nn.Module) -> list:
 
 @torch.inference_mode()
 def quantize_weights(model: torch.nn.Module, kind: str, max_rows: int = MAX_ROWS,
-                     store: dict | None = None, gguf: str | None = None) -> WeightOnlyReport:
+                     store: dict | None = None, gguf: str | None = None,
+                     kernel: str | None = None) -> WeightOnlyReport:
     """Give `model`'s decoder-layer projections a `kind` low-bit copy of their weight, in place
     (module doc); marks the model `asymagent_quantized = kind`. Raises WeightOnlyUnavailable when
     this torch lacks the op or a layer's rows would not score alike alone and among others.
     `store`: {(layer name, kind, gguf): (low-bit copy, source)} kept across calls, so a probe switching kinds
     on one model (`dequantize_weights` between) quantises each layer once.
     `gguf`: the GGUF file the model was loaded from; int4w then takes its Q4_K layers' own grid and
-    gives int8 to the layers the file keeps above 4 bits (asymagent/modeling/gguf_blocks.py)."""
+    gives int8 to the layers the file keeps above 4 bits (asymagent/modeling/gguf_blocks.py).
+    `kernel`: int4w's kernel, "tiles" or "torch" (`int4_kernel`; None: the tile kernel where it runs)."""
     why = op_missing(kind)
     if why is not None:
         raise WeightOnlyUnavailable(f"--dtype {kind} needs torch's CPU weight-only op, which is "
@@ -242,25 +283,28 @@ def quantize_weights(model: torch.nn.Module, kind: str, max_rows: int = MAX_ROWS
     if param.device.type != "cpu" or param.dtype not in (torch.bfloat16, torch.float32):
         raise ValueError(f"--dtype {kind} runs bf16 or float32 models on the CPU, got "
                          f"{param.dtype} on {param.device}")
+    report = WeightOnlyReport(kind)
+    if kind == "int4w":
+        report.kernel, report.kernel_why = int4_kernel(param.dtype, kernel)
+        _log.info("--dtype int4w: 4-bit layers through %s (%s)", report.kernel, report.kernel_why)
     capability = torch.backends.cpu.get_cpu_capability()
-    if not capability.startswith("AVX512"):
+    if not capability.startswith("AVX512") and report.kernel != "tiles":
         _log.warning("--dtype %s on a %s CPU: torch's low-bit kernels without AVX-512 were measured "
                      "slower than the float weights they replace (docs/cpu.md, AVX2 kernels)", kind, capability)
     start = time.perf_counter()
-    report = WeightOnlyReport(kind)
     unpack_linears(model)  # an engine's packed copies (re-made by the next pack_linears)
     store = {} if store is None else store
     gguf = gguf if kind == "int4w" else None  # only int4w reads the file's blocks
     blocks = functools.cache(lambda: GgufBlocks(gguf) if gguf is not None else None)  # parsed once, if needed
     for name, module in _targets(model):
         w = module.weight
-        key = (name, kind, gguf)
+        key = (name, kind, gguf, report.kernel)
         if key not in store or store[key][0].dtype != w.dtype:
-            store[key] = _lowbit_of(kind, name, w, blocks)
+            store[key] = _lowbit_of(kind, name, w, blocks, report.kernel or None)
         lowbit, source = store[key]
         report.sources[source] = report.sources.get(source, 0) + 1
         shape = tuple(w.shape)
-        floor = row_floor(lowbit.kind, w.dtype, shape)
+        floor = row_floor(lowbit.kind, w.dtype, shape, kernel=lowbit.kernel)
         if floor is None:
             raise WeightOnlyUnavailable(
                 f"--dtype {kind}: on this CPU the {lowbit.kind} kernel gives a row of a {shape[0]}x{shape[1]} "
@@ -278,7 +322,7 @@ def quantize_weights(model: torch.nn.Module, kind: str, max_rows: int = MAX_ROWS
     return report
 
 
-def _lowbit_of(kind: str, name: str, w: torch.Tensor, blocks) -> tuple:
+def _lowbit_of(kind: str, name: str, w: torch.Tensor, blocks, kernel: str | None = None) -> tuple:
     """(low-bit copy, where it came from) of one layer: int8 for the head; else the GGUF's Q4_K
     grid where it holds, int8 where the file keeps the layer above 4 bits, else rounded from the
     float weight (min/max). `blocks()`: the GgufBlocks of the source file, or None."""
@@ -286,10 +330,10 @@ def _lowbit_of(kind: str, name: str, w: torch.Tensor, blocks) -> tuple:
         return LowBitWeight.make("int8w", w, w.dtype), "int8: head"
     found = blocks().find(w) if blocks() is not None else None
     if found is not None and found.grid is not None:
-        return LowBitWeight.from_grid(found.grid, w.dtype), "Q4_K"
+        return LowBitWeight.from_grid(found.grid, w.dtype, kernel=kernel), "Q4_K"
     if found is not None and found.type_name in ABOVE_4_BITS:
         return LowBitWeight.make("int8w", w, w.dtype), f"int8: {found.type_name}"
-    return LowBitWeight.make(kind, w, w.dtype), "min/max"
+    return LowBitWeight.make(kind, w, w.dtype, kernel), "min/max"
 
 
 def dequantize_weights(model: torch.nn.Module) -> int:

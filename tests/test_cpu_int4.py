@@ -1,0 +1,108 @@
+"""The one-weight-pass int4 CPU kernel (kernels/cpu_int4.py): its function, its batch invariance on
+every path this CPU has, its packing, and the paths the ISA caps leave."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from asymagent.kernels import cpu_int4
+from asymagent.modeling import weight_only
+
+PATH_DTYPE = {"amx": torch.bfloat16, "avx512bf16": torch.bfloat16, "avx2": torch.float32}
+
+
+def _grid(n: int, k: int, seed: int = 0):
+    g = torch.Generator().manual_seed(seed)
+    q = torch.randint(0, 16, (n, k), generator=g)  # [N, K]
+    scale = torch.rand(n, k // 32, generator=g) * 0.02 + 1e-3  # [N, G]
+    lo = -torch.rand(n, k // 32, generator=g) * 0.15
+    return q, scale, lo
+
+
+def _paths():
+    why = cpu_int4.available()
+    return [] if why is not None else cpu_int4.cpu_paths()
+
+
+@pytest.fixture(params=list(PATH_DTYPE))
+def path(request):
+    if cpu_int4.available() is not None:
+        pytest.skip(f"the int4 tile kernel is not available here: {cpu_int4.available()}")
+    if request.param not in cpu_int4.cpu_paths():
+        pytest.skip(f"this CPU has no {request.param} path ({cpu_int4.cpu_paths()})")
+    if request.param == "amx" and cpu_int4.path_for(torch.bfloat16) != "amx":
+        pytest.skip("the AMX tile state is refused to this process")
+    return request.param
+
+
+@pytest.mark.parametrize("n,k", [(64, 64), (80, 96), (256, 1536)])
+def test_the_kernel_computes_the_reference(path, n, k):
+    q, scale, lo = _grid(n, k)
+    tiles = cpu_int4.pack_int4(q, scale, lo)
+    dtype = PATH_DTYPE[path]
+    for rows in (1, 5, 16, 17, 32, 33):
+        x = torch.randn(rows, k, generator=torch.Generator().manual_seed(rows)).to(dtype)  # [M, K]
+        got = cpu_int4.int4_linear(x, tiles, n, path)  # [M, N]
+        want = cpu_int4.int4_linear_reference(x, q, scale, lo)
+        assert got.shape == (rows, n) and got.dtype == dtype
+        tol = 2 ** -7 if dtype == torch.bfloat16 else 1e-5  # bf16 output rounding; float32 sums in another order
+        assert torch.allclose(got.float(), want.float(), rtol=tol, atol=tol * want.float().abs().max().item())
+
+
+def test_a_row_gets_the_same_bits_alone_and_among_any_rows(path):
+    n, k = 192, 256
+    q, scale, lo = _grid(n, k, seed=1)
+    tiles = cpu_int4.pack_int4(q, scale, lo)
+    x = torch.randn(40, k, generator=torch.Generator().manual_seed(3)).to(PATH_DTYPE[path])  # [40, K]
+    alone = torch.cat([cpu_int4.int4_linear(x[i:i + 1], tiles, n, path) for i in range(40)])  # [40, N]
+    for rows in (2, 3, 8, 9, 16, 17, 31, 32, 40):
+        together = cpu_int4.int4_linear(x[:rows], tiles, n, path)
+        assert torch.equal(together, alone[:rows]), rows
+    shuffled = torch.randperm(40, generator=torch.Generator().manual_seed(4))
+    assert torch.equal(cpu_int4.int4_linear(x[shuffled], tiles, n, path), alone[shuffled])
+
+
+def test_packing_pads_channels_to_a_super_block_and_refuses_ragged_inputs():
+    q, scale, lo = _grid(80, 64)
+    tiles = cpu_int4.pack_int4(q, scale, lo)
+    assert tiles.shape == (2, 2, cpu_int4.SUPER, cpu_int4.RECORD) and tiles.dtype == torch.uint8
+    assert int(tiles[1, :, 1:].sum()) == 0  # channels 80..127: zero nibbles, zero scales and lows
+    with pytest.raises(ValueError, match="K % 32"):
+        cpu_int4.pack_int4(torch.zeros(16, 48, dtype=torch.int64), torch.ones(16, 1), torch.zeros(16, 1))
+    with pytest.raises(ValueError, match="scale and lo"):
+        cpu_int4.pack_int4(q, scale[:, :1], lo)
+
+
+def test_the_isa_caps_of_the_cpu_kind_emulation_cap_the_paths():
+    every = {"amx_tile", "amx_bf16", "avx512_bf16", "avx512bw", "avx512vl", "avx512dq", "avx2", "fma", "f16c"}
+    assert cpu_int4.cpu_paths(every, {}) in ([], ["amx", "avx512bf16", "avx2"])  # [] off x86-64
+    if not cpu_int4.cpu_paths(every, {}):
+        return
+    assert cpu_int4.cpu_paths(every, {"ONEDNN_MAX_CPU_ISA": "AVX512_CORE_BF16"}) == ["avx512bf16", "avx2"]
+    assert cpu_int4.cpu_paths(every, {"ATEN_CPU_CAPABILITY": "avx2", "ONEDNN_MAX_CPU_ISA": "AVX2"}) == ["avx2"]
+    assert cpu_int4.cpu_paths(every - {"amx_tile"}, {}) == ["avx512bf16", "avx2"]
+    assert cpu_int4.cpu_paths({"avx2", "fma", "f16c"}, {}) == ["avx2"]
+    assert cpu_int4.cpu_paths({"sse4_2"}, {}) == []
+
+
+def test_int4w_picks_the_tile_kernel_where_it_runs_and_torch_when_asked():
+    kernel, why = weight_only.int4_kernel(torch.bfloat16)
+    if cpu_int4.available() is None and cpu_int4.path_for(torch.bfloat16):
+        assert kernel == "tiles" and "one weight pass" in why
+    else:
+        assert kernel == "torch" and why
+    assert weight_only.int4_kernel(torch.bfloat16, "torch") == ("torch", "asked for")
+    with pytest.raises(ValueError, match="unknown int4 kernel"):
+        weight_only.int4_kernel(torch.bfloat16, "fast")
+    w = torch.randn(64, 128)
+    torch_op = weight_only.LowBitWeight.make("int4w", w, torch.float32, "torch")
+    assert torch_op.kernel == "torch"
+    if weight_only.int4_kernel(torch.float32)[0] == "tiles":
+        tiles = weight_only.LowBitWeight.make("int4w", w, torch.float32, "tiles")
+        x = torch.randn(3, 128)
+        # the same grid through both kernels: the tile kernel's bf16 scales and lows (2^-9 relative)
+        # against torch's float32 ones: within 1% of the outputs' range, a tenth of int4's own error
+        a, b = tiles.matmul(x), torch_op.matmul(x)
+        assert (a - b).abs().max() <= 0.01 * b.abs().max()
+        assert (a - b).abs().max() <= 0.1 * (x @ w.T - b).abs().max()
