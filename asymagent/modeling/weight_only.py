@@ -57,7 +57,7 @@ from dataclasses import dataclass, field
 import torch
 import torch.nn.functional as F
 
-from asymagent.kernels import cpu_int4
+from asymagent.kernels import cpu_lowbit
 from asymagent.modeling.gguf_blocks import ABOVE_4_BITS, Q4K_GROUP, GgufBlocks, Q4KGrid
 from asymagent.modeling.packed_linear import unpack_linears
 from asymagent.modeling.probe_cache import cached_probe
@@ -72,7 +72,7 @@ MAX_ROWS = 32  # forwards of up to this many rows take the low-bit kernel (as Pa
 FLOOR_CANDIDATES = (1, 2, 4)  # row floors the probe tries, smallest first
 LINEAR_NAMES = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
 HEAD = "lm_head"  # the output head: int8 in both kinds (module doc)
-INT4_KERNELS = ("tiles", "torch")  # int4w's kernels (module doc); ASYMAGENT_INT4_KERNEL forces one
+LOWBIT_KERNELS = ("tiles", "torch")  # the low-bit kernels (module doc); ASYMAGENT_LOWBIT_KERNEL forces one
 
 
 class WeightOnlyUnavailable(RuntimeError):
@@ -82,12 +82,14 @@ class WeightOnlyUnavailable(RuntimeError):
 
 @functools.cache
 def op_missing(kind: str) -> str | None:
-    """None if this torch has `kind`'s CPU op and it runs on a tiny case, else why not (once)."""
+    """None if this torch has `kind`'s CPU op and it runs on a tiny case, else why not (once). torch's
+    op, not the tile kernel: it serves the layers the tiles do not (inputs not a multiple of 32, a
+    CPU without a path) and is the kernel everywhere the tile kernel does not build."""
     if kind not in KINDS:
         raise ValueError(f"unknown weight-only kind {kind!r}; use one of {', '.join(KINDS)}")
     try:
         w = torch.randn(32, 64)  # [N, K]
-        layer = LowBitWeight.make(kind, w, torch.float32)
+        layer = LowBitWeight.make(kind, w, torch.float32, "torch")
         layer.matmul(torch.randn(2, 64))
     except (AttributeError, RuntimeError, NotImplementedError) as exc:  # op absent or failing
         return f"{type(exc).__name__}: {exc}"
@@ -105,23 +107,23 @@ def int4_group(n_in: int) -> int:
     raise WeightOnlyUnavailable(f"int4w needs a layer's inputs divisible by {min(INT4_GROUPS)}, got {n_in}")
 
 
-def int4_kernel(dtype: torch.dtype, asked: str | None = None) -> tuple:
-    """(kernel, why) int4w runs for activations of `dtype`: "tiles" (kernels/cpu_int4.py: 1..32 rows
-    at one read of the weight) where it built and this CPU has a path for `dtype`, else "torch"
-    (`_weight_int4pack_mm_for_cpu`). `asked` (or $ASYMAGENT_INT4_KERNEL) forces one; "tiles"
-    forced where it cannot run is an error."""
-    asked = asked or os.environ.get("ASYMAGENT_INT4_KERNEL") or None
-    if asked not in (None, *INT4_KERNELS):
-        raise ValueError(f"unknown int4 kernel {asked!r}; use one of {', '.join(INT4_KERNELS)}")
+def lowbit_kernel(dtype: torch.dtype, asked: str | None = None) -> tuple:
+    """(kernel, why) the low-bit layers run for activations of `dtype`: "tiles" (kernels/cpu_lowbit.py:
+    1..32 rows at one read of the weight, int4 and int8) where it built and this CPU has a path for
+    `dtype`, else "torch" (`_weight_int4pack_mm_for_cpu`, `_weight_int8pack_mm`). `asked` (or
+    $ASYMAGENT_LOWBIT_KERNEL) forces one; "tiles" forced where it cannot run is an error."""
+    asked = asked or os.environ.get("ASYMAGENT_LOWBIT_KERNEL") or None
+    if asked not in (None, *LOWBIT_KERNELS):
+        raise ValueError(f"unknown low-bit kernel {asked!r}; use one of {', '.join(LOWBIT_KERNELS)}")
     if asked == "torch":
         return "torch", "asked for"
-    why = cpu_int4.available()
-    path = cpu_int4.path_for(dtype) if why is None else None
+    why = cpu_lowbit.available()
+    path = cpu_lowbit.path_for(dtype) if why is None else None
     if why is None and path is None:
-        why = f"no path of the tile kernel takes {dtype} activations on this CPU ({cpu_int4.cpu_paths()})"
+        why = f"no path of the tile kernel takes {dtype} activations on this CPU ({cpu_lowbit.cpu_paths()})"
     if why is not None:
         if asked == "tiles":
-            raise WeightOnlyUnavailable(f"the int4 tile kernel cannot run here: {why}")
+            raise WeightOnlyUnavailable(f"the low-bit tile kernel cannot run here: {why}")
         return "torch", why
     return "tiles", f"path {path}: one weight pass for 1..32 rows"
 
@@ -135,19 +137,23 @@ class LowBitWeight:
     qparams: torch.Tensor  # int8w: scales [N]; int4w: scales and zeros [K / group, N, 2]
     group: int  # int4w's group size (0 for int8w)
     dtype: torch.dtype  # activations (and qparams) dtype
-    kernel: str = "torch"  # int4w: "tiles" (kernels/cpu_int4.py; qweight its records, qparams empty) or "torch"
+    kernel: str = "torch"  # "tiles" (kernels/cpu_lowbit.py: qweight its records; int8 qparams its float32
+    # scales padded, int4 none) or "torch"
     path: str | None = None  # the tile kernel's path (amx, avx512bf16, avx2)
     n_out: int = 0  # output channels (the tile kernel's records are padded to 64)
 
     @classmethod
     def make(cls, kind: str, weight: torch.Tensor, dtype: torch.dtype, kernel: str | None = None) -> "LowBitWeight":
         """Quantise a float weight [N, K] for activations of `dtype` (the weight's values in float32);
-        `kernel`: int4w's kernel (`int4_kernel`: None picks)."""
+        `kernel`: the kernel (`lowbit_kernel`: None picks)."""
         w = weight.detach().to(torch.float32)  # [N, K]
         n_out, n_in = w.shape
         if kind == "int8w":
             scale = (w.abs().amax(dim=1) / 127.0).clamp(min=1e-12)  # [N]
             q = torch.round(w / scale[:, None]).clamp(-127, 127).to(torch.int8)  # [N, K]
+            if n_in % cpu_lowbit.GROUP == 0 and lowbit_kernel(dtype, kernel)[0] == "tiles":
+                tiles, scales = cpu_lowbit.pack_int8(q, scale)  # [N/64, K/32, 4, 512] uint8, [N/64 * 64]
+                return cls(kind, tiles, scales, 0, dtype, "tiles", cpu_lowbit.path_for(dtype), n_out)
             return cls(kind, q, scale.to(dtype), 0, dtype)
         group = int4_group(n_in)
         wg = w.view(n_out, n_in // group, group)  # [N, G, g]
@@ -161,11 +167,11 @@ class LowBitWeight:
                   kernel: str | None = None) -> "LowBitWeight":
         """int4w from a grid w = scale * q + lo per `group` inputs: a GGUF's Q4_K blocks as the file
         holds them (gguf_blocks.py), or `make`'s min/max rounding of a float weight; through the
-        tile kernel where `int4_kernel` picks it, else torch's op."""
-        if group == cpu_int4.GROUP and int4_kernel(dtype, kernel)[0] == "tiles":
-            tiles = cpu_int4.pack_int4(grid.q, grid.scale, grid.lo)  # [N/64, K/32, 4, 320] uint8
+        tile kernel where `lowbit_kernel` picks it, else torch's op."""
+        if group == cpu_lowbit.GROUP and lowbit_kernel(dtype, kernel)[0] == "tiles":
+            tiles = cpu_lowbit.pack_int4(grid.q, grid.scale, grid.lo)  # [N/64, K/32, 4, 320] uint8
             return cls("int4w", tiles, torch.empty(0, dtype=dtype), group, dtype, "tiles",
-                       cpu_int4.path_for(dtype), grid.q.shape[0])
+                       cpu_lowbit.path_for(dtype), grid.q.shape[0])
         packed = torch.ops.aten._convert_weight_to_int4pack_for_cpu(grid.q, 1)  # [N, K / 2] uint8
         # the kernel computes (q - 8) * s + z: z = lo + 8 s gives lo + q s
         sz = torch.stack([grid.scale, grid.lo + 8.0 * grid.scale], dim=-1)  # [N, G, 2]
@@ -173,10 +179,12 @@ class LowBitWeight:
 
     def matmul(self, x: torch.Tensor) -> torch.Tensor:
         """x [M, K] (self.dtype) -> [M, N] through the low-bit kernel."""
+        if self.kernel == "tiles" and self.kind == "int8w":
+            return cpu_lowbit.int8_linear(x, self.qweight, self.qparams, self.n_out, self.path)
+        if self.kernel == "tiles":
+            return cpu_lowbit.int4_linear(x, self.qweight, self.n_out, self.path)
         if self.kind == "int8w":
             return torch._weight_int8pack_mm(x, self.qweight, self.qparams)
-        if self.kernel == "tiles":
-            return cpu_int4.int4_linear(x, self.qweight, self.n_out, self.path)
         return torch.ops.aten._weight_int4pack_mm_for_cpu(x, self.qweight, self.group, self.qparams)
 
     def nbytes(self) -> int:
@@ -245,7 +253,7 @@ class WeightOnlyReport:
     # where each layer's low-bit values came from: "min/max" (rounded from the float weight),
     # "Q4_K" (the GGUF's own grid), "int8: Q6_K" ... (kept above 4 bits by the file): counts
     sources: dict = field(default_factory=dict)
-    kernel: str = ""  # int4w: the kernel its 4-bit layers run ("tiles" or "torch"), and why
+    kernel: str = ""  # the kernel its low-bit layers run ("tiles" or "torch"), and why
     kernel_why: str = ""
 
 
@@ -274,7 +282,7 @@ def quantize_weights(model: torch.nn.Module, kind: str, max_rows: int = MAX_ROWS
     on one model (`dequantize_weights` between) quantises each layer once.
     `gguf`: the GGUF file the model was loaded from; int4w then takes its Q4_K layers' own grid and
     gives int8 to the layers the file keeps above 4 bits (asymagent/modeling/gguf_blocks.py).
-    `kernel`: int4w's kernel, "tiles" or "torch" (`int4_kernel`; None: the tile kernel where it runs)."""
+    `kernel`: the low-bit kernel, "tiles" or "torch" (`lowbit_kernel`; None: the tile kernel where it runs)."""
     why = op_missing(kind)
     if why is not None:
         raise WeightOnlyUnavailable(f"--dtype {kind} needs torch's CPU weight-only op, which is "
@@ -284,9 +292,8 @@ def quantize_weights(model: torch.nn.Module, kind: str, max_rows: int = MAX_ROWS
         raise ValueError(f"--dtype {kind} runs bf16 or float32 models on the CPU, got "
                          f"{param.dtype} on {param.device}")
     report = WeightOnlyReport(kind)
-    if kind == "int4w":
-        report.kernel, report.kernel_why = int4_kernel(param.dtype, kernel)
-        _log.info("--dtype int4w: 4-bit layers through %s (%s)", report.kernel, report.kernel_why)
+    report.kernel, report.kernel_why = lowbit_kernel(param.dtype, kernel)
+    _log.info("--dtype %s: low-bit layers through %s (%s)", kind, report.kernel, report.kernel_why)
     capability = torch.backends.cpu.get_cpu_capability()
     if not capability.startswith("AVX512") and report.kernel != "tiles":
         _log.warning("--dtype %s on a %s CPU: torch's low-bit kernels without AVX-512 were measured "
@@ -300,7 +307,7 @@ def quantize_weights(model: torch.nn.Module, kind: str, max_rows: int = MAX_ROWS
         w = module.weight
         key = (name, kind, gguf, report.kernel)
         if key not in store or store[key][0].dtype != w.dtype:
-            store[key] = _lowbit_of(kind, name, w, blocks, report.kernel or None)
+            store[key] = _lowbit_of(kind, name, w, blocks, report.kernel)
         lowbit, source = store[key]
         report.sources[source] = report.sources.get(source, 0) + 1
         shape = tuple(w.shape)
@@ -327,12 +334,12 @@ def _lowbit_of(kind: str, name: str, w: torch.Tensor, blocks, kernel: str | None
     grid where it holds, int8 where the file keeps the layer above 4 bits, else rounded from the
     float weight (min/max). `blocks()`: the GgufBlocks of the source file, or None."""
     if name == HEAD:
-        return LowBitWeight.make("int8w", w, w.dtype), "int8: head"
+        return LowBitWeight.make("int8w", w, w.dtype, kernel), "int8: head"
     found = blocks().find(w) if blocks() is not None else None
     if found is not None and found.grid is not None:
         return LowBitWeight.from_grid(found.grid, w.dtype, kernel=kernel), "Q4_K"
     if found is not None and found.type_name in ABOVE_4_BITS:
-        return LowBitWeight.make("int8w", w, w.dtype), f"int8: {found.type_name}"
+        return LowBitWeight.make("int8w", w, w.dtype, kernel), f"int8: {found.type_name}"
     return LowBitWeight.make(kind, w, w.dtype, kernel), "min/max"
 
 

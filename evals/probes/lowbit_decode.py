@@ -63,7 +63,8 @@ def _conversation_ids(tokenizer, suite: str, seed: int, need: int) -> list:
 def _switch(model, kind: str, store: dict, source: str) -> dict:
     """Put `model` in `kind` (module doc); returns what was done. "int4w" of a GGUF source takes
     the file's Q4_K grid (asymagent/modeling/gguf_blocks.py); "int4w:minmax" rounds the float
-    weights as for any other source."""
+    weights as for any other source; "int4w:torch" / "int4w:tiles" force int4w's kernel (torch's op,
+    or kernels/cpu_lowbit.py; plain "int4w": the tile kernel where it runs)."""
     from asymagent.kv import lean_forward
     from asymagent.modeling.packed_linear import pack_linears, unpack_linears
     from asymagent.modeling.weight_only import dequantize_weights, quantize_weights
@@ -76,10 +77,13 @@ def _switch(model, kind: str, store: dict, source: str) -> dict:
     if kind in ("bfloat16", "float32"):
         info["packed"] = pack_linears(model).packed
     else:
-        gguf = source if source.endswith(".gguf") and not kind.endswith(":minmax") else None
-        report = quantize_weights(model, kind.removesuffix(":minmax"), store=store, gguf=gguf)
+        base, *suffixes = kind.split(":")
+        gguf = source if source.endswith(".gguf") and "minmax" not in suffixes else None
+        kernel = next((x for x in suffixes if x in ("tiles", "torch")), None)
+        report = quantize_weights(model, base, store=store, gguf=gguf, kernel=kernel)
         info.update(lowbit_gb=report.lowbit_bytes / 1e9, float_gb=report.float_bytes / 1e9,
-                    floors=report.floors, sources=report.sources)
+                    floors=report.floors, sources=report.sources, kernel=report.kernel,
+                    kernel_why=report.kernel_why)
     info["switch_s"] = time.perf_counter() - start
     lean = lean_forward.attach(model)
     info["lean_forward"] = ("fused" if lean.fused else "on") if lean.attached else f"off: {lean.why}"
@@ -255,7 +259,7 @@ def main(argv=None) -> int:
     p.add_argument("--pair", default=None, help="a named pair: its verifier (asymagent/modeling/pairs.py)")
     p.add_argument("--verifier", default="default", help="a model source when --pair is not given")
     p.add_argument("--kinds", default="bfloat16,int8w,int4w",
-                   help='comma list of bfloat16/float32, int8w, int4w, "int4w:minmax" (int4w rounded from '
+                   help='comma list of bfloat16/float32, int8w, int4w, "int4w:torch" / "int4w:tiles" (int4w\'s kernel forced), "int4w:minmax" (int4w rounded from '
                         'the float weights even when the source is a GGUF), "llama_cpp" (llama-cpp-python '
                         "on the same GGUF file)")
     p.add_argument("--dtype", default="auto",

@@ -1,4 +1,4 @@
-"""One-weight-pass int4 linear for the CPU (kernels/cpu_int4.cpp): 1..32 rows at one read of the 4-bit weight.
+"""One-weight-pass int4 linear for the CPU (kernels/cpu_lowbit.cpp): 1..32 rows at one read of the 4-bit weight.
 
 Why (issue 55): speculation on a CPU gains because a K+1-row verify reads the weights once, as a
 one-row decode does. torch's `_weight_int4pack_mm_for_cpu` re-dequantises per row block (16 rows
@@ -50,7 +50,7 @@ SUPER = 4  # blocks whose records for one group lie together (one stream for a t
 RECORD = BLOCK * GROUP // 2 + 2 * BLOCK * 2  # 320 bytes: the tile's nibbles, then its scales and lows
 PATHS = ("amx", "avx512bf16", "avx2")  # fastest first
 _PATH_ID = {"amx": 0, "avx512bf16": 1, "avx2": 2}
-_SOURCE = Path(__file__).with_name("cpu_int4.cpp")
+_SOURCE = Path(__file__).with_name("cpu_lowbit.cpp")
 
 
 def _cpu_flags() -> set:
@@ -89,7 +89,7 @@ def _build_dir() -> Path:
     root = os.environ.get("ASYMAGENT_CACHE_DIR") or os.path.join(
         os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"), "asymagent")
     digest = hashlib.sha256(_SOURCE.read_bytes()).hexdigest()[:12]
-    path = Path(root) / "kernels" / f"cpu_int4-{digest}-torch{torch.__version__.replace('+', '_')}"
+    path = Path(root) / "kernels" / f"cpu_lowbit-{digest}-torch{torch.__version__.replace('+', '_')}"
     path.mkdir(parents=True, exist_ok=True)
     return path
 
@@ -99,7 +99,7 @@ def _module():
     """The built extension (once per process); raises what the build raised."""
     from torch.utils.cpp_extension import load
 
-    return load(name="asymagent_cpu_int4", sources=[str(_SOURCE)], build_directory=str(_build_dir()),
+    return load(name="asymagent_cpu_lowbit", sources=[str(_SOURCE)], build_directory=str(_build_dir()),
                 extra_cflags=["-O3", "-std=c++17", "-fopenmp"], extra_ldflags=["-fopenmp"], verbose=False)
 
 
@@ -142,10 +142,10 @@ def pack_int4(q: torch.Tensor, scale: torch.Tensor, lo: torch.Tensor) -> torch.T
     nb, g = (n + pad) // BLOCK, k // GROUP
     v = q.to(torch.int64).view(nb, BLOCK, g, GROUP // 2, 2)  # [b, channel, group, pair r, parity]
     rows = v.permute(0, 2, 3, 1, 4).reshape(nb, g, GROUP // 2, 2 * BLOCK)  # [b, g, r, value p = 2 channel + parity]
-    # quarter z holds rows 4z + rr; dword lane i, nibble j = 2 rr + h: value 16 h + i (cpu_int4.cpp)
-    nib = rows.view(nb, g, 4, 4, 2, BLOCK).permute(0, 1, 2, 5, 3, 4).reshape(nb, g, 4, BLOCK, 8)
-    words = (nib << torch.arange(0, 32, 4, dtype=torch.int64)).sum(dim=-1)  # [b, g, 4, 16] in 0..2^32-1
-    words = torch.where(words >= 2 ** 31, words - 2 ** 32, words).to(torch.int32)  # as int32's bits
+    # quarter z holds rows 4z..4z+3 as 32 words; word i, nibble j: row 4z + j, value i (cpu_lowbit.cpp)
+    nib = rows.view(nb, g, 4, 4, 2 * BLOCK).permute(0, 1, 2, 4, 3)  # [b, g, z, i, j]
+    words = (nib << torch.arange(0, 16, 4, dtype=torch.int64)).sum(dim=-1)  # [b, g, 4, 32] in 0..65535
+    words = torch.where(words >= 2 ** 15, words - 2 ** 16, words).to(torch.int16)  # as int16's bits
     nibbles = words.contiguous().view(torch.uint8).view(nb, g, 4 * 64)  # [b, g, 256]
     params = torch.cat([scale.view(nb, BLOCK, g).transpose(1, 2), lo.view(nb, BLOCK, g).transpose(1, 2)], dim=-1)
     params = params.to(torch.bfloat16).contiguous().view(torch.uint8)  # [b, g, 64]
@@ -159,13 +159,33 @@ def int4_linear(x: torch.Tensor, tiles: torch.Tensor, n_out: int, path: str) -> 
     return y if y.shape[1] == n_out else y[:, :n_out].contiguous()
 
 
+def pack_int8(q: torch.Tensor, scale: torch.Tensor) -> tuple:
+    """q [N, K] int8, scale [N] -> (records uint8 [ceil(N/64), K/32, 4, 512], scales float32 [ceil(N/64) * 64])."""
+    n, k = q.shape
+    if k % GROUP:
+        raise ValueError(f"int8 tiles need K % {GROUP} == 0, got K = {k}")
+    if tuple(scale.shape) != (n,):
+        raise ValueError(f"scale must be [{n}], got {tuple(scale.shape)}")
+    pad = -n % (BLOCK * SUPER)
+    q = torch.cat([q.to(torch.int8), q.new_zeros(pad, k, dtype=torch.int8)])
+    nb, g = (n + pad) // BLOCK, k // GROUP
+    rows = q.view(nb, BLOCK, g, GROUP // 2, 2).permute(0, 2, 3, 1, 4)  # [b, g, r, channel, parity]
+    records = rows.reshape(nb, g, BLOCK * GROUP).view(torch.uint8)  # [b, g, 512]
+    records = records.view(nb // SUPER, SUPER, g, BLOCK * GROUP).transpose(1, 2).contiguous()  # [b/4, g, 4, 512]
+    return records, torch.cat([scale.to(torch.float32), scale.new_zeros(pad, dtype=torch.float32)]).contiguous()
+
+
+def int8_linear(x: torch.Tensor, tiles: torch.Tensor, scale: torch.Tensor, n_out: int, path: str) -> torch.Tensor:
+    """x [M, K] (bf16 for amx/avx512bf16, float32 for avx2) -> [M, n_out]: x @ (q * scale)^T."""
+    y = _module().int8_linear(x.contiguous(), tiles, scale, _PATH_ID[path])  # [M, ceil(n_out / 64) * 64]
+    return y if y.shape[1] == n_out else y[:, :n_out].contiguous()
+
+
 def int4_linear_reference(x: torch.Tensor, q: torch.Tensor, scale: torch.Tensor, lo: torch.Tensor) -> torch.Tensor:
     """The kernel's function in plain torch: the weight dequantised in float32 from bf16 scale and lo,
-    rounded to x's dtype's weight precision (bf16 for bf16 x), products summed in float32."""
+    products summed in float32, the result in x's dtype."""
     n, k = q.shape
     s = scale.to(torch.bfloat16).to(torch.float32).repeat_interleave(GROUP, dim=1)  # [N, K]
     l = lo.to(torch.bfloat16).to(torch.float32).repeat_interleave(GROUP, dim=1)  # [N, K]
     w = torch.addcmul(l, q.to(torch.float32), s)  # [N, K] float32
-    if x.dtype == torch.bfloat16:
-        w = w.to(torch.bfloat16).to(torch.float32)
     return (x.to(torch.float32) @ w.T).to(x.dtype)  # [M, N]
