@@ -9,8 +9,12 @@ the Qwen2.5-Coder 1.5B ([out, in]: q/o 1536x1536, k/v 256x1536, gate/up 8960x153
 
 - "bf16": `F.linear` on the bf16 weight (oneDNN; AMX where present); with `--dtype float32` (what
   an AVX2-only CPU runs) every kind takes float32 activations and "bf16" is float32's `F.linear`;
-- "int4w": `aten._weight_int4pack_mm_for_cpu` (today's `--dtype int4w`, weight_only.py; groups of 32);
-- "int8w": `torch._weight_int8pack_mm` (today's `--dtype int8w` and int4w's Q6_K layers);
+- "int4w": `aten._weight_int4pack_mm_for_cpu` (`--dtype int4w` with ASYMAGENT_LOWBIT_KERNEL=torch,
+  weight_only.py; groups of 32);
+- "int8w": `torch._weight_int8pack_mm` (`--dtype int8w` and int4w's Q6_K layers with
+  ASYMAGENT_LOWBIT_KERNEL=torch);
+- "int4w_tiles" / "int8w_tiles": kernels/cpu_lowbit.py, the tile kernel `--dtype int4w|int8w` run
+  where it builds (one read of the weight for 1..32 rows; its AMX, AVX512-BF16 or AVX2 path);
 - "int4w_inductor" / "int8w_inductor": the same ops under `torch.compile` with freezing and
   `max_autotune` on the CPP GEMM backend (Inductor's CPU GEMM templates: `CppWoqInt4GemmTemplate`
   with its AMX / AVX-512 micro-kernels for int4, `CppGemmTemplate` with the int8 weight prepacked
@@ -41,7 +45,7 @@ from asymagent.evals.probes.harness import command, finish, parser
 SHAPES = {"q_o": (1536, 1536), "k_v": (256, 1536), "gate_up": (8960, 1536), "down": (1536, 8960)}
 PER_LAYER = {"q_o": 2, "k_v": 2, "gate_up": 2, "down": 1}  # linears of each shape per decoder layer
 LAYERS = 28  # decoder layers of the 1.5B
-ALL_KINDS = ("bf16", "int4w", "int8w", "int4w_inductor", "int8w_inductor", "int4w_inductor_pad16",
+ALL_KINDS = ("bf16", "int4w", "int8w", "int4w_tiles", "int8w_tiles", "int4w_inductor", "int8w_inductor", "int4w_inductor_pad16",
              "int8w_inductor_pad16", "torchao_int8",
              "torchao_int8_compiled", "torchao_int4", "int4_tiled")
 
@@ -130,13 +134,16 @@ def _callables(weight, kinds: list, tile: int) -> tuple[dict, dict]:
 
     fns, skipped = {}, {}
     dtype = weight.dtype
-    low = {k: LowBitWeight.make(k, weight, dtype) for k in ("int4w", "int8w")}
+    low = {k: LowBitWeight.make(k, weight, dtype, "torch") for k in ("int4w", "int8w")}
     for kind in kinds:
         try:
             if kind == "bf16":
                 fns[kind] = lambda x: F.linear(x, weight)
             elif kind in low:
                 fns[kind] = low[kind].matmul
+            elif kind in ("int4w_tiles", "int8w_tiles"):
+                tiled = LowBitWeight.make(kind.removesuffix("_tiles"), weight, dtype, "tiles")
+                fns[kind] = tiled.matmul
             elif kind == "int8w_inductor_pad16":
                 fns[kind] = CompiledInt8(low["int8w"].qweight, low["int8w"].qparams, dtype).matmul
             elif "_inductor" in kind:
