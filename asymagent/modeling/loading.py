@@ -251,9 +251,9 @@ def load_model(source: str | os.PathLike, *, gguf_file: str | None = None,
 
         gguf = loaded.source if loaded.source.endswith(".gguf") else None
         report = quantize_weights(loaded.model, quantize, gguf=gguf)
-        _log.info("%s: %d linears to %s in %.1f s (%.2f GB low-bit beside %.2f GB float; from %s)",
+        _log.info("%s: %d linears to %s in %.1f s (%.2f GB low-bit beside %.2f GB float; from %s; kernel %s: %s)",
                   source, report.layers, quantize, report.seconds, report.lowbit_bytes / 1e9,
-                  report.float_bytes / 1e9, report.sources)
+                  report.float_bytes / 1e9, report.sources, report.kernel, report.kernel_why)
     return loaded
 
 

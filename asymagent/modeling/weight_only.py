@@ -1,23 +1,29 @@
-"""Weight-only int8 / int4 linear layers for the CPU (`--dtype int8w`, `--dtype int4w`): torch's own low-bit matmuls.
+"""Weight-only int8 / int4 linear layers for the CPU (`--dtype int8w`, `--dtype int4w`): the tile kernel, or torch's ops.
 
 Why: decoding one token of a 1.5B verifier reads every decoder weight once; in bf16 that is
 ~3 GB a token, and on a CPU the decode is bandwidth-bound, so the weight format sets the speed.
 Weight-only quantisation keeps the activations in the model's float dtype (bf16 where the CPU has
 a bf16 unit, float32 elsewhere) and stores the decoder layers' linear weights in fewer bits:
 
-- "int8w": int8 per output channel, symmetric (w ~ q * s, q in [-127, 127]), through
-  `torch._weight_int8pack_mm(x [M, K], q [N, K] int8, s [N]) -> [M, N]`;
-- "int4w": int4 per group of INT4_GROUP inputs, asymmetric (w ~ (q - 8) * s + z, q in [0, 15]),
-  packed once by `aten._convert_weight_to_int4pack_for_cpu` and run by
-  `aten._weight_int4pack_mm_for_cpu(x, packed, group, sz [K / group, N, 2])`.
+- "int8w": int8 per output channel, symmetric (w ~ q * s, q in [-127, 127]);
+- "int4w": int4 per group of INT4_GROUP inputs, asymmetric (w ~ lo + q * s, q in [0, 15]).
   INT4_GROUP = 32 is Q4_K's sub-block: the pair's bf16 weights are dequantised Q4_K blocks (a
   scale and a min per 32 weights on a 16-level grid), so min/max quantisation per 32 inputs gives
-  most of them back exactly.
+  most of them back exactly, and a GGUF's own grid is read where it holds (gguf_blocks.py).
 
-These are the kernels torchao's CPU weight-only layouts dispatch to; torchao itself is not used:
-its 0.18 `Int8WeightOnlyConfig` dequantises the whole weight on every call (28 ms for an
-[8960, 1536] layer, against 0.35 ms for the op) and its int4 CPU packing format is gone
-(docs/cpu.md). A torch without the ops gives a clear error (`op_missing`).
+Two kernels (`lowbit_kernel`; $ASYMAGENT_LOWBIT_KERNEL=tiles|torch forces one):
+- "tiles" (kernels/cpu_lowbit.py, built at first use), where it builds and the CPU has a path for
+  the activations' dtype (AMX or AVX512-BF16 for bf16, AVX2 for float32): each 16-channel x
+  32-input tile of the weight is read once and used for every row of the call, so a K+1-row verify
+  costs about what a one-row decode does (issue 55; docs/cpu.md, "The tile kernel"). Layers whose
+  inputs are not a multiple of 32 keep torch's op.
+- "torch": `torch._weight_int8pack_mm(x, q [N, K] int8, s [N])` and
+  `aten._weight_int4pack_mm_for_cpu(x, packed, group, sz [K / group, N, 2])` (packed once by
+  `aten._convert_weight_to_int4pack_for_cpu`; it computes (q - 8) * s + z): one row costs a
+  fraction of bf16's, but 16 rows cost several one-row calls, so speculation loses in these kinds.
+torchao is not used: its 0.18 `Int8WeightOnlyConfig` dequantises the whole weight on every call
+(28 ms for an [8960, 1536] layer, against 0.35 ms for the op) and its int4 CPU packing format is
+gone (docs/cpu.md). A torch without the ops gives a clear error (`op_missing`).
 
 Which rows take the low-bit kernel: forwards of at most `max_rows` (32) rows on the CPU without
 autograd: decode (one row), the K+1-row verify, drafter steps. Longer forwards (prefill chunks)
@@ -32,7 +38,8 @@ Batch invariance: a row must get the same bits alone as among up to 32 rows (ful
 row, spec verifies K+1). `row_floor(kind, dtype, shape)` probes it once per (kind, dtype, shape,
 threads) like `packed_linear.linear_floor` (asymagent/modeling/row_floor.py): the smallest of
 FLOOR_CANDIDATES for which rows padded to it agree; forwards of fewer rows are padded. On this
-AMX machine both kernels need no padding (floor 1) in bf16 and float32. If no candidate holds,
+AMX machine every kernel needs no padding (floor 1) in bf16 and float32; the tile kernel holds it
+by construction on every path (rows never mix), and the probe checks it all the same. If no candidate holds,
 `quantize_weights` refuses with a clear error rather than run a kernel that would make spec differ
 from full.
 
