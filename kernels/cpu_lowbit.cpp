@@ -132,39 +132,52 @@ __attribute__((target(TGT_AMX))) static void amx_blocks(
   for (int t = 0; t < 5; ++t) cfg.rows[t] = r0;  // C 0-3 [r0 x 16] float32, A 4 [r0 x 32] bf16
   for (int t = 5; t < 8; ++t) cfg.rows[t] = 16;  // B [16 pairs x 32] bf16
   _tile_loadconfig(&cfg);
-  alignas(64) uint16_t btile[4][16 * 32];
-  alignas(64) float cbuf[4][16 * 16];
+  // Software-pipelined over the groups: the B tiles of group g + 1 are written while group g's
+  // tiles multiply (a tile load waits for the stores it reads to reach L1), and group g - 1's sums
+  // are folded meanwhile. The fold order per row is the groups' order, as without the pipeline.
+  alignas(64) uint16_t btile[2][4][16 * 32];
+  alignas(64) float cbuf[2][4][16 * 16];
   alignas(64) float acc[4][16 * 16];
   const at::BFloat16* xa = x + m0 * K;
   const float* rs = sums + m0 * G;
   const int64_t stride = K * 2;
   for (int64_t b = b0; b < b1; b += kSuper) {
     std::memset(acc, 0, sizeof(acc));
+    for (int j = 0; j < 4; ++j) offset_rows(tw.at(b, 0) + j * kRecord, btile[0][j]);
     for (int64_t g = 0; g < G; ++g) {
-      const uint8_t* t0 = tw.at(b, g);  // the four records lie together
+      const int cur = static_cast<int>(g & 1);
       _tile_zero(0); _tile_zero(1); _tile_zero(2); _tile_zero(3);
       _tile_loadd(4, xa + g * kGroup, stride);
-      offset_rows(t0, btile[0]);
-      _tile_loadd(5, btile[0], 64);
+      _tile_loadd(5, btile[cur][0], 64);
       _tile_dpbf16ps(0, 4, 5);
-      offset_rows(t0 + kRecord, btile[1]);
-      _tile_loadd(6, btile[1], 64);
+      _tile_loadd(6, btile[cur][1], 64);
       _tile_dpbf16ps(1, 4, 6);
-      offset_rows(t0 + 2 * kRecord, btile[2]);
-      _tile_loadd(7, btile[2], 64);
+      _tile_loadd(7, btile[cur][2], 64);
       _tile_dpbf16ps(2, 4, 7);
-      offset_rows(t0 + 3 * kRecord, btile[3]);
-      _tile_loadd(5, btile[3], 64);
+      _tile_loadd(5, btile[cur][3], 64);
       _tile_dpbf16ps(3, 4, 5);
-      _tile_stored(0, cbuf[0], 64);
-      _tile_stored(1, cbuf[1], 64);
-      _tile_stored(2, cbuf[2], 64);
-      _tile_stored(3, cbuf[3], 64);
-      for (int j = 0; j < 4; ++j) {
-        __m512 s, c;
-        scales(t0 + j * kRecord, s, c);
-        fold_group(acc[j], cbuf[j], r0, s, c, rs, G, g);
+      if (g + 1 < G) {
+        const uint8_t* next = tw.at(b, g + 1);  // the four records lie together
+        for (int j = 0; j < 4; ++j) offset_rows(next + j * kRecord, btile[cur ^ 1][j]);
       }
+      if (g > 0) {
+        const uint8_t* prev = tw.at(b, g - 1);
+        for (int j = 0; j < 4; ++j) {
+          __m512 s, c;
+          scales(prev + j * kRecord, s, c);
+          fold_group(acc[j], cbuf[cur ^ 1][j], r0, s, c, rs, G, g - 1);
+        }
+      }
+      _tile_stored(0, cbuf[cur][0], 64);
+      _tile_stored(1, cbuf[cur][1], 64);
+      _tile_stored(2, cbuf[cur][2], 64);
+      _tile_stored(3, cbuf[cur][3], 64);
+    }
+    const uint8_t* last = tw.at(b, G - 1);
+    for (int j = 0; j < 4; ++j) {
+      __m512 s, c;
+      scales(last + j * kRecord, s, c);
+      fold_group(acc[j], cbuf[(G - 1) & 1][j], r0, s, c, rs, G, G - 1);
     }
     for (int j = 0; j < 4; ++j)
       for (int r = 0; r < r0; ++r) store_bf16_row(acc[j] + r * 16, y + (m0 + r) * N + (b + j) * kBlock);
@@ -324,27 +337,30 @@ __attribute__((target(TGT_AMX))) static void amx_blocks8(
   for (int t = 0; t < 5; ++t) cfg.rows[t] = r0;
   for (int t = 5; t < 8; ++t) cfg.rows[t] = 16;
   _tile_loadconfig(&cfg);
-  alignas(64) uint16_t btile[4][16 * 32];
+  // Software-pipelined as amx_blocks: group g + 1's B tiles are written while group g's multiply.
+  alignas(64) uint16_t btile[2][4][16 * 32];
   alignas(64) float cbuf[16 * 16];
   const at::BFloat16* xa = x + m0 * K;
   const int64_t stride = K * 2;
   for (int64_t b = b0; b < b1; b += kSuper) {
     _tile_zero(0); _tile_zero(1); _tile_zero(2); _tile_zero(3);
+    const uint8_t* first = base + (b / kSuper) * G * kSuper * kRecord8;
+    for (int j = 0; j < 4; ++j) int8_rows(first + j * kRecord8, btile[0][j]);
     for (int64_t g = 0; g < G; ++g) {
-      const uint8_t* t0 = base + ((b / kSuper) * G + g) * kSuper * kRecord8;
+      const int cur = static_cast<int>(g & 1);
       _tile_loadd(4, xa + g * kGroup, stride);
-      int8_rows(t0, btile[0]);
-      _tile_loadd(5, btile[0], 64);
+      _tile_loadd(5, btile[cur][0], 64);
       _tile_dpbf16ps(0, 4, 5);
-      int8_rows(t0 + kRecord8, btile[1]);
-      _tile_loadd(6, btile[1], 64);
+      _tile_loadd(6, btile[cur][1], 64);
       _tile_dpbf16ps(1, 4, 6);
-      int8_rows(t0 + 2 * kRecord8, btile[2]);
-      _tile_loadd(7, btile[2], 64);
+      _tile_loadd(7, btile[cur][2], 64);
       _tile_dpbf16ps(2, 4, 7);
-      int8_rows(t0 + 3 * kRecord8, btile[3]);
-      _tile_loadd(5, btile[3], 64);
+      _tile_loadd(5, btile[cur][3], 64);
       _tile_dpbf16ps(3, 4, 5);
+      if (g + 1 < G) {
+        const uint8_t* next = base + ((b / kSuper) * G + g + 1) * kSuper * kRecord8;
+        for (int j = 0; j < 4; ++j) int8_rows(next + j * kRecord8, btile[cur ^ 1][j]);
+      }
     }
     at::BFloat16* yb = y + m0 * N + b * kBlock;
     _tile_stored(0, cbuf, 64); store_scaled(cbuf, r0, scale + b * kBlock, yb, N);
