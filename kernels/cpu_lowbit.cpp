@@ -113,6 +113,17 @@ struct TileConfig {
   uint8_t rows[16];
 };
 
+// Leave the thread's tiles as they were found: another library's configuration (llama.cpp's AMX
+// kernels configure once per thread and rely on it) loaded back, else the tiles released. Their
+// data is not kept: no AMX user keeps data in tiles across calls into other code.
+__attribute__((target(TGT_AMX))) static inline void restore_tiles(const TileConfig& before) {
+  if (before.palette_id != 0) {
+    _tile_loadconfig(&before);
+  } else {
+    _tile_release();
+  }
+}
+
 bool amx_allowed() {  // the kernel's permission to use the AMX tile state (once per process)
   static const bool ok = syscall(SYS_arch_prctl, 0x1023 /* ARCH_REQ_XCOMP_PERM */, 18 /* XTILEDATA */) == 0;
   return ok;
@@ -131,6 +142,8 @@ __attribute__((target(TGT_AMX))) static void amx_blocks(
   for (int t = 0; t < 8; ++t) cfg.colsb[t] = 64;
   for (int t = 0; t < 5; ++t) cfg.rows[t] = r0;  // C 0-3 [r0 x 16] float32, A 4 [r0 x 32] bf16
   for (int t = 5; t < 8; ++t) cfg.rows[t] = 16;  // B [16 pairs x 32] bf16
+  TileConfig before;
+  _tile_storeconfig(&before);  // another AMX user's configuration in this thread, if any
   _tile_loadconfig(&cfg);
   // Software-pipelined over the groups: the B tiles of group g + 1 are written while group g's
   // tiles multiply (a tile load waits for the stores it reads to reach L1), and group g - 1's sums
@@ -182,7 +195,7 @@ __attribute__((target(TGT_AMX))) static void amx_blocks(
     for (int j = 0; j < 4; ++j)
       for (int r = 0; r < r0; ++r) store_bf16_row(acc[j] + r * 16, y + (m0 + r) * N + (b + j) * kBlock);
   }
-  _tile_release();
+  restore_tiles(before);
 }
 
 // ---------------------------------------------------------------- AVX512-BF16 path (no AMX)
@@ -336,6 +349,8 @@ __attribute__((target(TGT_AMX))) static void amx_blocks8(
   for (int t = 0; t < 8; ++t) cfg.colsb[t] = 64;
   for (int t = 0; t < 5; ++t) cfg.rows[t] = r0;
   for (int t = 5; t < 8; ++t) cfg.rows[t] = 16;
+  TileConfig before;
+  _tile_storeconfig(&before);  // another AMX user's configuration in this thread, if any
   _tile_loadconfig(&cfg);
   // Software-pipelined as amx_blocks: group g + 1's B tiles are written while group g's multiply.
   alignas(64) uint16_t btile[2][4][16 * 32];
@@ -368,7 +383,7 @@ __attribute__((target(TGT_AMX))) static void amx_blocks8(
     _tile_stored(2, cbuf, 64); store_scaled(cbuf, r0, scale + (b + 2) * kBlock, yb + 2 * kBlock, N);
     _tile_stored(3, cbuf, 64); store_scaled(cbuf, r0, scale + (b + 3) * kBlock, yb + 3 * kBlock, N);
   }
-  _tile_release();
+  restore_tiles(before);
 }
 
 // R rows (<= 8) of one block, AVX512-BF16: vdpbf16ps over all input pairs in order, then the scales.
@@ -525,10 +540,38 @@ at::Tensor int8_linear(const at::Tensor& x, const at::Tensor& tiles, const at::T
 
 bool amx_ok() { return amx_allowed(); }
 
+// Self-check (tests/test_cpu_lowbit.py): with another configuration loaded in this thread, an int4
+// and an int8 call through the AMX path leave it as it was; with none, the tiles are released.
+__attribute__((target(TGT_AMX))) bool amx_leaves_tiles_as_found() {
+  if (!amx_allowed()) return false;
+  TileConfig theirs, after;
+  std::memset(&theirs, 0, sizeof(theirs));
+  theirs.palette_id = 1;
+  theirs.rows[0] = 3; theirs.colsb[0] = 12;  // an unusual shape: not one the kernel uses
+  theirs.rows[1] = 16; theirs.colsb[1] = 40;
+  const int64_t K = 64, N = 64;
+  std::vector<uint8_t> rec4(1 * 2 * kSuper * kRecord, 0), rec8(1 * 2 * kSuper * kRecord8, 0);
+  std::vector<at::BFloat16> x(2 * K, at::BFloat16(1.0f)), y(2 * N);
+  std::vector<float> sums(2 * 2, 32.0f), scale(N, 1.0f);
+  const Tiles tw{rec4.data(), 2};
+  bool ok = true;
+  for (int with_theirs = 0; with_theirs < 2; ++with_theirs) {
+    if (with_theirs) _tile_loadconfig(&theirs);
+    amx_blocks(x.data(), K, 0, 2, tw, sums.data(), y.data(), N, 0, kSuper);
+    amx_blocks8(x.data(), K, 0, 2, rec8.data(), scale.data(), y.data(), N, 0, kSuper);
+    _tile_storeconfig(&after);
+    ok = ok && (with_theirs ? std::memcmp(&after, &theirs, sizeof(after)) == 0 : after.palette_id == 0);
+  }
+  _tile_release();
+  return ok;
+}
+
 }  // namespace
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("int4_linear", &int4_linear, "y [M, N] = x [M, K] @ W^T for a packed int4 W (path 0 AMX, 1 AVX512-BF16, 2 AVX2)");
   m.def("int8_linear", &int8_linear, "y [M, N] = x [M, K] @ W^T for a packed int8 W with per-channel scales");
   m.def("amx_ok", &amx_ok, "whether this process may use the AMX tile state");
+  m.def("amx_leaves_tiles_as_found", &amx_leaves_tiles_as_found,
+        "self-check: the AMX path restores another user's tile configuration (or releases the tiles)");
 }

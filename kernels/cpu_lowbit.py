@@ -129,6 +129,12 @@ def path_for(dtype: torch.dtype, paths: list | None = None) -> str | None:
     return found[0] if found else None
 
 
+def amx_leaves_tiles_as_found() -> bool:
+    """The extension's self-check: an int4 and an int8 call through the AMX path load another
+    user's tile configuration back (llama.cpp configures once per thread), or release the tiles."""
+    return bool(_module().amx_leaves_tiles_as_found())
+
+
 def pack_int4(q: torch.Tensor, scale: torch.Tensor, lo: torch.Tensor) -> torch.Tensor:
     """q [N, K] in 0..15, scale and lo [N, K/32] -> the kernel's records uint8 [ceil(N/64), K/32, 4, 320]
     (module doc; channels past N are zero weights, their outputs cut by `int4_linear`)."""
