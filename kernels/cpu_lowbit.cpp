@@ -113,9 +113,10 @@ struct TileConfig {
   uint8_t rows[16];
 };
 
-// Leave the thread's tiles as they were found: another library's configuration (llama.cpp's AMX
-// kernels configure once per thread and rely on it) loaded back, else the tiles released. Their
-// data is not kept: no AMX user keeps data in tiles across calls into other code.
+// Leave the thread's tiles as they were found: another library's configuration loaded back (a
+// library may configure once per thread and rely on it, as llama.cpp's AMX kernels do), else the
+// tiles released. Their data is not kept: no AMX user keeps data in tiles across calls into other
+// code.
 __attribute__((target(TGT_AMX))) static inline void restore_tiles(const TileConfig& before) {
   if (before.palette_id != 0) {
     _tile_loadconfig(&before);

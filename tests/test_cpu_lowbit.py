@@ -155,9 +155,8 @@ def test_the_kernel_builds_wherever_a_compiler_and_a_path_are():
 
 
 def test_the_amx_path_leaves_another_users_tile_configuration_in_place():
-    """llama.cpp's AMX kernels configure the tiles once per thread and rely on it: a call through
-    our AMX path in the same thread must load their configuration back (seen: llama.cpp's
-    libggml-cpu faulted when our kernel had released the tiles under it)."""
+    """A library may configure the tiles once per thread and rely on it (llama.cpp's AMX kernels
+    do): a call through our AMX path in the same thread must load that configuration back."""
     if cpu_lowbit.available() is not None or cpu_lowbit.path_for(torch.bfloat16) != "amx":
         pytest.skip("no AMX path here")
     assert cpu_lowbit.amx_leaves_tiles_as_found()
