@@ -16,7 +16,9 @@
 //   bytes 0..255: the tile's 16 rows (row r: inputs 32 g + 2r, + 2r + 1 of its 16 channels: AMX's
 //     VNNI order, value p = 2 channel + parity), as four 64-byte quarters: quarter z holds rows
 //     4z..4z+3 as 32 16-bit words, word i's nibble j is row 4z + j, value i;
-//   bytes 256..319: the tile's 16 scales, then its 16 lows, in bf16.
+//   bytes 256..319: the tile's 16 scales, then its 16 lows, in bf16 (AMX and AVX512-BF16 paths);
+//   for the AVX2 path (float32 activations) bytes 256..383 hold them in float32: records
+//   [N/64, K/32, 4, 384], so a GGUF's Q4_K grid (scales of up to 17 significant bits) stays exact.
 #include <torch/extension.h>
 #include <ATen/Parallel.h>
 #include <immintrin.h>
@@ -33,6 +35,7 @@ constexpr int64_t kBlock = 16;   // output channels per tile
 constexpr int64_t kGroup = 32;   // inputs per tile (one scale and low per channel)
 constexpr int64_t kTileBytes = kBlock * kGroup / 2;  // 256: the nibbles
 constexpr int64_t kRecord = kTileBytes + 64;            // 320: the nibbles, then 16 scales and 16 lows (bf16)
+constexpr int64_t kRecord32 = kTileBytes + 128;         // 384: the same with float32 scales and lows (AVX2 path)
 constexpr int64_t kSuper = 4;                           // blocks whose records for one group lie together
 
 #define TGT_BF16 "avx512f,avx512bw,avx512vl,avx512dq,avx512bf16,fma"
@@ -44,8 +47,9 @@ constexpr int64_t kSuper = 4;                           // blocks whose records 
 struct Tiles {
   const uint8_t* base;
   int64_t G;
+  int64_t rec;  // bytes a record: kRecord (bf16 scales and lows) or kRecord32 (float32)
   inline const uint8_t* at(int64_t b, int64_t g) const {
-    return base + (((b / kSuper) * G + g) * kSuper + b % kSuper) * kRecord;
+    return base + (((b / kSuper) * G + g) * kSuper + b % kSuper) * rec;
   }
 };
 
@@ -271,14 +275,13 @@ __attribute__((target(TGT_AVX2))) static void avx2_blocks(
       for (int v = 0; v < 4; ++v) acc[m][v] = _mm256_setzero_ps();
     for (int64_t g = 0; g < G; ++g) {
       const uint8_t* q = tw.at(b, g);
-      const uint16_t* p = reinterpret_cast<const uint16_t*>(q + kTileBytes);
+      const float* p = reinterpret_cast<const float*>(q + kTileBytes);  // float32 scales, then lows
       __m256 sv[4], lv[4];  // vector v covers values 8v..8v+7: channels 4v..4v+3, each twice
       for (int v = 0; v < 4; ++v) {
         alignas(32) float se[8], le[8];
         for (int i = 0; i < 8; ++i) {
-          uint32_t sb = static_cast<uint32_t>(p[4 * v + i / 2]) << 16, lb = static_cast<uint32_t>(p[16 + 4 * v + i / 2]) << 16;
-          std::memcpy(&se[i], &sb, 4);
-          std::memcpy(&le[i], &lb, 4);
+          se[i] = p[4 * v + i / 2];
+          le[i] = p[16 + 4 * v + i / 2];
         }
         sv[v] = _mm256_load_ps(se);
         lv[v] = _mm256_load_ps(le);
@@ -469,8 +472,9 @@ __attribute__((target(TGT_AVX2))) static void avx2_blocks8(
 // path: 0 = AMX (bf16 x), 1 = AVX512-BF16 (bf16 x), 2 = AVX2 (float32 x). tiles: uint8 [N/64, K/32, 4, 320].
 at::Tensor int4_linear(const at::Tensor& x, const at::Tensor& tiles, int64_t path) {
   TORCH_CHECK(x.dim() == 2 && x.is_contiguous() && x.device().is_cpu(), "int4 linear: x must be a contiguous CPU [M, K]");
+  const int64_t rec = path == 2 ? kRecord32 : kRecord;  // float32 scales for float32 activations
   TORCH_CHECK(tiles.scalar_type() == at::kByte && tiles.dim() == 4 && tiles.is_contiguous() && tiles.size(2) == kSuper
-              && tiles.size(3) == kRecord, "int4 linear: tiles must be uint8 [N/64, K/32, 4, 320]");
+              && tiles.size(3) == rec, "int4 linear: tiles must be uint8 [N/64, K/32, 4, ", rec, "] for path ", path);
   TORCH_CHECK(tiles.size(1) * kGroup == x.size(1), "int4 linear: x has ", x.size(1), " inputs, the weight ",
               tiles.size(1) * kGroup);
   TORCH_CHECK(path >= 0 && path <= 2, "int4 linear: unknown path ", path);
@@ -480,7 +484,7 @@ at::Tensor int4_linear(const at::Tensor& x, const at::Tensor& tiles, int64_t pat
   TORCH_CHECK(path != 0 || amx_allowed(), "int4 linear: the kernel may not use AMX here (arch_prctl refused)");
   const int64_t M = x.size(0), K = x.size(1), G = K / kGroup, N = tiles.size(0) * kSuper * kBlock;
   at::Tensor y = at::empty({M, N}, x.options());
-  const Tiles tw{tiles.data_ptr<uint8_t>(), G};
+  const Tiles tw{tiles.data_ptr<uint8_t>(), G, rec};
   std::vector<float> sums(f32 ? 0 : M * G);
   if (!f32) group_sums_bf16(x.data_ptr<at::BFloat16>(), M, K, sums.data());
   const int64_t chunk = f32 ? 8 : 16;  // rows one pass over a tile serves
@@ -554,7 +558,7 @@ __attribute__((target(TGT_AMX))) bool amx_leaves_tiles_as_found() {
   std::vector<uint8_t> rec4(1 * 2 * kSuper * kRecord, 0), rec8(1 * 2 * kSuper * kRecord8, 0);
   std::vector<at::BFloat16> x(2 * K, at::BFloat16(1.0f)), y(2 * N);
   std::vector<float> sums(2 * 2, 32.0f), scale(N, 1.0f);
-  const Tiles tw{rec4.data(), 2};
+  const Tiles tw{rec4.data(), 2, kRecord};
   bool ok = true;
   for (int with_theirs = 0; with_theirs < 2; ++with_theirs) {
     if (with_theirs) _tile_loadconfig(&theirs);

@@ -20,15 +20,18 @@ alone as among any rows: greedy spec == full holds by construction (tests check 
 this CPU has).
 
 Weights: w = lo + q * scale per 32 inputs, q in 0..15 (a GGUF's Q4_K grid, or a min/max rounding),
-scale and lo stored in bf16 (as torch's int4 op takes them). `pack_int4` lays them out:
-  qw     uint8 [N/16, K/32, 16, 16] (256 bytes a tile: 16 rows of 16 bytes, two values a byte,
-         AMX's VNNI order: row r holds input pair (2r, 2r+1) of each of the 16 channels);
-  params bf16  [N/16, K/32, 32] (the tile's 16 scales, then its 16 lows).
-So a tile reads 256 + 64 bytes: 5 bits a weight, as torch's int4 op with bf16 scales and zeros.
+scale and lo stored in bf16 for bf16 activations (as torch's int4 op takes them), in float32 for
+float32 activations (a GGUF's Q4_K scales have up to 17 significant bits: exact in float32).
+`pack_int4` lays them out as records uint8 [N/64, K/32, 4, R] (four channel blocks' tiles of one
+group side by side): 256 bytes of nibbles a tile (AMX's VNNI order: row r holds input pair
+(2r, 2r+1) of each of the 16 channels; cpu_lowbit.cpp says how they are packed), then the tile's
+16 scales and 16 lows (R = 320 in bf16, 384 in float32). So a bf16 tile reads 256 + 64 bytes:
+5 bits a weight, as torch's int4 op with bf16 scales and zeros. int8 (`pack_int8`): records
+[N/64, K/32, 4, 512] of int8 values, float32 per-channel scales beside.
 
 Built at first use with `torch.utils.cpp_extension.load` (g++ and ninja: a fresh machine has the
 first, the project depends on the second) into $ASYMAGENT_CACHE_DIR/kernels (or
-~/.cache/asymagent/kernels), keyed by the source's hash and torch's version: ~40 s once, then a
+~/.cache/asymagent/kernels), keyed by the source's hash and torch's version: ~20 s once, then a
 load. `available()` says None or why not (no compiler, a build error, a CPU with none of the
 paths): callers keep torch's op then. ISA caps set for the CPU-kind emulation (docs/cpu.md:
 ATEN_CPU_CAPABILITY=avx2, ONEDNN_MAX_CPU_ISA=AVX2 or AVX512_CORE_BF16) cap the paths too.
@@ -47,7 +50,7 @@ import torch
 BLOCK = 16  # output channels per tile
 GROUP = 32  # inputs per tile: one scale and one low per channel
 SUPER = 4  # blocks whose records for one group lie together (one stream for a thread's four blocks)
-RECORD = BLOCK * GROUP // 2 + 2 * BLOCK * 2  # 320 bytes: the tile's nibbles, then its scales and lows
+RECORD = BLOCK * GROUP // 2 + 2 * BLOCK * 2  # 320 bytes: the tile's nibbles, then its bf16 scales and lows
 PATHS = ("amx", "avx512bf16", "avx2")  # fastest first
 _PATH_ID = {"amx": 0, "avx512bf16": 1, "avx2": 2}
 _SOURCE = Path(__file__).with_name("cpu_lowbit.cpp")
@@ -135,9 +138,11 @@ def amx_leaves_tiles_as_found() -> bool:
     return bool(_module().amx_leaves_tiles_as_found())
 
 
-def pack_int4(q: torch.Tensor, scale: torch.Tensor, lo: torch.Tensor) -> torch.Tensor:
-    """q [N, K] in 0..15, scale and lo [N, K/32] -> the kernel's records uint8 [ceil(N/64), K/32, 4, 320]
-    (module doc; channels past N are zero weights, their outputs cut by `int4_linear`)."""
+def pack_int4(q: torch.Tensor, scale: torch.Tensor, lo: torch.Tensor, path: str = "amx") -> torch.Tensor:
+    """q [N, K] in 0..15, scale and lo [N, K/32] -> the kernel's records uint8 [ceil(N/64), K/32, 4, R]
+    for `path` (module doc): R = 320 with bf16 scales and lows (amx, avx512bf16), 384 with float32
+    ones (avx2: float32 activations keep a GGUF grid exact). Channels past N are zero weights,
+    their outputs cut by `int4_linear`."""
     n, k = q.shape
     if k % GROUP:
         raise ValueError(f"int4 tiles need K % {GROUP} == 0, got K = {k}")
@@ -154,9 +159,10 @@ def pack_int4(q: torch.Tensor, scale: torch.Tensor, lo: torch.Tensor) -> torch.T
     words = torch.where(words >= 2 ** 15, words - 2 ** 16, words).to(torch.int16)  # as int16's bits
     nibbles = words.contiguous().view(torch.uint8).view(nb, g, 4 * 64)  # [b, g, 256]
     params = torch.cat([scale.view(nb, BLOCK, g).transpose(1, 2), lo.view(nb, BLOCK, g).transpose(1, 2)], dim=-1)
-    params = params.to(torch.bfloat16).contiguous().view(torch.uint8)  # [b, g, 64]
-    records = torch.cat([nibbles, params], dim=-1)  # [b, g, 320]
-    return records.view(nb // SUPER, SUPER, g, RECORD).transpose(1, 2).contiguous()  # [b / 4, g, 4, 320]
+    params_dtype = torch.float32 if path == "avx2" else torch.bfloat16
+    params = params.to(params_dtype).contiguous().view(torch.uint8)  # [b, g, 64 or 128]
+    records = torch.cat([nibbles, params], dim=-1)  # [b, g, 320 or 384]
+    return records.view(nb // SUPER, SUPER, g, records.shape[-1]).transpose(1, 2).contiguous()  # [b / 4, g, 4, R]
 
 
 def int4_linear(x: torch.Tensor, tiles: torch.Tensor, n_out: int, path: str) -> torch.Tensor:
@@ -188,10 +194,12 @@ def int8_linear(x: torch.Tensor, tiles: torch.Tensor, scale: torch.Tensor, n_out
 
 
 def int4_linear_reference(x: torch.Tensor, q: torch.Tensor, scale: torch.Tensor, lo: torch.Tensor) -> torch.Tensor:
-    """The kernel's function in plain torch: the weight dequantised in float32 from bf16 scale and lo,
-    products summed in float32, the result in x's dtype."""
+    """The kernel's function in plain torch: the weight dequantised in float32 from scale and lo as
+    the records keep them (bf16 for bf16 x, float32 for float32 x), products summed in float32, the
+    result in x's dtype."""
     n, k = q.shape
-    s = scale.to(torch.bfloat16).to(torch.float32).repeat_interleave(GROUP, dim=1)  # [N, K]
-    l = lo.to(torch.bfloat16).to(torch.float32).repeat_interleave(GROUP, dim=1)  # [N, K]
+    kept = torch.bfloat16 if x.dtype == torch.bfloat16 else torch.float32
+    s = scale.to(kept).to(torch.float32).repeat_interleave(GROUP, dim=1)  # [N, K]
+    l = lo.to(kept).to(torch.float32).repeat_interleave(GROUP, dim=1)  # [N, K]
     w = torch.addcmul(l, q.to(torch.float32), s)  # [N, K] float32
     return (x.to(torch.float32) @ w.T).to(x.dtype)  # [M, N]

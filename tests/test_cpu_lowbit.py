@@ -39,7 +39,7 @@ def path(request):
 @pytest.mark.parametrize("n,k", [(64, 64), (80, 96), (256, 1536)])
 def test_the_kernel_computes_the_reference(path, n, k):
     q, scale, lo = _grid(n, k)
-    tiles = cpu_lowbit.pack_int4(q, scale, lo)
+    tiles = cpu_lowbit.pack_int4(q, scale, lo, path)
     dtype = PATH_DTYPE[path]
     for rows in (1, 5, 16, 17, 32, 33):
         x = torch.randn(rows, k, generator=torch.Generator().manual_seed(rows)).to(dtype)  # [M, K]
@@ -53,7 +53,7 @@ def test_the_kernel_computes_the_reference(path, n, k):
 def test_a_row_gets_the_same_bits_alone_and_among_any_rows(path):
     n, k = 192, 256
     q, scale, lo = _grid(n, k, seed=1)
-    tiles = cpu_lowbit.pack_int4(q, scale, lo)
+    tiles = cpu_lowbit.pack_int4(q, scale, lo, path)
     x = torch.randn(40, k, generator=torch.Generator().manual_seed(3)).to(PATH_DTYPE[path])  # [40, K]
     alone = torch.cat([cpu_lowbit.int4_linear(x[i:i + 1], tiles, n, path) for i in range(40)])  # [40, N]
     for rows in (2, 3, 8, 9, 16, 17, 31, 32, 40):
@@ -96,6 +96,9 @@ def test_packing_pads_channels_to_a_super_block_and_refuses_ragged_inputs():
     tiles = cpu_lowbit.pack_int4(q, scale, lo)
     assert tiles.shape == (2, 2, cpu_lowbit.SUPER, cpu_lowbit.RECORD) and tiles.dtype == torch.uint8
     assert int(tiles[1, :, 1:].sum()) == 0  # channels 80..127: zero nibbles, zero scales and lows
+    tiles32 = cpu_lowbit.pack_int4(q, scale, lo, "avx2")  # float32 scales and lows for float32 activations
+    assert tiles32.shape == (2, 2, cpu_lowbit.SUPER, 384)
+    assert torch.equal(tiles32[..., 256:320].contiguous().view(torch.float32)[0, 0, 0], scale[:16, 0])
     with pytest.raises(ValueError, match="K % 32"):
         cpu_lowbit.pack_int4(torch.zeros(16, 48, dtype=torch.int64), torch.ones(16, 1), torch.zeros(16, 1))
     with pytest.raises(ValueError, match="scale and lo"):

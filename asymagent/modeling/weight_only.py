@@ -176,9 +176,9 @@ class LowBitWeight:
         holds them (gguf_blocks.py), or `make`'s min/max rounding of a float weight; through the
         tile kernel where `lowbit_kernel` picks it, else torch's op."""
         if group == cpu_lowbit.GROUP and lowbit_kernel(dtype, kernel)[0] == "tiles":
-            tiles = cpu_lowbit.pack_int4(grid.q, grid.scale, grid.lo)  # [N/64, K/32, 4, 320] uint8
-            return cls("int4w", tiles, torch.empty(0, dtype=dtype), group, dtype, "tiles",
-                       cpu_lowbit.path_for(dtype), grid.q.shape[0])
+            path = cpu_lowbit.path_for(dtype)
+            tiles = cpu_lowbit.pack_int4(grid.q, grid.scale, grid.lo, path)  # [N/64, K/32, 4, 320 | 384] uint8
+            return cls("int4w", tiles, torch.empty(0, dtype=dtype), group, dtype, "tiles", path, grid.q.shape[0])
         packed = torch.ops.aten._convert_weight_to_int4pack_for_cpu(grid.q, 1)  # [N, K / 2] uint8
         # the kernel computes (q - 8) * s + z: z = lo + 8 s gives lo + q s
         sz = torch.stack([grid.scale, grid.lo + 8.0 * grid.scale], dim=-1)  # [N, G, 2]
