@@ -47,7 +47,7 @@ constexpr int64_t kSuper = 4;                           // blocks whose records 
 struct Tiles {
   const uint8_t* base;
   int64_t G;
-  int64_t rec;  // bytes a record: kRecord (bf16 scales and lows) or kRecord32 (float32)
+  int64_t rec;  // bytes a record: kRecord (int4, bf16 scales and lows), kRecord32 (int4, float32), kRecord8 (int8)
   inline const uint8_t* at(int64_t b, int64_t g) const {
     return base + (((b / kSuper) * G + g) * kSuper + b % kSuper) * rec;
   }
@@ -261,6 +261,32 @@ __attribute__((target(TGT_BF16))) static void bf16_blocks(
 
 // ---------------------------------------------------------------- AVX2 path (float32 activations)
 
+// acc[m] += (row m's input pair k, k + 1, broadcast) * w for rows [m0, m0 + rows): a row's sums in
+// input order, whatever rows share the call.
+__attribute__((target(TGT_AVX2))) static inline void avx2_fma_rows(const float* x, int64_t K, int64_t m0, int64_t rows,
+                                                                 int64_t k, const __m256* w, __m256 (*acc)[4]) {
+  for (int64_t m = 0; m < rows; ++m) {
+    const __m256 a = _mm256_castpd_ps(_mm256_broadcast_sd(reinterpret_cast<const double*>(x + (m0 + m) * K + k)));
+    for (int v = 0; v < 4; ++v) acc[m][v] = _mm256_fmadd_ps(a, w[v], acc[m][v]);
+  }
+}
+
+// Block b's 16 outputs of each row: a channel's two pair lanes added, times its scale if given.
+__attribute__((target(TGT_AVX2))) static inline void avx2_store(__m256 (*acc)[4], int64_t rows, float* y, int64_t N,
+                                                              int64_t m0, int64_t b, const float* scale) {
+  alignas(32) float lanes[8];
+  for (int64_t m = 0; m < rows; ++m) {
+    float* out = y + (m0 + m) * N + b * kBlock;
+    for (int v = 0; v < 4; ++v) {
+      _mm256_store_ps(lanes, acc[m][v]);
+      for (int c = 0; c < 4; ++c) {
+        const float sum = lanes[2 * c] + lanes[2 * c + 1];
+        out[4 * v + c] = scale == nullptr ? sum : sum * scale[b * kBlock + 4 * v + c];
+      }
+    }
+  }
+}
+
 // Blocks [b0, b1) for rows [m0, m0 + rows), rows <= 8, float32: each tile row dequantised to 32
 // floats (4 vectors of channel pairs), multiplied by the row's input pair, summed in input order;
 // a channel's two lanes are added once at the end.
@@ -268,7 +294,6 @@ __attribute__((target(TGT_AVX2))) static void avx2_blocks(
     const float* x, int64_t K, int64_t m0, int64_t rows, const Tiles& tw, float* y, int64_t N, int64_t b0, int64_t b1) {
   const int64_t G = tw.G;
   __m256 acc[8][4];
-  alignas(32) float lanes[8];
   const __m256i low4 = _mm256_set1_epi32(0x0F);
   for (int64_t b = b0; b < b1; ++b) {
     for (int64_t m = 0; m < rows; ++m)
@@ -294,21 +319,11 @@ __attribute__((target(TGT_AVX2))) static void avx2_blocks(
           __m256 w[4];
           for (int v = 0; v < 4; ++v)
             w[v] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_and_si256(_mm256_srli_epi32(words[v], 4 * j), low4)), sv[v], lv[v]);
-          const int64_t k = g * kGroup + 2 * (4 * z + j);
-          for (int64_t m = 0; m < rows; ++m) {
-            const __m256 a = _mm256_castpd_ps(_mm256_broadcast_sd(reinterpret_cast<const double*>(x + (m0 + m) * K + k)));
-            for (int v = 0; v < 4; ++v) acc[m][v] = _mm256_fmadd_ps(a, w[v], acc[m][v]);
-          }
+          avx2_fma_rows(x, K, m0, rows, g * kGroup + 2 * (4 * z + j), w, acc);
         }
       }
     }
-    for (int64_t m = 0; m < rows; ++m) {
-      float* out = y + (m0 + m) * N + b * kBlock;
-      for (int v = 0; v < 4; ++v) {
-        _mm256_store_ps(lanes, acc[m][v]);
-        for (int c = 0; c < 4; ++c) out[4 * v + c] = lanes[2 * c] + lanes[2 * c + 1];
-      }
-    }
+    avx2_store(acc, rows, y, N, m0, b, nullptr);
   }
 }
 
@@ -343,9 +358,9 @@ __attribute__((target(TGT_BF16))) static inline void store_scaled(const float* c
 // Blocks [b0, b1) (a multiple of 4 apart) for rows [m0, m0 + rows), rows <= 16: four blocks at a
 // time, C tiles 0-3 accumulating over all of K, A tile 4, B tiles 5-7.
 __attribute__((target(TGT_AMX))) static void amx_blocks8(
-    const at::BFloat16* x, int64_t K, int64_t m0, int64_t rows, const uint8_t* base, const float* scale,
+    const at::BFloat16* x, int64_t K, int64_t m0, int64_t rows, const Tiles& tw, const float* scale,
     at::BFloat16* y, int64_t N, int64_t b0, int64_t b1) {
-  const int64_t G = K / kGroup;
+  const int64_t G = tw.G;
   const int r0 = static_cast<int>(rows);
   TileConfig cfg;
   std::memset(&cfg, 0, sizeof(cfg));
@@ -363,8 +378,7 @@ __attribute__((target(TGT_AMX))) static void amx_blocks8(
   const int64_t stride = K * 2;
   for (int64_t b = b0; b < b1; b += kSuper) {
     _tile_zero(0); _tile_zero(1); _tile_zero(2); _tile_zero(3);
-    const uint8_t* first = base + (b / kSuper) * G * kSuper * kRecord8;
-    for (int j = 0; j < 4; ++j) int8_rows(first + j * kRecord8, btile[0][j]);
+    for (int j = 0; j < 4; ++j) int8_rows(tw.at(b + j, 0), btile[0][j]);
     for (int64_t g = 0; g < G; ++g) {
       const int cur = static_cast<int>(g & 1);
       _tile_loadd(4, xa + g * kGroup, stride);
@@ -377,8 +391,7 @@ __attribute__((target(TGT_AMX))) static void amx_blocks8(
       _tile_loadd(5, btile[cur][3], 64);
       _tile_dpbf16ps(3, 4, 5);
       if (g + 1 < G) {
-        const uint8_t* next = base + ((b / kSuper) * G + g + 1) * kSuper * kRecord8;
-        for (int j = 0; j < 4; ++j) int8_rows(next + j * kRecord8, btile[cur ^ 1][j]);
+        for (int j = 0; j < 4; ++j) int8_rows(tw.at(b + j, g + 1), btile[cur ^ 1][j]);
       }
     }
     at::BFloat16* yb = y + m0 * N + b * kBlock;
@@ -392,13 +405,14 @@ __attribute__((target(TGT_AMX))) static void amx_blocks8(
 
 // R rows (<= 8) of one block, AVX512-BF16: vdpbf16ps over all input pairs in order, then the scales.
 template <int R>
-__attribute__((target(TGT_BF16))) static void bf16_rows8(const uint32_t* xp, int64_t pairs, const uint8_t* base,
-                                                       int64_t G, int64_t b, const float* scale, at::BFloat16* y, int64_t N) {
+__attribute__((target(TGT_BF16))) static void bf16_rows8(const uint32_t* xp, int64_t pairs, const Tiles& tw,
+                                                       int64_t b, const float* scale, at::BFloat16* y, int64_t N) {
+  const int64_t G = tw.G;
   __m512 acc[R];
   for (int m = 0; m < R; ++m) acc[m] = _mm512_setzero_ps();
   alignas(64) uint16_t rows[16 * 32];
   for (int64_t g = 0; g < G; ++g) {
-    int8_rows(base + (((b / kSuper) * G + g) * kSuper + b % kSuper) * kRecord8, rows);
+    int8_rows(tw.at(b, g), rows);
     for (int r = 0; r < 16; ++r) {
       const __m512bh w = (__m512bh)_mm512_load_si512(reinterpret_cast<const __m512i*>(rows + r * 32));
       for (int m = 0; m < R; ++m)
@@ -411,23 +425,23 @@ __attribute__((target(TGT_BF16))) static void bf16_rows8(const uint32_t* xp, int
 }
 
 __attribute__((target(TGT_BF16))) static void bf16_blocks8(
-    const at::BFloat16* x, int64_t K, int64_t m0, int64_t rows, const uint8_t* base, const float* scale,
+    const at::BFloat16* x, int64_t K, int64_t m0, int64_t rows, const Tiles& tw, const float* scale,
     at::BFloat16* y, int64_t N, int64_t b0, int64_t b1) {
-  const int64_t pairs = K / 2, G = K / kGroup;
+  const int64_t pairs = K / 2;
   const uint32_t* xp = reinterpret_cast<const uint32_t*>(x + m0 * K);
   for (int64_t b = b0; b < b1; ++b)
     for (int64_t c = 0; c < rows; c += 8) {
       const uint32_t* xc = xp + c * pairs;
       at::BFloat16* yc = y + (m0 + c) * N;
       switch (std::min<int64_t>(8, rows - c)) {
-        case 1: bf16_rows8<1>(xc, pairs, base, G, b, scale, yc, N); break;
-        case 2: bf16_rows8<2>(xc, pairs, base, G, b, scale, yc, N); break;
-        case 3: bf16_rows8<3>(xc, pairs, base, G, b, scale, yc, N); break;
-        case 4: bf16_rows8<4>(xc, pairs, base, G, b, scale, yc, N); break;
-        case 5: bf16_rows8<5>(xc, pairs, base, G, b, scale, yc, N); break;
-        case 6: bf16_rows8<6>(xc, pairs, base, G, b, scale, yc, N); break;
-        case 7: bf16_rows8<7>(xc, pairs, base, G, b, scale, yc, N); break;
-        default: bf16_rows8<8>(xc, pairs, base, G, b, scale, yc, N); break;
+        case 1: bf16_rows8<1>(xc, pairs, tw, b, scale, yc, N); break;
+        case 2: bf16_rows8<2>(xc, pairs, tw, b, scale, yc, N); break;
+        case 3: bf16_rows8<3>(xc, pairs, tw, b, scale, yc, N); break;
+        case 4: bf16_rows8<4>(xc, pairs, tw, b, scale, yc, N); break;
+        case 5: bf16_rows8<5>(xc, pairs, tw, b, scale, yc, N); break;
+        case 6: bf16_rows8<6>(xc, pairs, tw, b, scale, yc, N); break;
+        case 7: bf16_rows8<7>(xc, pairs, tw, b, scale, yc, N); break;
+        default: bf16_rows8<8>(xc, pairs, tw, b, scale, yc, N); break;
       }
     }
 }
@@ -436,71 +450,71 @@ __attribute__((target(TGT_BF16))) static void bf16_blocks8(
 // multiplied by the row's input pair, summed in input order; a channel's two lanes added at the
 // end, then its scale.
 __attribute__((target(TGT_AVX2))) static void avx2_blocks8(
-    const float* x, int64_t K, int64_t m0, int64_t rows, const uint8_t* base, const float* scale,
+    const float* x, int64_t K, int64_t m0, int64_t rows, const Tiles& tw, const float* scale,
     float* y, int64_t N, int64_t b0, int64_t b1) {
-  const int64_t G = K / kGroup;
+  const int64_t G = tw.G;
   __m256 acc[8][4];
-  alignas(32) float lanes[8];
   for (int64_t b = b0; b < b1; ++b) {
     for (int64_t m = 0; m < rows; ++m)
       for (int v = 0; v < 4; ++v) acc[m][v] = _mm256_setzero_ps();
     for (int64_t g = 0; g < G; ++g) {
-      const uint8_t* q = base + (((b / kSuper) * G + g) * kSuper + b % kSuper) * kRecord8;
+      const uint8_t* q = tw.at(b, g);
       for (int r = 0; r < 16; ++r) {
         __m256 w[4];
         for (int v = 0; v < 4; ++v)
           w[v] = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(q + r * 32 + v * 8))));
-        const int64_t k = g * kGroup + 2 * r;
-        for (int64_t m = 0; m < rows; ++m) {
-          const __m256 a = _mm256_castpd_ps(_mm256_broadcast_sd(reinterpret_cast<const double*>(x + (m0 + m) * K + k)));
-          for (int v = 0; v < 4; ++v) acc[m][v] = _mm256_fmadd_ps(a, w[v], acc[m][v]);
-        }
+        avx2_fma_rows(x, K, m0, rows, g * kGroup + 2 * r, w, acc);
       }
     }
-    for (int64_t m = 0; m < rows; ++m) {
-      float* out = y + (m0 + m) * N + b * kBlock;
-      for (int v = 0; v < 4; ++v) {
-        _mm256_store_ps(lanes, acc[m][v]);
-        for (int c = 0; c < 4; ++c) out[4 * v + c] = (lanes[2 * c] + lanes[2 * c + 1]) * scale[b * kBlock + 4 * v + c];
-      }
-    }
+    avx2_store(acc, rows, y, N, m0, b, scale);
   }
 }
 
 // ---------------------------------------------------------------- entry points
 
-// path: 0 = AMX (bf16 x), 1 = AVX512-BF16 (bf16 x), 2 = AVX2 (float32 x). tiles: uint8 [N/64, K/32, 4, 320].
-at::Tensor int4_linear(const at::Tensor& x, const at::Tensor& tiles, int64_t path) {
-  TORCH_CHECK(x.dim() == 2 && x.is_contiguous() && x.device().is_cpu(), "int4 linear: x must be a contiguous CPU [M, K]");
-  const int64_t rec = path == 2 ? kRecord32 : kRecord;  // float32 scales for float32 activations
+// What both entry points check: x a contiguous CPU [M, K] in the path's activation dtype, tiles
+// uint8 [N/64, K/32, 4, rec] over K inputs, AMX allowed where the path needs it.
+void check_call(const char* what, const at::Tensor& x, const at::Tensor& tiles, int64_t rec, int64_t path) {
+  TORCH_CHECK(path >= 0 && path <= 2, what, ": unknown path ", path);
+  TORCH_CHECK(x.dim() == 2 && x.is_contiguous() && x.device().is_cpu(), what, ": x must be a contiguous CPU [M, K]");
   TORCH_CHECK(tiles.scalar_type() == at::kByte && tiles.dim() == 4 && tiles.is_contiguous() && tiles.size(2) == kSuper
-              && tiles.size(3) == rec, "int4 linear: tiles must be uint8 [N/64, K/32, 4, ", rec, "] for path ", path);
-  TORCH_CHECK(tiles.size(1) * kGroup == x.size(1), "int4 linear: x has ", x.size(1), " inputs, the weight ",
+              && tiles.size(3) == rec, what, ": tiles must be uint8 [N/64, K/32, 4, ", rec, "] for path ", path);
+  TORCH_CHECK(tiles.size(1) * kGroup == x.size(1), what, ": x has ", x.size(1), " inputs, the weight ",
               tiles.size(1) * kGroup);
-  TORCH_CHECK(path >= 0 && path <= 2, "int4 linear: unknown path ", path);
   const bool f32 = path == 2;
-  TORCH_CHECK(x.scalar_type() == (f32 ? at::kFloat : at::kBFloat16), "int4 linear: path ", path, " takes ",
+  TORCH_CHECK(x.scalar_type() == (f32 ? at::kFloat : at::kBFloat16), what, ": path ", path, " takes ",
               f32 ? "float32" : "bfloat16", " activations");
-  TORCH_CHECK(path != 0 || amx_allowed(), "int4 linear: the kernel may not use AMX here (arch_prctl refused)");
+  TORCH_CHECK(path != 0 || amx_allowed(), what, ": the kernel may not use AMX here (arch_prctl refused)");
+}
+
+// run(m0, rows, b0, b1) over the super-blocks split between torch's threads, the rows in chunks
+// one pass over a tile serves (16, 8 on the AVX2 path).
+template <typename Run>
+void over_blocks(int64_t supers, int64_t M, int64_t path, const Run& run) {
+  const int64_t chunk = path == 2 ? 8 : 16;
+  const int64_t grain = std::max<int64_t>(1, supers / (4 * at::get_num_threads()));
+  at::parallel_for(0, supers, grain, [&](int64_t s0, int64_t s1) {
+    for (int64_t m0 = 0; m0 < M; m0 += chunk) run(m0, std::min(chunk, M - m0), s0 * kSuper, s1 * kSuper);
+  });
+}
+
+// path: 0 = AMX (bf16 x), 1 = AVX512-BF16 (bf16 x), 2 = AVX2 (float32 x). tiles: uint8
+// [N/64, K/32, 4, 320] (384 on the AVX2 path: float32 scales and lows).
+at::Tensor int4_linear(const at::Tensor& x, const at::Tensor& tiles, int64_t path) {
+  const int64_t rec = path == 2 ? kRecord32 : kRecord;
+  check_call("int4 linear", x, tiles, rec, path);
   const int64_t M = x.size(0), K = x.size(1), G = K / kGroup, N = tiles.size(0) * kSuper * kBlock;
   at::Tensor y = at::empty({M, N}, x.options());
   const Tiles tw{tiles.data_ptr<uint8_t>(), G, rec};
-  std::vector<float> sums(f32 ? 0 : M * G);
-  if (!f32) group_sums_bf16(x.data_ptr<at::BFloat16>(), M, K, sums.data());
-  const int64_t chunk = f32 ? 8 : 16;  // rows one pass over a tile serves
-  const int64_t supers = tiles.size(0);
-  const int64_t grain = std::max<int64_t>(1, supers / (4 * at::get_num_threads()));
-  at::parallel_for(0, supers, grain, [&](int64_t s0, int64_t s1) {
-    const int64_t b0 = s0 * kSuper, b1 = s1 * kSuper;
-    for (int64_t m0 = 0; m0 < M; m0 += chunk) {
-      const int64_t rows = std::min(chunk, M - m0);
-      if (path == 0) {
-        amx_blocks(x.data_ptr<at::BFloat16>(), K, m0, rows, tw, sums.data(), y.data_ptr<at::BFloat16>(), N, b0, b1);
-      } else if (path == 1) {
-        bf16_blocks(x.data_ptr<at::BFloat16>(), K, m0, rows, tw, sums.data(), y.data_ptr<at::BFloat16>(), N, b0, b1);
-      } else {
-        avx2_blocks(x.data_ptr<float>(), K, m0, rows, tw, y.data_ptr<float>(), N, b0, b1);
-      }
+  std::vector<float> sums(path == 2 ? 0 : M * G);
+  if (path != 2) group_sums_bf16(x.data_ptr<at::BFloat16>(), M, K, sums.data());
+  over_blocks(tiles.size(0), M, path, [&](int64_t m0, int64_t rows, int64_t b0, int64_t b1) {
+    if (path == 0) {
+      amx_blocks(x.data_ptr<at::BFloat16>(), K, m0, rows, tw, sums.data(), y.data_ptr<at::BFloat16>(), N, b0, b1);
+    } else if (path == 1) {
+      bf16_blocks(x.data_ptr<at::BFloat16>(), K, m0, rows, tw, sums.data(), y.data_ptr<at::BFloat16>(), N, b0, b1);
+    } else {
+      avx2_blocks(x.data_ptr<float>(), K, m0, rows, tw, y.data_ptr<float>(), N, b0, b1);
     }
   });
   return y;
@@ -508,36 +522,20 @@ at::Tensor int4_linear(const at::Tensor& x, const at::Tensor& tiles, int64_t pat
 
 // int8: tiles uint8 [N/64, K/32, 4, 512], scale float32 [N/64 * 64]; paths as int4_linear's.
 at::Tensor int8_linear(const at::Tensor& x, const at::Tensor& tiles, const at::Tensor& scale, int64_t path) {
-  TORCH_CHECK(x.dim() == 2 && x.is_contiguous() && x.device().is_cpu(), "int8 linear: x must be a contiguous CPU [M, K]");
-  TORCH_CHECK(tiles.scalar_type() == at::kByte && tiles.dim() == 4 && tiles.is_contiguous() && tiles.size(2) == kSuper
-              && tiles.size(3) == kRecord8, "int8 linear: tiles must be uint8 [N/64, K/32, 4, 512]");
-  TORCH_CHECK(tiles.size(1) * kGroup == x.size(1), "int8 linear: x has ", x.size(1), " inputs, the weight ",
-              tiles.size(1) * kGroup);
+  check_call("int8 linear", x, tiles, kRecord8, path);
   const int64_t M = x.size(0), K = x.size(1), N = tiles.size(0) * kSuper * kBlock;
   TORCH_CHECK(scale.scalar_type() == at::kFloat && scale.is_contiguous() && scale.numel() == N,
               "int8 linear: scale must be float32 [", N, "]");
-  TORCH_CHECK(path >= 0 && path <= 2, "int8 linear: unknown path ", path);
-  const bool f32 = path == 2;
-  TORCH_CHECK(x.scalar_type() == (f32 ? at::kFloat : at::kBFloat16), "int8 linear: path ", path, " takes ",
-              f32 ? "float32" : "bfloat16", " activations");
-  TORCH_CHECK(path != 0 || amx_allowed(), "int8 linear: the kernel may not use AMX here (arch_prctl refused)");
   at::Tensor y = at::empty({M, N}, x.options());
-  const uint8_t* base = tiles.data_ptr<uint8_t>();
+  const Tiles tw{tiles.data_ptr<uint8_t>(), K / kGroup, kRecord8};
   const float* sc = scale.data_ptr<float>();
-  const int64_t chunk = f32 ? 8 : 16;
-  const int64_t supers = tiles.size(0);
-  const int64_t grain = std::max<int64_t>(1, supers / (4 * at::get_num_threads()));
-  at::parallel_for(0, supers, grain, [&](int64_t s0, int64_t s1) {
-    const int64_t b0 = s0 * kSuper, b1 = s1 * kSuper;
-    for (int64_t m0 = 0; m0 < M; m0 += chunk) {
-      const int64_t rows = std::min(chunk, M - m0);
-      if (path == 0) {
-        amx_blocks8(x.data_ptr<at::BFloat16>(), K, m0, rows, base, sc, y.data_ptr<at::BFloat16>(), N, b0, b1);
-      } else if (path == 1) {
-        bf16_blocks8(x.data_ptr<at::BFloat16>(), K, m0, rows, base, sc, y.data_ptr<at::BFloat16>(), N, b0, b1);
-      } else {
-        avx2_blocks8(x.data_ptr<float>(), K, m0, rows, base, sc, y.data_ptr<float>(), N, b0, b1);
-      }
+  over_blocks(tiles.size(0), M, path, [&](int64_t m0, int64_t rows, int64_t b0, int64_t b1) {
+    if (path == 0) {
+      amx_blocks8(x.data_ptr<at::BFloat16>(), K, m0, rows, tw, sc, y.data_ptr<at::BFloat16>(), N, b0, b1);
+    } else if (path == 1) {
+      bf16_blocks8(x.data_ptr<at::BFloat16>(), K, m0, rows, tw, sc, y.data_ptr<at::BFloat16>(), N, b0, b1);
+    } else {
+      avx2_blocks8(x.data_ptr<float>(), K, m0, rows, tw, sc, y.data_ptr<float>(), N, b0, b1);
     }
   });
   return y;
@@ -563,7 +561,7 @@ __attribute__((target(TGT_AMX))) bool amx_leaves_tiles_as_found() {
   for (int with_theirs = 0; with_theirs < 2; ++with_theirs) {
     if (with_theirs) _tile_loadconfig(&theirs);
     amx_blocks(x.data(), K, 0, 2, tw, sums.data(), y.data(), N, 0, kSuper);
-    amx_blocks8(x.data(), K, 0, 2, rec8.data(), scale.data(), y.data(), N, 0, kSuper);
+    amx_blocks8(x.data(), K, 0, 2, Tiles{rec8.data(), 2, kRecord8}, scale.data(), y.data(), N, 0, kSuper);
     _tile_storeconfig(&after);
     ok = ok && (with_theirs ? std::memcmp(&after, &theirs, sizeof(after)) == 0 : after.palette_id == 0);
   }
